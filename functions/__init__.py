@@ -1,0 +1,1 @@
+"""Lambda handlers: decorators plus a short body that calls one core function."""

@@ -1,0 +1,1 @@
+"""The GPU worker container (issue: GPU worker). Imports torch; never imported by Lambdas."""

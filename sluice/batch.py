@@ -1,0 +1,99 @@
+"""AWS Batch adapter: submits a run's array, single or multi-node parallel jobs.
+
+Retriable-vs-fatal is decided here, at the AWS boundary: throttling and 5xx become
+RetriableError (the Lambda invocation is retried); anything else is a SubmissionError
+whose message says what to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sluice.errors import RetriableError, SubmissionError
+from sluice.models import RunPlan, ShardLayout
+from sluice.settings import Settings
+
+RUN_TAG = "sluice:run-id"
+_RETRIABLE = {"ThrottlingException", "TooManyRequestsException", "ServerException", "ServiceUnavailable"}
+
+
+def retry_strategy(attempts: int) -> dict[str, Any]:
+    """Retry Spot reclaims ("Host EC2 (instance ...) terminated."); exit on everything else."""
+    return {
+        "attempts": attempts,
+        "evaluateOnExit": [
+            {"onStatusReason": "Host EC2*", "action": "RETRY"},
+            {"onReason": "*", "action": "EXIT"},
+        ],
+    }
+
+
+def job_name(run_id: str, index: int) -> str:
+    """A Batch job name (<= 128 of [A-Za-z0-9_-]) that identifies the run."""
+    return f"sluice-{run_id}-{index}"[:128]
+
+
+def job_request(plan: RunPlan, plan_uri: str, job: ShardLayout, index: int, settings: Settings) -> dict[str, Any]:
+    """The SubmitJob request for one ShardLayout of the plan."""
+    env = [
+        {"name": "SLUICE_PLAN_URI", "value": plan_uri},
+        {"name": "SLUICE_RUN_ID", "value": plan.run_id},
+        {"name": "SLUICE_SHARD_OFFSET", "value": str(job.shard_offset)},
+    ]
+    req: dict[str, Any] = {
+        "jobName": job_name(plan.run_id, index),
+        "retryStrategy": retry_strategy(plan.attempts),
+        "timeout": {"attemptDurationSeconds": plan.timeout_s},
+        "tags": {RUN_TAG: plan.run_id},
+        "propagateTags": True,
+    }
+    if job.kind == "multinode":
+        req["jobQueue"] = settings.mnp_job_queue
+        req["jobDefinition"] = settings.mnp_job_definition
+        req["nodeOverrides"] = {
+            "numNodes": job.shard_count,
+            "nodePropertyOverrides": [{"targetNodes": "0:", "containerOverrides": {"environment": env}}],
+        }
+        return req
+    req["jobQueue"] = settings.job_queue
+    req["jobDefinition"] = settings.array_job_definition
+    if job.kind == "array":
+        req["arrayProperties"] = {"size": job.shard_count}
+    else:  # a lone shard: no array index is set, so name the shard explicitly
+        env.append({"name": "SLUICE_SHARD_INDEX", "value": str(job.shard_offset)})
+    req["containerOverrides"] = {"environment": env}
+    return req
+
+
+class BatchAdapter:
+    """Submits the jobs of a plan; the boto3 Batch client is injected or created lazily."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def submit(self, plan: RunPlan, plan_uri: str, settings: Settings, queue: str | None = None) -> list[str]:
+        """Submit every job of the plan; returns their job ids in plan order."""
+        ids = []
+        for i, job in enumerate(plan.jobs):
+            req = job_request(plan, plan_uri, job, i, settings)
+            if queue:
+                req["jobQueue"] = queue
+            try:
+                resp = self._client.submit_job(**req)
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code", "")
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                if code in _RETRIABLE or status >= 500 or status == 429:
+                    raise RetriableError(f"AWS Batch {code or status} submitting {req['jobName']}") from exc
+                raise SubmissionError(
+                    f"AWS Batch refused {req['jobName']} on queue {req['jobQueue']!r} with definition "
+                    f"{req['jobDefinition']!r}: {exc.response.get('Error', {}).get('Message', code)}. "
+                    "Check that the queue and job definition exist and are ENABLED "
+                    "(SLUICE_JOB_QUEUE / SLUICE_ARRAY_JOB_DEFINITION / SLUICE_MNP_*)."
+                ) from exc
+            except BotoCoreError as exc:
+                raise RetriableError(f"AWS Batch unreachable submitting {req['jobName']}: {exc}") from exc
+            ids.append(resp["jobId"])
+        return ids

@@ -1,0 +1,193 @@
+"""From an uploaded manifest to submitted AWS Batch jobs: the one core function the
+manifest Lambda calls (and `sluice local` reuses)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import unquote_plus
+
+from botocore.exceptions import ClientError
+
+from sluice.aws import Clients
+from sluice.batch import BatchAdapter
+from sluice.errors import ManifestRejected, RetriableError, SubmissionError
+from sluice.ledger import Ledger
+from sluice.log import logger
+from sluice.manifest import iter_keys, parse_manifest, read_manifest_object
+from sluice.models import ManifestRejectedDetail, RunPlan, RunSubmitted
+from sluice.notify import EventPublisher
+from sluice.plan import build_plan, layout, scan, write_shards
+from sluice.settings import Settings
+
+MANIFEST_PREFIX = "manifests/"
+
+
+@dataclass
+class Outcome:
+    """What handling one upload did."""
+
+    status: str  # submitted | rejected | duplicate | ignored | failed
+    run_id: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    job_ids: list[str] = field(default_factory=list)
+    plan_uri: str | None = None
+    total_keys: int = 0
+    duplicates: int = 0
+    shards: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_id_for(bucket: str, key: str, version: str) -> str:
+    """Deterministic run id: the manifest's name plus 64 bits of sha256(bucket, key, version).
+
+    `version` is the S3 version id, or ETag + event sequencer on an unversioned bucket, so
+    redeliveries of one upload share an id and a new upload of the same key gets a new one.
+    """
+    stem = key.rsplit("/", 1)[-1].rsplit(".", 1)[0].lower()
+    stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[:32] or "run"
+    digest = hashlib.sha256(f"{bucket}\0{key}\0{version}".encode()).hexdigest()[:16]
+    return f"{stem}-{digest}"
+
+
+def handle_upload(
+    bucket: str,
+    key: str,
+    *,
+    version_id: str | None = None,
+    etag: str = "",
+    sequencer: str | None = None,
+    settings: Settings | None = None,
+    clients: Clients | None = None,
+) -> Outcome:
+    """Plan, shard and submit the run an upload under manifests/ asks for."""
+    settings = settings or Settings.from_env()
+    clients = clients or Clients()
+    if not key.startswith(MANIFEST_PREFIX):
+        logger.info("ignoring object outside manifests/", extra={"bucket": bucket, "key": key})
+        return Outcome("ignored")
+    key = _existing_key(clients.s3, bucket, key)
+    version = version_id if version_id and version_id != "null" else f"{etag}:{sequencer or ''}"
+    run_id = run_id_for(bucket, key, version)
+    manifest_uri = f"s3://{bucket}/{key}"
+    ledger = Ledger(clients.dynamodb, settings.runs_table)
+    events = EventPublisher(clients.events, settings.event_bus)
+    logger.append_keys(run_id=run_id)
+    if not ledger.claim(run_id, manifest_uri):
+        logger.info("duplicate delivery: run already claimed", extra={"manifest": manifest_uri})
+        return Outcome("duplicate", run_id)
+    try:
+        return _plan_and_submit(run_id, bucket, key, settings, clients, ledger, events)
+    except ManifestRejected as exc:
+        logger.warning("manifest rejected", extra={"manifest": manifest_uri, "reasons": exc.reasons})
+        ledger.mark_rejected(run_id, exc.reasons)
+        events.publish("Manifest Rejected", ManifestRejectedDetail(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons))
+        return Outcome("rejected", run_id, reasons=exc.reasons)
+    except SubmissionError as exc:
+        logger.error("submission refused", extra={"reason": str(exc)})
+        ledger.mark_failed(run_id, str(exc))
+        events.publish(
+            "Run Failed",
+            {"run_id": run_id, "reason": str(exc), "shards_failed": 0, "failed_keys_uri": None, "stage": "submit"},
+        )
+        return Outcome("failed", run_id, reasons=[str(exc)])
+    except BaseException as exc:
+        # Transient or unexpected: free the claim so the retried invocation can take it.
+        logger.exception("planning failed; releasing the claim for a retry")
+        ledger.release(run_id, repr(exc))
+        raise
+
+
+def _existing_key(s3: Any, bucket: str, key: str) -> str:
+    """The key as stored: S3 event keys may arrive URL-encoded (space as '+')."""
+    decoded = unquote_plus(key)
+    if decoded == key:
+        return key
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return key
+    except ClientError:
+        return decoded
+
+
+def _plan_and_submit(
+    run_id: str,
+    bucket: str,
+    key: str,
+    settings: Settings,
+    clients: Clients,
+    ledger: Ledger,
+    events: EventPublisher,
+) -> Outcome:
+    started = time.perf_counter()
+    s3 = clients.s3
+    src = read_manifest_object(s3, bucket, key, settings)
+    manifest = parse_manifest(src, settings)
+    control = settings.control_bucket or bucket
+    with scan(iter_keys(manifest, s3, settings), max_keys=settings.max_keys, spill_dir=settings.spill_dir) as sc:
+        lay = layout(sc.unique_keys, manifest, settings.max_array_size)
+        plan = build_plan(run_id=run_id, manifest=manifest, manifest_uri=src.uri, control_bucket=control, sc=sc, lay=lay)
+        prefix = f"runs/{run_id}/shards/"
+        write_shards(sc, lay, lambda i, data: _put(s3, control, f"{prefix}{i}.shard", data))
+    plan_key = f"runs/{run_id}/plan.json"
+    plan_uri = f"s3://{control}/{plan_key}"
+    _put(s3, control, plan_key, plan.model_dump_json(indent=2).encode(), "application/json")
+    job_ids = BatchAdapter(clients.batch).submit(plan, plan_uri, settings, queue=manifest.job.queue)
+    ledger.mark_submitted(
+        run_id,
+        {
+            "total_keys": plan.total_keys,
+            "duplicates": plan.duplicates,
+            "shards": plan.n_shards,
+            "mode": plan.mode,
+            "job_ids": job_ids,
+            "plan_uri": plan_uri,
+            "output_prefix": plan.output_prefix,
+        },
+    )
+    events.publish(
+        "Run Submitted",
+        RunSubmitted(
+            run_id=run_id,
+            manifest=src.uri,
+            total_keys=plan.total_keys,
+            duplicates=plan.duplicates,
+            shards=plan.n_shards,
+            mode=plan.mode,
+            job_ids=job_ids,
+            plan_uri=plan_uri,
+        ),
+    )
+    logger.info(
+        "run submitted",
+        extra={"keys": plan.total_keys, "duplicates": plan.duplicates, "shards": plan.n_shards,
+               "jobs": job_ids, "seconds": round(time.perf_counter() - started, 3)},
+    )
+    return Outcome("submitted", run_id, job_ids=job_ids, plan_uri=plan_uri, total_keys=plan.total_keys,
+                   duplicates=plan.duplicates, shards=plan.n_shards)
+
+
+def _put(s3: Any, bucket: str, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+    try:
+        s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type)
+    except ClientError as exc:
+        raise RetriableError(f"writing s3://{bucket}/{key} failed: {exc}") from exc
+
+
+def load_plan(s3: Any, uri: str) -> RunPlan:
+    """Read a plan.json from s3:// or a local path."""
+    if uri.startswith("s3://"):
+        from sluice.s3uri import parse_s3_uri
+
+        b, k = parse_s3_uri(uri)
+        body = s3.get_object(Bucket=b, Key=k)["Body"].read()
+    else:
+        with open(uri, "rb") as fh:
+            body = fh.read()
+    return RunPlan.model_validate(json.loads(body))

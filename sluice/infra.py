@@ -1,0 +1,369 @@
+"""template.yaml -> resources on an AWS emulator (moto), so tests and local mode cannot
+drift from the deployed infrastructure.
+
+Only the resource types Sluice runs against locally are created: S3 buckets, DynamoDB
+tables, event buses and rules (targets become an SQS queue the caller reads), SQS
+queues, and Batch compute environments, job queues and job definitions. Functions are
+not deployed: their resolved Environment is returned so the caller invokes the real
+handlers with exactly the settings the template gives them. Managed GPU compute
+environments become UNMANAGED ones locally (the local executor runs the jobs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ACCOUNT = "123456789012"
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "template.yaml"
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """YAML loader that turns CloudFormation short tags (!Ref, !Sub, ...) into dicts."""
+
+
+def _tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
+    if isinstance(node, yaml.ScalarNode):
+        value: Any = loader.construct_scalar(node)
+        if suffix == "GetAtt":
+            value = str(value).split(".", 1)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    return {name: value}
+
+
+_CfnLoader.add_multi_constructor("!", _tag)
+
+
+def load_template(path: str | Path = TEMPLATE) -> dict[str, Any]:
+    """Parse template.yaml (short tags included)."""
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.load(fh, Loader=_CfnLoader)  # noqa: S506 - a SafeLoader subclass
+    if not isinstance(doc, dict) or "Resources" not in doc:
+        raise ValueError(f"{path} is not a CloudFormation template")
+    return doc
+
+
+@dataclass
+class LocalStack:
+    """Physical names of what was created, and each function's resolved environment."""
+
+    stack_name: str
+    region: str
+    names: dict[str, str] = field(default_factory=dict)  # logical id -> physical name (or ARN for Ref)
+    arns: dict[str, str] = field(default_factory=dict)
+    function_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    function_handlers: dict[str, str] = field(default_factory=dict)
+    rule_patterns: dict[str, dict[str, Any]] = field(default_factory=dict)  # rule name -> (pattern)
+    rule_function: dict[str, str] = field(default_factory=dict)  # rule name -> function logical id
+    observer_queue_url: str | None = None
+
+    def env_for(self, function: str) -> dict[str, str]:
+        """Environment variables the template gives `function`."""
+        return dict(self.function_env[function])
+
+
+class _Resolver:
+    def __init__(self, template: dict[str, Any], stack: LocalStack, params: dict[str, Any]) -> None:
+        self.t = template
+        self.stack = stack
+        self.params: dict[str, Any] = {}
+        for name, spec in template.get("Parameters", {}).items():
+            raw = params.get(name, spec.get("Default", ""))
+            if spec.get("Type") == "CommaDelimitedList" and isinstance(raw, str):
+                raw = [v for v in raw.split(",") if v]
+            self.params[name] = raw
+        self.pseudo = {
+            "AWS::StackName": stack.stack_name,
+            "AWS::Region": stack.region,
+            "AWS::AccountId": ACCOUNT,
+            "AWS::Partition": "aws",
+            "AWS::URLSuffix": "amazonaws.com",
+            "AWS::NoValue": None,
+        }
+
+    def ref(self, name: str) -> Any:
+        if name in self.pseudo:
+            return self.pseudo[name]
+        if name in self.params:
+            return self.params[name]
+        if name in self.stack.names:
+            return self.stack.names[name]
+        raise KeyError(f"!Ref {name}: not created yet (or not a local resource type)")
+
+    def getatt(self, logical: str, attr: str) -> Any:
+        if attr == "Arn" and logical in self.stack.arns:
+            return self.stack.arns[logical]
+        if logical in self.stack.names and attr in ("Name", "QueueName"):
+            return self.stack.names[logical]
+        raise KeyError(f"!GetAtt {logical}.{attr}: not available locally")
+
+    def __call__(self, v: Any) -> Any:
+        if isinstance(v, list):
+            return [self(x) for x in v]
+        if not isinstance(v, dict):
+            return v
+        if len(v) == 1:
+            (k, arg), = v.items()
+            if k == "Ref":
+                return self.ref(arg)
+            if k == "Fn::GetAtt":
+                logical, attr = arg if isinstance(arg, list) else str(arg).split(".", 1)
+                return self.getatt(logical, attr)
+            if k == "Fn::Sub":
+                text, extra = (arg, {}) if isinstance(arg, str) else (arg[0], self(arg[1]))
+                return re.sub(r"\$\{([^}]+)\}", lambda m: str(self._sub_var(m.group(1), extra)), text)
+            if k == "Fn::Join":
+                sep, items = arg
+                return sep.join(str(x) for x in self._flat(self(items)))
+            if k == "Fn::Select":
+                idx, items = self(arg)
+                return items[int(idx)]
+            if k == "Fn::Split":
+                sep, text = self(arg)
+                return text.split(sep)
+            if k == "Fn::If":
+                cond, yes, no = arg
+                return self(yes) if self.condition(cond) else self(no)
+        return {k: self(x) for k, x in v.items()}
+
+    @staticmethod
+    def _flat(items: Any) -> list[Any]:
+        out: list[Any] = []
+        for x in items if isinstance(items, list) else [items]:
+            out.extend(x if isinstance(x, list) else [x])
+        return out
+
+    def _sub_var(self, name: str, extra: dict[str, Any]) -> Any:
+        if name in extra:
+            return extra[name]
+        if "." in name:
+            return self.getatt(*name.split(".", 1))
+        return self.ref(name)
+
+    def condition(self, name: str) -> bool:
+        spec = self.t.get("Conditions", {})[name]
+        return bool(self._cond(spec))
+
+    def _cond(self, spec: Any) -> Any:
+        if isinstance(spec, dict) and len(spec) == 1:
+            (k, arg), = spec.items()
+            if k == "Fn::Equals":
+                a, b = (self._cond(x) for x in arg)
+                return a == b
+            if k == "Fn::Not":
+                return not self._cond(arg[0])
+            if k == "Fn::And":
+                return all(self._cond(x) for x in arg)
+            if k == "Fn::Or":
+                return any(self._cond(x) for x in arg)
+            if k == "Condition":
+                return self.condition(arg)
+        return self(spec)
+
+
+def _clean(d: Any) -> Any:
+    """Drop None values (AWS::NoValue) recursively."""
+    if isinstance(d, dict):
+        return {k: _clean(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):
+        return [_clean(v) for v in d if v is not None]
+    return d
+
+
+def _lower_first(d: Any) -> Any:
+    """CloudFormation PascalCase properties -> the API's camelCase (Batch)."""
+    if isinstance(d, dict):
+        return {(k[:1].lower() + k[1:]): _lower_first(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_lower_first(v) for v in d]
+    return d
+
+
+def create_local(
+    clients: Any,
+    *,
+    stack_name: str = "sluice",
+    region: str = "us-east-1",
+    params: dict[str, Any] | None = None,
+    template: dict[str, Any] | None = None,
+    observe_bus_events: bool = True,
+) -> LocalStack:
+    """Create the template's local resources through `clients` (s3, dynamodb, events, sqs, batch, iam).
+
+    Idempotent: what already exists (e.g. on a long-running emulator) is reused.
+    """
+    t = template or load_template()
+    stack = LocalStack(stack_name, region)
+    res = _Resolver(t, stack, params or {})
+    resources: dict[str, Any] = t["Resources"]
+    by_type: dict[str, list[str]] = {}
+    for logical, spec in resources.items():
+        by_type.setdefault(spec["Type"], []).append(logical)
+    arn = f"arn:aws:{{svc}}:{region}:{ACCOUNT}:{{rest}}"
+
+    for logical in by_type.get("AWS::S3::Bucket", []):
+        props = res(resources[logical].get("Properties", {}))
+        name = props.get("BucketName") or f"{stack_name}-{logical}-{ACCOUNT}".lower()
+        kwargs: dict[str, Any] = {"Bucket": name}
+        if region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            clients.s3.create_bucket(**kwargs)
+        except clients.s3.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        if props.get("VersioningConfiguration", {}).get("Status") == "Enabled":
+            clients.s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+        eb = props.get("NotificationConfiguration", {}).get("EventBridgeConfiguration")
+        if eb and eb.get("EventBridgeEnabled"):
+            clients.s3.put_bucket_notification_configuration(
+                Bucket=name, NotificationConfiguration={"EventBridgeConfiguration": {}}
+            )
+        stack.names[logical] = name
+        stack.arns[logical] = f"arn:aws:s3:::{name}"
+
+    for logical in by_type.get("AWS::SQS::Queue", []):
+        props = res(resources[logical].get("Properties", {}))
+        name = props.get("QueueName") or f"{stack_name}-{logical}"
+        url = clients.sqs.create_queue(QueueName=name)["QueueUrl"]
+        stack.names[logical] = url
+        stack.arns[logical] = arn.format(svc="sqs", rest=name)
+
+    for logical in by_type.get("AWS::DynamoDB::Table", []):
+        props = _clean(res(resources[logical].get("Properties", {})))
+        name = props.get("TableName") or f"{stack_name}-{logical}"
+        kwargs = {
+            "TableName": name,
+            "AttributeDefinitions": props["AttributeDefinitions"],
+            "KeySchema": props["KeySchema"],
+            "BillingMode": props.get("BillingMode", "PAY_PER_REQUEST"),
+        }
+        if props.get("GlobalSecondaryIndexes"):
+            kwargs["GlobalSecondaryIndexes"] = props["GlobalSecondaryIndexes"]
+        try:
+            clients.dynamodb.create_table(**kwargs)
+        except clients.dynamodb.exceptions.ResourceInUseException:
+            pass
+        ttl = props.get("TimeToLiveSpecification")
+        if ttl:
+            clients.dynamodb.update_time_to_live(TableName=name, TimeToLiveSpecification=ttl)
+        stack.names[logical] = name
+        stack.arns[logical] = arn.format(svc="dynamodb", rest=f"table/{name}")
+
+    for logical in by_type.get("AWS::Events::EventBus", []):
+        props = res(resources[logical].get("Properties", {}))
+        name = props["Name"]
+        try:
+            clients.events.create_event_bus(Name=name)
+        except clients.events.exceptions.ResourceAlreadyExistsException:
+            pass
+        stack.names[logical] = name
+        stack.arns[logical] = arn.format(svc="events", rest=f"event-bus/{name}")
+
+    if observe_bus_events:
+        # Everything published on Sluice's buses also lands in one SQS queue the caller reads.
+        q = f"{stack_name}-observer"
+        stack.observer_queue_url = clients.sqs.create_queue(QueueName=q)["QueueUrl"]
+        q_arn = arn.format(svc="sqs", rest=q)
+        for logical in by_type.get("AWS::Events::EventBus", []):
+            rule = f"{stack_name}-observe-{logical}"
+            clients.events.put_rule(
+                Name=rule, EventBusName=stack.names[logical], EventPattern=json.dumps({"source": ["sluice"]})
+            )
+            clients.events.put_targets(
+                Rule=rule, EventBusName=stack.names[logical], Targets=[{"Id": "observer", "Arn": q_arn}]
+            )
+
+    _create_batch(clients, resources, by_type, res, stack, stack_name)
+
+    for logical in by_type.get("AWS::Serverless::Function", []):
+        props = resources[logical].get("Properties", {})
+        glob = t.get("Globals", {}).get("Function", {})
+        env = {**glob.get("Environment", {}).get("Variables", {}), **props.get("Environment", {}).get("Variables", {})}
+        resolved = _clean(res(env))
+        stack.function_env[logical] = {k: str(v) for k, v in resolved.items()}
+        stack.function_handlers[logical] = props["Handler"]
+        for ev_name, ev in props.get("Events", {}).items():
+            if ev.get("Type") == "EventBridgeRule":
+                stack.rule_patterns[ev_name] = _clean(res(ev["Properties"]["Pattern"]))
+                stack.rule_function[ev_name] = logical
+    return stack
+
+
+def _create_batch(
+    clients: Any,
+    resources: dict[str, Any],
+    by_type: dict[str, list[str]],
+    res: _Resolver,
+    stack: LocalStack,
+    stack_name: str,
+) -> None:
+    b = clients.batch
+    if not any(t.startswith("AWS::Batch::") for t in by_type):
+        return
+    trust = json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "batch.amazonaws.com"}, "Action": "sts:AssumeRole"}]})
+    roles = [f"{stack_name}-{logical}" for logical in by_type.get("AWS::IAM::Role", [])]
+    for role in [*roles, f"{stack_name}-batch-service"]:
+        # Roles exist only so Batch accepts their ARNs; moto does not enforce their policies.
+        try:
+            clients.iam.create_role(RoleName=role, AssumeRolePolicyDocument=trust)
+        except clients.iam.exceptions.EntityAlreadyExistsException:
+            pass
+    for logical in by_type.get("AWS::IAM::Role", []) + by_type.get("AWS::IAM::InstanceProfile", []):
+        kind = "instance-profile" if resources[logical]["Type"].endswith("InstanceProfile") else "role"
+        stack.arns[logical] = f"arn:aws:iam::{ACCOUNT}:{kind}/{stack_name}-{logical}"
+        stack.names[logical] = f"{stack_name}-{logical}"
+    service_role = f"arn:aws:iam::{ACCOUNT}:role/{stack_name}-batch-service"
+    existing_ce = {c["computeEnvironmentName"]: c for c in b.describe_compute_environments()["computeEnvironments"]}
+    for logical in by_type.get("AWS::Batch::ComputeEnvironment", []):
+        name = f"{stack_name}-{logical}"
+        if name not in existing_ce:
+            resp = b.create_compute_environment(
+                computeEnvironmentName=name, type="UNMANAGED", state="ENABLED", serviceRole=service_role
+            )
+            ce_arn = resp["computeEnvironmentArn"]
+        else:
+            ce_arn = existing_ce[name]["computeEnvironmentArn"]
+        stack.names[logical] = ce_arn
+        stack.arns[logical] = ce_arn
+    existing_q = {q["jobQueueName"]: q for q in b.describe_job_queues()["jobQueues"]}
+    for logical in by_type.get("AWS::Batch::JobQueue", []):
+        props = _clean(res(resources[logical]["Properties"]))
+        name = props.get("JobQueueName") or f"{stack_name}-{logical}"
+        if name in existing_q:
+            q_arn = existing_q[name]["jobQueueArn"]
+        else:
+            q_arn = b.create_job_queue(
+                jobQueueName=name,
+                state=props.get("State", "ENABLED"),
+                priority=int(props.get("Priority", 1)),
+                computeEnvironmentOrder=_lower_first(props["ComputeEnvironmentOrder"]),
+            )["jobQueueArn"]
+        stack.names[logical] = q_arn
+        stack.arns[logical] = q_arn
+    for logical in by_type.get("AWS::Batch::JobDefinition", []):
+        props = _lower_first(_clean(res(resources[logical]["Properties"])))
+        name = props.pop("jobDefinitionName", None) or f"{stack_name}-{logical}"
+        kwargs = {"jobDefinitionName": name, "type": props.pop("type")}
+        for key in ("containerProperties", "nodeProperties", "retryStrategy", "timeout", "propagateTags",
+                    "platformCapabilities", "parameters", "tags"):
+            if key in props:
+                kwargs[key] = props[key]
+        if "nodeProperties" in kwargs:
+            for rng in kwargs["nodeProperties"]["nodeRangeProperties"]:
+                # CloudFormation calls it Container; the API calls it container (already lowered).
+                rng.setdefault("container", rng.pop("Container", rng.get("container")))
+        existing = b.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")["jobDefinitions"]
+        jd_arn = existing[0]["jobDefinitionArn"] if existing else b.register_job_definition(**kwargs)["jobDefinitionArn"]
+        stack.names[logical] = jd_arn
+        stack.arns[logical] = jd_arn

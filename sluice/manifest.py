@@ -1,0 +1,461 @@
+"""Read a manifest and stream its keys as (bucket, [keys]) batches, validating as it goes.
+
+Sources: an inline key list, a key-list object (.txt / .csv / .jsonl), a prefix listing
+(paginated) or an S3 Inventory report (manifest.json + gzip CSV or Parquet data files).
+Every problem becomes a ManifestRejected reason naming the line / key / field and why.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_plus
+
+from botocore.exceptions import ClientError
+from pydantic import ValidationError
+
+from sluice.errors import ManifestRejected, RetriableError
+from sluice.models import InputSpec, Manifest
+from sluice.s3uri import MAX_KEY_BYTES, is_bucket_name, key_problem, parse_s3_uri
+from sluice.settings import Settings
+
+KeyBatch = tuple[str, list[str]]
+BATCH_KEYS = 8192
+MAX_REASONS = 20
+KEYLIST_SUFFIXES = (".txt", ".csv", ".jsonl")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_RETRIABLE_CODES = {"SlowDown", "ThrottlingException", "RequestTimeout", "InternalError", "503", "500"}
+
+
+@dataclass(frozen=True)
+class ManifestSource:
+    """The uploaded object that started a run."""
+
+    bucket: str
+    key: str
+    body: bytes
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def _pydantic_reasons(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "manifest"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see docs/manifest.md)"
+        out.append(f"{where}: {msg}")
+    return out
+
+
+def parse_manifest(src: ManifestSource, settings: Settings) -> Manifest:
+    """Parse the uploaded object into a Manifest; a plain key list gets default settings."""
+    lower = src.key.lower()
+    if lower.endswith(KEYLIST_SUFFIXES):
+        return Manifest(version=1, input=InputSpec(key_list=src.uri, bucket=settings.default_input_bucket))
+    if len(src.body) > settings.max_manifest_bytes:
+        raise ManifestRejected(
+            f"{src.uri}: manifest is {len(src.body)} bytes, over the {settings.max_manifest_bytes}-byte "
+            "limit (SLUICE_MAX_MANIFEST_BYTES): put the keys in a key-list object and name it in input.key_list"
+        )
+    if not lower.endswith(".json"):
+        raise ManifestRejected(
+            f"{src.uri}: unsupported manifest type; upload a .json run manifest or a "
+            ".txt/.csv/.jsonl key list under manifests/"
+        )
+    try:
+        text = src.body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestRejected(f"{src.uri}: not UTF-8 (invalid byte at offset {exc.start})") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestRejected(
+            f"{src.uri}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if isinstance(doc, dict) and "sourceBucket" in doc and "files" in doc:
+        # An S3 Inventory manifest.json dropped as is: run over its listing.
+        return Manifest(version=1, input=InputSpec(inventory=src.uri))
+    if not isinstance(doc, dict):
+        raise ManifestRejected(f"{src.uri}: a manifest is a JSON object, not {type(doc).__name__}")
+    try:
+        return Manifest.model_validate(doc)
+    except ValidationError as exc:
+        raise ManifestRejected(_pydantic_reasons(exc)) from exc
+
+
+class _Problems:
+    """Collects up to MAX_REASONS problems, then stops the scan."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.count = 0
+
+    def add(self, reason: str) -> None:
+        self.count += 1
+        if len(self.reasons) < MAX_REASONS:
+            self.reasons.append(reason)
+        if self.count >= MAX_REASONS:
+            self.raise_if_any()
+
+    def raise_if_any(self) -> None:
+        if self.count:
+            extra = self.count - len(self.reasons)
+            raise ManifestRejected(self.reasons + ([f"... and {extra} more problems"] if extra > 0 else []))
+
+
+class _Batcher:
+    """Groups consecutive same-bucket keys into KeyBatch lists of at most BATCH_KEYS."""
+
+    def __init__(self) -> None:
+        self.bucket: str | None = None
+        self.keys: list[str] = []
+
+    def add(self, bucket: str, key: str) -> KeyBatch | None:
+        out = None
+        if bucket != self.bucket or len(self.keys) >= BATCH_KEYS:
+            out = self.flush()
+            self.bucket = bucket
+        self.keys.append(key)
+        return out
+
+    def flush(self) -> KeyBatch | None:
+        if self.bucket is None or not self.keys:
+            return None
+        out, self.keys = (self.bucket, self.keys), []
+        return out
+
+
+def _entry_to_pair(entry: str, default_bucket: str | None, where: str, problems: _Problems) -> tuple[str, str] | None:
+    """One key-list entry (bare key or s3:// URI) -> (bucket, key), or None after noting why not."""
+    if entry.startswith("s3://"):
+        try:
+            bucket, key = parse_s3_uri(entry)
+        except ValueError as exc:
+            problems.add(f"{where}: not a key: {exc}")
+            return None
+    elif _SCHEME.match(entry):
+        problems.add(f"{where}: not a key: {entry[:80]!r} is a URL; use s3://bucket/key or a bare key")
+        return None
+    else:
+        if default_bucket is None:
+            problems.add(
+                f"{where}: bare key {entry[:80]!r} but no bucket: write s3://bucket/key, set input.bucket, "
+                "or set SLUICE_DEFAULT_INPUT_BUCKET"
+            )
+            return None
+        bucket, key = default_bucket, entry
+    if key.endswith("/"):
+        problems.add(f"{where}: not a key: {entry[:80]!r} ends with '/' (a prefix); use input.prefix to list it")
+        return None
+    if len(key) > MAX_KEY_BYTES // 4:  # only long keys can exceed 1,024 UTF-8 bytes
+        why = key_problem(key)
+        if why:
+            problems.add(f"{where}: {why}: {entry[:80]!r}...")
+            return None
+    return bucket, key
+
+
+def _lines(chunks: Iterable[bytes], uri: str) -> Iterator[str]:
+    """Decode a UTF-8 byte stream into lines (\\n or \\r\\n), without holding it all."""
+    tail = b""
+    offset = 0
+    for chunk in chunks:
+        data = tail + chunk
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            tail = data
+            continue
+        try:
+            text = data[:cut].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestRejected(f"{uri}: not UTF-8 (invalid byte at offset {offset + exc.start})") from exc
+        offset += cut
+        tail = data[cut:]
+        lines = text.split("\n")
+        lines.pop()  # empty string after the final newline
+        yield from lines
+    if tail:
+        try:
+            yield tail.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestRejected(f"{uri}: not UTF-8 (invalid byte at offset {offset + exc.start})") from exc
+
+
+def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tuple[int, str | None, str]]:
+    """Yield (line number, explicit bucket or None, entry) from .txt/.csv/.jsonl lines."""
+    if kind == ".txt":
+        for n, line in enumerate(lines, 1):
+            line = line.removesuffix("\r")
+            if line.strip():
+                yield n, None, line
+        return
+    if kind == ".jsonl":
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield n, None, f"\0json:{exc.msg}"
+                continue
+            if isinstance(obj, str):
+                yield n, None, obj
+            elif isinstance(obj, dict) and isinstance(obj.get("uri"), str):
+                yield n, None, obj["uri"]
+            elif isinstance(obj, dict) and isinstance(obj.get("key"), str):
+                yield n, obj.get("bucket") if isinstance(obj.get("bucket"), str) else None, obj["key"]
+            else:
+                yield n, None, "\0json:expected a string or an object with 'uri' or 'key'"
+        return
+    # .csv: optional header naming uri / key / bucket; else 1 column = key or URI, 2+ = bucket,key
+    reader = csv.reader(line.removesuffix("\r") for line in lines)
+    cols: dict[str, int] | None = None
+    for n, row in enumerate(reader, 1):
+        if not row or not any(c.strip() for c in row):
+            continue
+        if n == 1 and {c.strip().lower() for c in row} & {"uri", "key", "s3_uri", "url"}:
+            cols = {c.strip().lower(): i for i, c in enumerate(row)}
+            continue
+        try:
+            if cols is not None:
+                uri_col = cols.get("uri", cols.get("s3_uri", cols.get("url")))
+                if uri_col is not None:
+                    yield n, None, row[uri_col]
+                else:
+                    b = row[cols["bucket"]] if "bucket" in cols else None
+                    yield n, b, row[cols["key"]]
+            elif len(row) == 1:
+                yield n, None, row[0]
+            else:
+                yield n, row[0], row[1]
+        except IndexError:
+            yield n, None, "\0csv:row has fewer columns than its header"
+
+
+def iter_keylist(
+    chunks: Iterable[bytes], uri: str, kind: str, default_bucket: str | None, problems: _Problems
+) -> Iterator[KeyBatch]:
+    """Stream a key-list object as batches; problems name the line."""
+    batcher = _Batcher()
+    name = uri.rsplit("/", 1)[-1]
+    for n, bucket, entry in _keylist_entries(_lines(chunks, uri), uri, kind):
+        where = f"{name} line {n}"
+        if entry.startswith("\0"):
+            problems.add(f"{where}: not a key: {entry[1:]}")
+            continue
+        if bucket is not None and not entry.startswith("s3://"):
+            if not is_bucket_name(bucket):
+                problems.add(f"{where}: {bucket[:70]!r} is not a valid bucket name")
+                continue
+            pair = _entry_to_pair(entry, bucket, where, problems)
+        else:
+            pair = _entry_to_pair(entry, default_bucket, where, problems)
+        if pair is not None:
+            out = batcher.add(*pair)
+            if out:
+                yield out
+    last = batcher.flush()
+    if last:
+        yield last
+
+
+def _s3_error(exc: ClientError, what: str) -> Exception:
+    """Translate an S3 error at the boundary: retriable (raise) or a rejection reason."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    if code in _RETRIABLE_CODES:
+        return RetriableError(f"{what}: S3 {code}; will retry")
+    if code in ("NoSuchKey", "404", "NotFound"):
+        return ManifestRejected(f"{what} does not exist")
+    if code == "NoSuchBucket":
+        return ManifestRejected(f"{what}: the bucket does not exist")
+    if code in ("AccessDenied", "403", "AllAccessDisabled"):
+        return ManifestRejected(f"{what} cannot be read: access denied (grant the coordinator role read access)")
+    return ManifestRejected(f"{what} cannot be read: S3 {code or 'error'}: {exc}")
+
+
+def _get_chunks(
+    s3: Any, bucket: str, key: str, max_bytes: int, limit_name: str = "SLUICE_MAX_KEYLIST_BYTES", chunk: int = 8 * 2**20
+) -> Iterator[bytes]:
+    what = f"s3://{bucket}/{key}"
+    try:
+        resp = s3.get_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        raise _s3_error(exc, what) from exc
+    size = int(resp.get("ContentLength") or 0)
+    if size > max_bytes:
+        raise ManifestRejected(f"{what} is {size} bytes, over the {max_bytes}-byte limit ({limit_name})")
+    body = resp["Body"]
+    while True:
+        data = body.read(chunk)
+        if not data:
+            break
+        yield data
+
+
+def iter_prefix(s3: Any, uri: str, suffixes: tuple[str, ...] | None) -> Iterator[KeyBatch]:
+    """List s3://bucket/prefix page by page; folder markers are skipped."""
+    bucket, prefix = parse_s3_uri(uri, allow_empty_key=True)
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    seen_any = False
+    try:
+        for page in pages:
+            keys = [o["Key"] for o in page.get("Contents", ()) if not o["Key"].endswith("/")]
+            if suffixes:
+                keys = [k for k in keys if k.lower().endswith(suffixes)]
+            if keys:
+                seen_any = True
+                yield bucket, keys
+    except ClientError as exc:
+        raise _s3_error(exc, f"prefix {uri}") from exc
+    if not seen_any:
+        raise ManifestRejected(f"prefix {uri} matched no objects" + (f" ending in {suffixes}" if suffixes else ""))
+
+
+def iter_inventory(s3: Any, uri: str, settings: Settings, problems: _Problems) -> Iterator[KeyBatch]:
+    """Read an S3 Inventory manifest.json and stream the keys of its data files."""
+    bucket, key = parse_s3_uri(uri)
+    raw = b"".join(_get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES"))
+    try:
+        inv = json.loads(raw)
+        fmt = str(inv["fileFormat"]).upper()
+        files = [f["key"] for f in inv["files"]]
+        dest = str(inv.get("destinationBucket", f"arn:aws:s3:::{bucket}")).rsplit(":", 1)[-1]
+        schema = [c.strip() for c in str(inv.get("fileSchema", "Bucket, Key")).split(",")]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ManifestRejected(f"{uri}: not an S3 Inventory manifest.json ({exc!r} missing or malformed)") from exc
+    if fmt not in ("CSV", "PARQUET"):
+        raise ManifestRejected(f"{uri}: inventory format {fmt} is not supported; use CSV or Parquet")
+    if not files:
+        raise ManifestRejected(f"{uri}: inventory lists no data files")
+    for data_key in files:
+        data = b"".join(_get_chunks(s3, dest, data_key, settings.max_keylist_bytes))
+        yield from (_inventory_csv if fmt == "CSV" else _inventory_parquet)(data, schema, data_key, problems)
+
+
+def _inventory_csv(data: bytes, schema: list[str], name: str, problems: _Problems) -> Iterator[KeyBatch]:
+    try:
+        text = gzip.decompress(data).decode("utf-8")
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise ManifestRejected(f"inventory file {name}: not gzip CSV ({exc})") from exc
+    lower = [c.lower() for c in schema]
+    bi, ki = lower.index("bucket"), lower.index("key")
+    batcher = _Batcher()
+    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+        if len(row) <= max(bi, ki):
+            problems.add(f"inventory file {name} line {n}: row has {len(row)} columns, schema has {len(schema)}")
+            continue
+        k = unquote_plus(row[ki])  # inventory CSV keys are URL-encoded
+        if k.endswith("/"):
+            continue  # folder marker
+        out = batcher.add(row[bi], k)
+        if out:
+            yield out
+    last = batcher.flush()
+    if last:
+        yield last
+
+
+def _inventory_parquet(data: bytes, schema: list[str], name: str, problems: _Problems) -> Iterator[KeyBatch]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ManifestRejected(f"inventory file {name}: Parquet inventories need pyarrow installed") from exc
+    table = pq.read_table(io.BytesIO(data), columns=["bucket", "key"])
+    for bucket, key in zip(table.column("bucket").to_pylist(), table.column("key").to_pylist()):
+        if not key.endswith("/"):
+            yield bucket, [key]
+
+
+def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: _Problems | None = None) -> Iterator[KeyBatch]:
+    """All keys the manifest names, as validated batches; raises ManifestRejected at the end if any problem."""
+    problems = problems or _Problems()
+    spec = manifest.input
+    default_bucket = spec.bucket or settings.default_input_bucket
+    suffixes = tuple(s.lower() for s in spec.suffixes) if spec.suffixes else None
+    source: Iterator[KeyBatch]
+    if spec.keys is not None:
+        source = _inline(spec.keys, default_bucket, problems)
+    elif spec.key_list is not None:
+        try:
+            b, k = parse_s3_uri(spec.key_list)
+        except ValueError as exc:
+            raise ManifestRejected(f"input.key_list: {exc}") from exc
+        kind = next((s for s in KEYLIST_SUFFIXES if k.lower().endswith(s)), ".txt")
+        source = iter_keylist(_get_chunks(s3, b, k, settings.max_keylist_bytes), spec.key_list, kind, default_bucket, problems)
+    elif spec.prefix is not None:
+        try:
+            parse_s3_uri(spec.prefix, allow_empty_key=True)
+        except ValueError as exc:
+            raise ManifestRejected(f"input.prefix: {exc}") from exc
+        source = iter_prefix(s3, spec.prefix, suffixes)
+        suffixes = None
+    else:
+        assert spec.inventory is not None
+        try:
+            parse_s3_uri(spec.inventory)
+        except ValueError as exc:
+            raise ManifestRejected(f"input.inventory: {exc}") from exc
+        source = iter_inventory(s3, spec.inventory, settings, problems)
+    allowed = set(settings.allowed_buckets)
+    for bucket, keys in source:
+        if allowed and bucket not in allowed:
+            problems.add(
+                f"s3://{bucket}/{keys[0][:80]}: bucket {bucket!r} is not allowed "
+                f"(SLUICE_ALLOWED_BUCKETS: {', '.join(sorted(allowed))})"
+            )
+            continue
+        if suffixes:
+            keys = [k for k in keys if k.lower().endswith(suffixes)]
+        if keys:
+            yield bucket, keys
+    problems.raise_if_any()
+
+
+def _inline(entries: list[str], default_bucket: str | None, problems: _Problems) -> Iterator[KeyBatch]:
+    batcher = _Batcher()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, str) or not entry:
+            problems.add(f"input.keys[{i}]: not a key: empty")
+            continue
+        pair = _entry_to_pair(entry, default_bucket, f"input.keys[{i}]", problems)
+        if pair is not None:
+            why = key_problem(pair[1]) if len(pair[1]) > MAX_KEY_BYTES // 4 or not pair[1].isascii() else None
+            if why:
+                problems.add(f"input.keys[{i}]: {why}")
+                continue
+            out = batcher.add(*pair)
+            if out:
+                yield out
+    last = batcher.flush()
+    if last:
+        yield last
+
+
+def read_manifest_object(s3: Any, bucket: str, key: str, settings: Settings) -> ManifestSource:
+    """Fetch the uploaded manifest (bounded by the size limits before reading the body)."""
+    what = f"s3://{bucket}/{key}"
+    if key.lower().endswith(KEYLIST_SUFFIXES):
+        # Key lists are streamed later by iter_keylist; only their size matters here.
+        try:
+            head = s3.head_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            raise _s3_error(exc, what) from exc
+        limit = settings.max_keylist_bytes
+        if int(head.get("ContentLength", 0)) > limit:
+            raise ManifestRejected(
+                f"{what} is {head['ContentLength']} bytes, over the {limit}-byte limit (SLUICE_MAX_KEYLIST_BYTES)"
+            )
+        return ManifestSource(bucket, key, b"")
+    chunks = _get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES")
+    return ManifestSource(bucket, key, b"".join(chunks))
+

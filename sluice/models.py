@@ -1,0 +1,153 @@
+"""Pydantic models: the run manifest, the plan a worker reads, and event details."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MANIFEST_VERSION = 1
+PLAN_VERSION = 1
+MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
+MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    """Where the keys come from: exactly one of keys, key_list, prefix, inventory."""
+
+    keys: list[str] | None = Field(
+        default=None, description="Inline keys: bare keys (in `bucket`) or s3:// URIs."
+    )
+    key_list: str | None = Field(
+        default=None, description="s3:// URI of a .txt/.csv/.jsonl key list (one key a line)."
+    )
+    prefix: str | None = Field(default=None, description="s3://bucket/prefix to list (paginated).")
+    inventory: str | None = Field(
+        default=None, description="s3:// URI of an S3 Inventory manifest.json (CSV or Parquet)."
+    )
+    bucket: str | None = Field(default=None, description="Bucket for bare keys.")
+    suffixes: list[str] | None = Field(
+        default=None, description="Keep only keys ending with one of these (case-insensitive)."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> InputSpec:
+        given = [n for n in ("keys", "key_list", "prefix", "inventory") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "input needs exactly one of keys, key_list, prefix, inventory"
+                + (f" (got {', '.join(given)})" if given else " (got none)")
+            )
+        return self
+
+
+class ModelSpec(_Strict):
+    """The model a worker runs."""
+
+    uri: str = Field(default="builtin:reference-cnn", description="builtin:NAME, a path or s3:// URI.")
+    batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64
+    image_size: Annotated[int, Field(ge=8, le=8_192)] = 224
+
+
+class JobSpec(_Strict):
+    """How the run is laid out on AWS Batch."""
+
+    mode: Literal["array", "multinode"] = "array"
+    nodes: Annotated[int, Field(ge=1, le=MAX_MNP_NODES)] = 2
+    gpus_per_node: Annotated[int, Field(ge=0, le=16)] = 1
+    keys_per_shard: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    timeout_s: Annotated[int, Field(ge=60, le=14 * 24 * 3600)] = 6 * 3600
+    queue: str | None = Field(default=None, description="Job queue; default from settings.")
+
+
+class OutputSpec(_Strict):
+    """Where embeddings go; default s3://<control bucket>/runs/<run>/output/."""
+
+    prefix: str | None = None
+    dtype: Literal["float16", "float32"] = "float16"
+
+
+class Manifest(_Strict):
+    """A run manifest as uploaded to manifests/ (JSON)."""
+
+    version: Literal[1] = Field(description="Manifest schema version; this Sluice reads 1.")
+    name: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] | None = None
+    input: InputSpec
+    model: ModelSpec = ModelSpec()
+    job: JobSpec = JobSpec()
+    output: OutputSpec = OutputSpec()
+    retry_failed: Annotated[int, Field(ge=0, le=3)] = 1
+    max_failed_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, v: object) -> object:
+        if v != MANIFEST_VERSION:
+            raise ValueError(f"unsupported manifest version {v!r}: this Sluice reads version 1")
+        return v
+
+
+class ShardLayout(_Strict):
+    """One AWS Batch job of a run: which shards it covers."""
+
+    kind: Literal["array", "single", "multinode"]
+    shard_offset: int
+    shard_count: int
+
+
+class RunPlan(_Strict):
+    """Everything a worker needs: written to runs/<run>/plan.json."""
+
+    plan_version: Literal[1] = PLAN_VERSION
+    run_id: str
+    manifest_uri: str
+    control_bucket: str
+    shards_prefix: str  # s3://bucket/runs/<run>/shards/ ; shard i is <prefix><i>.shard
+    output_prefix: str
+    failures_prefix: str
+    total_keys: int
+    duplicates: int
+    n_shards: int
+    keys_per_shard: int
+    mode: Literal["array", "multinode"]
+    nodes: int
+    gpus_per_node: int
+    spot_allowed: bool  # multi-node parallel jobs cannot run on Spot
+    model: ModelSpec
+    output_dtype: Literal["float16", "float32"]
+    attempts: int
+    timeout_s: int
+    max_failed_fraction: float
+    retry_failed: int
+    jobs: list[ShardLayout]
+    created_at: str
+
+    def shard_uri(self, index: int) -> str:
+        """s3:// URI of shard `index`."""
+        return f"{self.shards_prefix}{index}.shard"
+
+
+class RunSubmitted(BaseModel):
+    """Detail of the "Run Submitted" event."""
+
+    run_id: str
+    manifest: str
+    total_keys: int
+    duplicates: int
+    shards: int
+    mode: str
+    job_ids: list[str]
+    plan_uri: str
+
+
+class ManifestRejectedDetail(BaseModel):
+    """Detail of the "Manifest Rejected" event."""
+
+    run_id: str
+    manifest: str
+    reasons: list[str]

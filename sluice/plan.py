@@ -1,0 +1,186 @@
+"""Keys -> shards -> job layout, in two streaming passes with bounded memory.
+
+Pass 1 (`scan`): validate every key, record its digest (sluice.dedup) and spill it, in
+manifest order, to a local temporary shard file. Nothing is written to S3 until the
+whole input has been validated, so a rejected manifest leaves no trace under runs/.
+Pass 2 (`write_shards`): re-read the spill, drop later duplicates, cut the unique keys
+into contiguous shards of `keys_per_shard` (sorted inside each shard, which makes them
+~23% smaller), and hand each finished shard to a `put` callback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sluice.dedup import DuplicateFinder
+from sluice.errors import ManifestRejected
+from sluice.models import Manifest, RunPlan, ShardLayout
+from sluice.shards import FileSource, ShardReader, ShardWriter, encode_shard
+
+KeyBatch = tuple[str, list[str]]
+SORT_LIMIT = 2_000_000  # shards bigger than this keep manifest order (sorting needs them in memory)
+
+
+@dataclass
+class Scan:
+    """Result of pass 1: counts plus the spill file holding the keys in manifest order."""
+
+    total_keys: int
+    duplicates: int
+    spill_path: str
+    bitmap: bytearray = field(repr=False)
+    buckets: set[str] = field(default_factory=set)
+
+    @property
+    def unique_keys(self) -> int:
+        return self.total_keys - self.duplicates
+
+    def close(self) -> None:
+        """Delete the spill file."""
+        try:
+            os.unlink(self.spill_path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> Scan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def scan(batches: Iterable[KeyBatch], *, max_keys: int, spill_dir: str | None = None) -> Scan:
+    """Pass 1: spill and digest every key; reject zero keys or too many."""
+    finder = DuplicateFinder()
+    fd, path = tempfile.mkstemp(prefix="sluice-spill-", suffix=".shard", dir=spill_dir)
+    buckets: set[str] = set()
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            writer = ShardWriter(fh, sort=False, level=1, block_keys=4096)
+            for bucket, keys in batches:
+                if finder.count + len(keys) > max_keys:
+                    raise ManifestRejected(
+                        f"more than {max_keys} keys (SLUICE_MAX_KEYS): split the input into several manifests"
+                    )
+                buckets.add(bucket)
+                finder.add(bucket, keys)
+                writer.add(bucket, keys)
+            writer.close()
+        if finder.count == 0:
+            raise ManifestRejected("the manifest names zero keys: nothing to run")
+        bitmap, dups = finder.duplicates()
+    except BaseException:
+        os.unlink(path)
+        raise
+    return Scan(finder.count, dups, path, bitmap, buckets)
+
+
+def iter_unique(sc: Scan) -> Iterator[KeyBatch]:
+    """Pass 2 input: the spilled keys in manifest order, later duplicates dropped."""
+    reader = ShardReader(FileSource(sc.spill_path))
+    bitmap, pos = sc.bitmap, 0
+    for bucket, keys in reader.groups():
+        n = len(keys)
+        lo, hi = pos >> 3, (pos + n + 7) >> 3
+        if any(bitmap[lo:hi]):
+            keys = [k for i, k in enumerate(keys, pos) if not bitmap[i >> 3] >> (i & 7) & 1]
+        pos += n
+        if keys:
+            yield bucket, keys
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many shards, how big, and which Batch jobs cover them."""
+
+    n_shards: int
+    keys_per_shard: int
+    jobs: list[ShardLayout]
+
+
+def layout(unique_keys: int, manifest: Manifest, max_array_size: int) -> Layout:
+    """Array: one child per shard, several array jobs past max_array_size. MNP: node i = shard i."""
+    job = manifest.job
+    if job.mode == "multinode":
+        kps = max(1, math.ceil(unique_keys / job.nodes))
+        return Layout(job.nodes, kps, [ShardLayout(kind="multinode", shard_offset=0, shard_count=job.nodes)])
+    kps = job.keys_per_shard
+    n = max(1, math.ceil(unique_keys / kps))
+    jobs = []
+    for off in range(0, n, max_array_size):
+        count = min(max_array_size, n - off)
+        # Batch array jobs need >= 2 children: a lone shard becomes a plain job.
+        jobs.append(ShardLayout(kind="array" if count >= 2 else "single", shard_offset=off, shard_count=count))
+    return Layout(n, kps, jobs)
+
+
+def write_shards(
+    sc: Scan, lay: Layout, put: Callable[[int, bytes], None], *, sort: bool | None = None
+) -> list[int]:
+    """Pass 2: encode each shard and call put(index, data). Returns keys per shard."""
+    do_sort = lay.keys_per_shard <= SORT_LIMIT if sort is None else sort
+    sizes: list[int] = []
+    groups: list[KeyBatch] = []
+    filled = 0
+
+    def flush() -> None:
+        nonlocal groups, filled
+        put(len(sizes), encode_shard(groups, sort=do_sort))
+        sizes.append(filled)
+        groups, filled = [], 0
+
+    for bucket, keys in iter_unique(sc):
+        while keys:
+            take = min(len(keys), lay.keys_per_shard - filled)
+            groups.append((bucket, keys[:take]))
+            filled += take
+            keys = keys[take:]
+            if filled == lay.keys_per_shard:
+                flush()
+    if filled or not sizes:
+        flush()
+    while len(sizes) < lay.n_shards:  # MNP with fewer keys than nodes: empty shards
+        flush()
+    return sizes
+
+
+def build_plan(
+    *,
+    run_id: str,
+    manifest: Manifest,
+    manifest_uri: str,
+    control_bucket: str,
+    sc: Scan,
+    lay: Layout,
+) -> RunPlan:
+    """The plan.json a worker reads."""
+    base = f"s3://{control_bucket}/runs/{run_id}/"
+    return RunPlan(
+        run_id=run_id,
+        manifest_uri=manifest_uri,
+        control_bucket=control_bucket,
+        shards_prefix=base + "shards/",
+        output_prefix=manifest.output.prefix or base + "output/",
+        failures_prefix=base + "failures/",
+        total_keys=sc.unique_keys,
+        duplicates=sc.duplicates,
+        n_shards=lay.n_shards,
+        keys_per_shard=lay.keys_per_shard,
+        mode=manifest.job.mode,
+        nodes=manifest.job.nodes if manifest.job.mode == "multinode" else 1,
+        gpus_per_node=manifest.job.gpus_per_node,
+        spot_allowed=manifest.job.mode == "array",
+        model=manifest.model,
+        output_dtype=manifest.output.dtype,
+        attempts=manifest.job.attempts,
+        timeout_s=manifest.job.timeout_s,
+        max_failed_fraction=manifest.max_failed_fraction,
+        retry_failed=manifest.retry_failed,
+        jobs=lay.jobs,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )

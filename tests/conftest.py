@@ -1,0 +1,53 @@
+"""Shared fixtures: fake AWS credentials, moto resources created from template.yaml."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EVENTS = ROOT / "events"
+
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "sluice-test")
+
+
+def load_event(name: str) -> dict[str, Any]:
+    """A sample event from events/ (the same files `sam local invoke -e` takes)."""
+    return json.loads((EVENTS / name).read_text())
+
+
+class AwsClients:
+    """boto3 clients bound to moto; attribute access like sluice.aws.Clients."""
+
+    def __init__(self) -> None:
+        session = boto3.session.Session(region_name="us-east-1")
+        for svc in ("s3", "dynamodb", "events", "sqs", "batch", "iam"):
+            setattr(self, svc, session.client(svc))
+
+
+@pytest.fixture
+def aws() -> Iterator[AwsClients]:
+    """In-process moto with Batch jobs accepted (not run: the local executor runs them)."""
+    from moto import mock_aws
+
+    with mock_aws(config={"batch": {"use_docker": False}}):
+        yield AwsClients()
+
+
+@pytest.fixture
+def stack(aws: AwsClients) -> Any:
+    """The template's resources on moto, plus the manifest function's settings."""
+    from sluice import aws as sluice_aws
+    from sluice.infra import create_local
+
+    sluice_aws.reset_clients()
+    return create_local(aws)
