@@ -87,7 +87,9 @@ def handle_upload(
     except ManifestRejected as exc:
         logger.warning("manifest rejected", extra={"manifest": manifest_uri, "reasons": exc.reasons})
         ledger.mark_rejected(run_id, exc.reasons)
-        events.publish("Manifest Rejected", ManifestRejectedDetail(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons))
+        events.publish(
+            "Manifest Rejected", ManifestRejectedDetail(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons)
+        )
         return Outcome("rejected", run_id, reasons=exc.reasons)
     except SubmissionError as exc:
         logger.error("submission refused", extra={"reason": str(exc)})
@@ -132,7 +134,9 @@ def _plan_and_submit(
     control = settings.control_bucket or bucket
     with scan(iter_keys(manifest, s3, settings), max_keys=settings.max_keys, spill_dir=settings.spill_dir) as sc:
         lay = layout(sc.unique_keys, manifest, settings.max_array_size)
-        plan = build_plan(run_id=run_id, manifest=manifest, manifest_uri=src.uri, control_bucket=control, sc=sc, lay=lay)
+        plan = build_plan(
+            run_id=run_id, manifest=manifest, manifest_uri=src.uri, control_bucket=control, sc=sc, lay=lay
+        )
         prefix = f"runs/{run_id}/shards/"
         write_shards(sc, lay, lambda i, data: _put(s3, control, f"{prefix}{i}.shard", data))
     plan_key = f"runs/{run_id}/plan.json"
@@ -166,11 +170,23 @@ def _plan_and_submit(
     )
     logger.info(
         "run submitted",
-        extra={"keys": plan.total_keys, "duplicates": plan.duplicates, "shards": plan.n_shards,
-               "jobs": job_ids, "seconds": round(time.perf_counter() - started, 3)},
+        extra={
+            "keys": plan.total_keys,
+            "duplicates": plan.duplicates,
+            "shards": plan.n_shards,
+            "jobs": job_ids,
+            "seconds": round(time.perf_counter() - started, 3),
+        },
     )
-    return Outcome("submitted", run_id, job_ids=job_ids, plan_uri=plan_uri, total_keys=plan.total_keys,
-                   duplicates=plan.duplicates, shards=plan.n_shards)
+    return Outcome(
+        "submitted",
+        run_id,
+        job_ids=job_ids,
+        plan_uri=plan_uri,
+        total_keys=plan.total_keys,
+        duplicates=plan.duplicates,
+        shards=plan.n_shards,
+    )
 
 
 def _put(s3: Any, bucket: str, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:

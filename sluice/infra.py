@@ -11,6 +11,7 @@ environments become UNMANAGED ones locally (the local executor runs the jobs).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -113,7 +114,7 @@ class _Resolver:
         if not isinstance(v, dict):
             return v
         if len(v) == 1:
-            (k, arg), = v.items()
+            ((k, arg),) = v.items()
             if k == "Ref":
                 return self.ref(arg)
             if k == "Fn::GetAtt":
@@ -156,7 +157,7 @@ class _Resolver:
 
     def _cond(self, spec: Any) -> Any:
         if isinstance(spec, dict) and len(spec) == 1:
-            (k, arg), = spec.items()
+            ((k, arg),) = spec.items()
             if k == "Fn::Equals":
                 a, b = (self._cond(x) for x in arg)
                 return a == b
@@ -217,10 +218,8 @@ def create_local(
         kwargs: dict[str, Any] = {"Bucket": name}
         if region != "us-east-1":
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        try:
+        with contextlib.suppress(clients.s3.exceptions.BucketAlreadyOwnedByYou):
             clients.s3.create_bucket(**kwargs)
-        except clients.s3.exceptions.BucketAlreadyOwnedByYou:
-            pass
         if props.get("VersioningConfiguration", {}).get("Status") == "Enabled":
             clients.s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
         eb = props.get("NotificationConfiguration", {}).get("EventBridgeConfiguration")
@@ -249,10 +248,8 @@ def create_local(
         }
         if props.get("GlobalSecondaryIndexes"):
             kwargs["GlobalSecondaryIndexes"] = props["GlobalSecondaryIndexes"]
-        try:
+        with contextlib.suppress(clients.dynamodb.exceptions.ResourceInUseException):
             clients.dynamodb.create_table(**kwargs)
-        except clients.dynamodb.exceptions.ResourceInUseException:
-            pass
         ttl = props.get("TimeToLiveSpecification")
         if ttl:
             clients.dynamodb.update_time_to_live(TableName=name, TimeToLiveSpecification=ttl)
@@ -262,10 +259,8 @@ def create_local(
     for logical in by_type.get("AWS::Events::EventBus", []):
         props = res(resources[logical].get("Properties", {}))
         name = props["Name"]
-        try:
+        with contextlib.suppress(clients.events.exceptions.ResourceAlreadyExistsException):
             clients.events.create_event_bus(Name=name)
-        except clients.events.exceptions.ResourceAlreadyExistsException:
-            pass
         stack.names[logical] = name
         stack.arns[logical] = arn.format(svc="events", rest=f"event-bus/{name}")
 
@@ -310,15 +305,19 @@ def _create_batch(
     b = clients.batch
     if not any(t.startswith("AWS::Batch::") for t in by_type):
         return
-    trust = json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": "batch.amazonaws.com"}, "Action": "sts:AssumeRole"}]})
+    trust = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Principal": {"Service": "batch.amazonaws.com"}, "Action": "sts:AssumeRole"}
+            ],
+        }
+    )
     roles = [f"{stack_name}-{logical}" for logical in by_type.get("AWS::IAM::Role", [])]
     for role in [*roles, f"{stack_name}-batch-service"]:
         # Roles exist only so Batch accepts their ARNs; moto does not enforce their policies.
-        try:
+        with contextlib.suppress(clients.iam.exceptions.EntityAlreadyExistsException):
             clients.iam.create_role(RoleName=role, AssumeRolePolicyDocument=trust)
-        except clients.iam.exceptions.EntityAlreadyExistsException:
-            pass
     for logical in by_type.get("AWS::IAM::Role", []) + by_type.get("AWS::IAM::InstanceProfile", []):
         kind = "instance-profile" if resources[logical]["Type"].endswith("InstanceProfile") else "role"
         stack.arns[logical] = f"arn:aws:iam::{ACCOUNT}:{kind}/{stack_name}-{logical}"
@@ -355,8 +354,16 @@ def _create_batch(
         props = _lower_first(_clean(res(resources[logical]["Properties"])))
         name = props.pop("jobDefinitionName", None) or f"{stack_name}-{logical}"
         kwargs = {"jobDefinitionName": name, "type": props.pop("type")}
-        for key in ("containerProperties", "nodeProperties", "retryStrategy", "timeout", "propagateTags",
-                    "platformCapabilities", "parameters", "tags"):
+        for key in (
+            "containerProperties",
+            "nodeProperties",
+            "retryStrategy",
+            "timeout",
+            "propagateTags",
+            "platformCapabilities",
+            "parameters",
+            "tags",
+        ):
             if key in props:
                 kwargs[key] = props[key]
         if "nodeProperties" in kwargs:
@@ -364,6 +371,8 @@ def _create_batch(
                 # CloudFormation calls it Container; the API calls it container (already lowered).
                 rng.setdefault("container", rng.pop("Container", rng.get("container")))
         existing = b.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")["jobDefinitions"]
-        jd_arn = existing[0]["jobDefinitionArn"] if existing else b.register_job_definition(**kwargs)["jobDefinitionArn"]
+        jd_arn = (
+            existing[0]["jobDefinitionArn"] if existing else b.register_job_definition(**kwargs)["jobDefinitionArn"]
+        )
         stack.names[logical] = jd_arn
         stack.arns[logical] = jd_arn

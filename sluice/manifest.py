@@ -79,9 +79,7 @@ def parse_manifest(src: ManifestSource, settings: Settings) -> Manifest:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ManifestRejected(
-            f"{src.uri}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
+        raise ManifestRejected(f"{src.uri}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     if isinstance(doc, dict) and "sourceBucket" in doc and "files" in doc:
         # An S3 Inventory manifest.json dropped as is: run over its listing.
         return Manifest(version=1, input=InputSpec(inventory=src.uri))
@@ -206,7 +204,7 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                yield n, None, f"\0json:{exc.msg}"
+                yield n, None, f"\0not JSON: {exc.msg} at column {exc.colno}"
                 continue
             if isinstance(obj, str):
                 yield n, None, obj
@@ -215,7 +213,7 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
             elif isinstance(obj, dict) and isinstance(obj.get("key"), str):
                 yield n, obj.get("bucket") if isinstance(obj.get("bucket"), str) else None, obj["key"]
             else:
-                yield n, None, "\0json:expected a string or an object with 'uri' or 'key'"
+                yield n, None, "\0not a key: expected a JSON string or an object with 'uri' or 'key'"
         return
     # .csv: optional header naming uri / key / bucket; else 1 column = key or URI, 2+ = bucket,key
     reader = csv.reader(line.removesuffix("\r") for line in lines)
@@ -239,7 +237,7 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
             else:
                 yield n, row[0], row[1]
         except IndexError:
-            yield n, None, "\0csv:row has fewer columns than its header"
+            yield n, None, "\0row has fewer columns than its header"
 
 
 def iter_keylist(
@@ -251,7 +249,7 @@ def iter_keylist(
     for n, bucket, entry in _keylist_entries(_lines(chunks, uri), uri, kind):
         where = f"{name} line {n}"
         if entry.startswith("\0"):
-            problems.add(f"{where}: not a key: {entry[1:]}")
+            problems.add(f"{where}: {entry[1:]}")
             continue
         if bucket is not None and not entry.startswith("s3://"):
             if not is_bucket_name(bucket):
@@ -391,7 +389,9 @@ def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: _Proble
         except ValueError as exc:
             raise ManifestRejected(f"input.key_list: {exc}") from exc
         kind = next((s for s in KEYLIST_SUFFIXES if k.lower().endswith(s)), ".txt")
-        source = iter_keylist(_get_chunks(s3, b, k, settings.max_keylist_bytes), spec.key_list, kind, default_bucket, problems)
+        source = iter_keylist(
+            _get_chunks(s3, b, k, settings.max_keylist_bytes), spec.key_list, kind, default_bucket, problems
+        )
     elif spec.prefix is not None:
         try:
             parse_s3_uri(spec.prefix, allow_empty_key=True)
@@ -458,4 +458,3 @@ def read_manifest_object(s3: Any, bucket: str, key: str, settings: Settings) -> 
         return ManifestSource(bucket, key, b"")
     chunks = _get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES")
     return ManifestSource(bucket, key, b"".join(chunks))
-

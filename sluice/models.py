@@ -7,7 +7,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MANIFEST_VERSION = 1
-PLAN_VERSION = 1
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)
 
@@ -19,12 +18,8 @@ class _Strict(BaseModel):
 class InputSpec(_Strict):
     """Where the keys come from: exactly one of keys, key_list, prefix, inventory."""
 
-    keys: list[str] | None = Field(
-        default=None, description="Inline keys: bare keys (in `bucket`) or s3:// URIs."
-    )
-    key_list: str | None = Field(
-        default=None, description="s3:// URI of a .txt/.csv/.jsonl key list (one key a line)."
-    )
+    keys: list[str] | None = Field(default=None, description="Inline keys: bare keys (in `bucket`) or s3:// URIs.")
+    key_list: str | None = Field(default=None, description="s3:// URI of a .txt/.csv/.jsonl key list (one key a line).")
     prefix: str | None = Field(default=None, description="s3://bucket/prefix to list (paginated).")
     inventory: str | None = Field(
         default=None, description="s3:// URI of an S3 Inventory manifest.json (CSV or Parquet)."
@@ -103,7 +98,7 @@ class ShardLayout(_Strict):
 class RunPlan(_Strict):
     """Everything a worker needs: written to runs/<run>/plan.json."""
 
-    plan_version: Literal[1] = PLAN_VERSION
+    plan_version: Literal[1] = 1
     run_id: str
     manifest_uri: str
     control_bucket: str

@@ -30,4 +30,6 @@ class EventPublisher:
             raise RetriableError(f"EventBridge put_events on bus {self._bus!r} failed: {exc}") from exc
         if resp.get("FailedEntryCount"):
             err = resp["Entries"][0]
-            raise RetriableError(f"EventBridge refused {detail_type!r}: {err.get('ErrorCode')} {err.get('ErrorMessage')}")
+            raise RetriableError(
+                f"EventBridge refused {detail_type!r}: {err.get('ErrorCode')} {err.get('ErrorMessage')}"
+            )

@@ -10,6 +10,7 @@ into contiguous shards of `keys_per_shard` (sorted inside each shard, which make
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -42,10 +43,8 @@ class Scan:
 
     def close(self) -> None:
         """Delete the spill file."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.spill_path)
-        except FileNotFoundError:
-            pass
 
     def __enter__(self) -> Scan:
         return self
@@ -119,9 +118,7 @@ def layout(unique_keys: int, manifest: Manifest, max_array_size: int) -> Layout:
     return Layout(n, kps, jobs)
 
 
-def write_shards(
-    sc: Scan, lay: Layout, put: Callable[[int, bytes], None], *, sort: bool | None = None
-) -> list[int]:
+def write_shards(sc: Scan, lay: Layout, put: Callable[[int, bytes], None], *, sort: bool | None = None) -> list[int]:
     """Pass 2: encode each shard and call put(index, data). Returns keys per shard."""
     do_sort = lay.keys_per_shard <= SORT_LIMIT if sort is None else sort
     sizes: list[int] = []

@@ -17,7 +17,7 @@ def parse_s3_uri(uri: str, *, allow_empty_key: bool = False) -> tuple[str, str]:
     """'s3://bucket/key' -> (bucket, key); ValueError says what is wrong."""
     if not uri.startswith("s3://"):
         raise ValueError(f"{uri[:80]!r} is not an s3:// URI")
-    bucket, sep, key = uri[5:].partition("/")
+    bucket, _sep, key = uri[5:].partition("/")
     if not is_bucket_name(bucket):
         raise ValueError(f"{uri[:80]!r}: {bucket[:70]!r} is not a valid bucket name")
     if not allow_empty_key and not key:

@@ -21,7 +21,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import BinaryIO, Protocol
 
 from sluice.errors import ShardFormatError
@@ -47,9 +47,7 @@ def _zstd():  # type: ignore[no-untyped-def]
     try:
         import zstandard
     except ImportError as exc:  # pragma: no cover - exercised only without the wheel
-        raise ShardFormatError(
-            "this shard uses zstd: install the 'zstandard' package (pip install zstandard)"
-        ) from exc
+        raise ShardFormatError("this shard uses zstd: install the 'zstandard' package (pip install zstandard)") from exc
     return zstandard
 
 
@@ -111,7 +109,7 @@ def decode_block(kind: int, payload: bytes, n_keys: int) -> list[str]:
         ends = list(accumulate(lengths, initial=4 * n_keys))
         if ends[-1] != len(payload):
             raise ShardFormatError("block lengths do not match its payload")
-        keys = [payload[a:b].decode("utf-8") for a, b in zip(ends, ends[1:])]
+        keys = [payload[a:b].decode("utf-8") for a, b in pairwise(ends)]
     else:
         raise ShardFormatError(f"unknown block kind {kind}")
     if len(keys) != n_keys:

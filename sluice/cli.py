@@ -1,0 +1,234 @@
+"""`sluice` console script: plan, shard pack/cat, submit, local."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sluice.errors import ManifestRejected, ShardFormatError, SluiceError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _read_chunks(path: str, chunk: int = 8 * 2**20) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while data := fh.read(chunk):
+            yield data
+
+
+def _s3() -> Any:
+    from sluice.aws import client
+
+    return client("s3")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Dry run: resolve and count the keys, show the layout; writes nothing to AWS."""
+    from sluice.manifest import KEYLIST_SUFFIXES, ManifestSource, _Problems, iter_keylist, iter_keys, parse_manifest
+    from sluice.plan import layout, scan
+    from sluice.s3uri import parse_s3_uri
+    from sluice.settings import Settings
+
+    settings = Settings.from_env()
+    src_uri = args.manifest
+    if src_uri.startswith("s3://"):
+        bucket, key = parse_s3_uri(src_uri)
+        body = (
+            b"" if key.lower().endswith(KEYLIST_SUFFIXES) else _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+        )
+    else:
+        bucket, key = "local", os.path.basename(src_uri)
+        body = b"" if key.lower().endswith(KEYLIST_SUFFIXES) else Path(src_uri).read_bytes()
+    manifest = parse_manifest(ManifestSource(bucket, key, body), settings)
+    if manifest.input.key_list and not src_uri.startswith("s3://") and key.lower().endswith(KEYLIST_SUFFIXES):
+        kind = next(s for s in KEYLIST_SUFFIXES if key.lower().endswith(s))
+        default_bucket = args.bucket or settings.default_input_bucket
+        problems = _Problems()
+        batches = iter_keylist(_read_chunks(src_uri), src_uri, kind, default_bucket, problems)
+
+        def checked() -> Iterator[tuple[str, list[str]]]:
+            yield from batches
+            problems.raise_if_any()
+
+        source = checked()
+    else:
+        source = iter_keys(manifest, _s3(), settings)
+    with scan(source, max_keys=settings.max_keys) as sc:
+        lay = layout(sc.unique_keys, manifest, settings.max_array_size)
+        summary = {
+            "manifest": src_uri,
+            "keys_seen": sc.total_keys,
+            "unique_keys": sc.unique_keys,
+            "duplicates_removed": sc.duplicates,
+            "buckets": sorted(sc.buckets),
+            "mode": manifest.job.mode,
+            "shards": lay.n_shards,
+            "keys_per_shard": lay.keys_per_shard,
+            "spot_allowed": manifest.job.mode == "array",
+            "jobs": [j.model_dump() for j in lay.jobs],
+            "model": manifest.model.model_dump(),
+        }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"manifest        {summary['manifest']}")
+        print(
+            f"unique keys     {summary['unique_keys']:,}  "
+            f"(seen {sc.total_keys:,}, duplicates removed {sc.duplicates:,})"
+        )
+        print(f"buckets         {', '.join(summary['buckets'])}")
+        print(
+            f"mode            {summary['mode']}"
+            + ("" if summary["spot_allowed"] else "  (On-Demand: MNP cannot use Spot)")
+        )
+        print(f"shards          {lay.n_shards:,} x <= {lay.keys_per_shard:,} keys")
+        for i, j in enumerate(lay.jobs):
+            print(f"job {i:<11} {j.kind}: shards {j.shard_offset}..{j.shard_offset + j.shard_count - 1}")
+    return EXIT_OK
+
+
+def cmd_shard_pack(args: argparse.Namespace) -> int:
+    """Key-list file (one key or s3:// URI a line) -> one shard file, keys exactly as given."""
+    from sluice.manifest import _Problems, iter_keylist
+    from sluice.shards import ShardWriter
+
+    problems = _Problems()
+    n = 0
+    with open(args.out, "wb") as fh:
+        writer = ShardWriter(fh, sort=args.sort)
+        for bucket, keys in iter_keylist(_read_chunks(args.keylist), args.keylist, ".txt", args.bucket, problems):
+            writer.add(bucket, keys)
+            n += len(keys)
+        problems.raise_if_any()
+        stats = writer.close()
+    print(f"{args.out}: {stats.n_keys} keys, {stats.n_blocks} blocks, {stats.n_bytes} bytes", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_shard_cat(args: argparse.Namespace) -> int:
+    """Print a shard's keys (s3:// URIs), one a line; SHARD is a path or an s3:// URI."""
+    from sluice.shards import FileSource, ShardReader
+
+    if args.shard.startswith("s3://"):
+        from sluice.s3uri import parse_s3_uri
+
+        b, k = parse_s3_uri(args.shard)
+        reader = ShardReader(_s3().get_object(Bucket=b, Key=k)["Body"].read())
+    else:
+        reader = ShardReader(FileSource(args.shard))
+    out = sys.stdout
+    for bucket, keys in reader.groups(args.start, args.stop):
+        if args.keys_only:
+            out.write("".join(k + "\n" for k in keys))
+        else:
+            prefix = f"s3://{bucket}/"
+            out.write("".join(prefix + k + "\n" for k in keys))
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Upload a manifest or key list to manifests/ of the control bucket; print its run id."""
+    from sluice.coordinator import run_id_for
+
+    path = Path(args.manifest)
+    key = f"manifests/{args.name or path.name}"
+    resp = _s3().put_object(Bucket=args.bucket, Key=key, Body=path.read_bytes())
+    version = resp.get("VersionId") or f"{resp['ETag'].strip(chr(34))}:"
+    run_id = run_id_for(args.bucket, key, version)
+    if args.json:
+        print(
+            json.dumps({"run_id": run_id, "manifest": f"s3://{args.bucket}/{key}", "version_id": resp.get("VersionId")})
+        )
+    else:
+        print(f"uploaded s3://{args.bucket}/{key}")
+        print(
+            f"run id   {run_id}"
+            + ("" if resp.get("VersionId") else "  (unversioned bucket: the id depends on the event sequencer)")
+        )
+    return EXIT_OK
+
+
+def cmd_local_run(args: argparse.Namespace) -> int:
+    """Run Sluice locally on moto (the embedded default)."""
+    from sluice.local.run import run_local
+
+    return run_local(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sluice", description="GPU batch inference on AWS Batch, driven by S3 manifests.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    plan = sub.add_parser("plan", help="dry run: keys, duplicates, shards, job layout (no AWS writes)")
+    plan.add_argument("manifest", help="a local file or s3:// URI (.json manifest or .txt/.csv/.jsonl key list)")
+    plan.add_argument("--bucket", help="bucket for bare keys in a local key list")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.set_defaults(func=cmd_plan)
+
+    shard = sub.add_parser("shard", help="pack or print shard files").add_subparsers(dest="shard_cmd", required=True)
+    pack = shard.add_parser("pack", help="key-list file -> shard file")
+    pack.add_argument("keylist")
+    pack.add_argument("out")
+    pack.add_argument("--bucket", help="bucket for bare keys")
+    pack.add_argument("--sort", action="store_true", help="sort keys within each bucket (smaller file)")
+    pack.set_defaults(func=cmd_shard_pack)
+    cat = shard.add_parser("cat", help="print a shard's keys")
+    cat.add_argument("shard", help="path or s3:// URI")
+    cat.add_argument("--start", type=int, default=0)
+    cat.add_argument("--stop", type=int, default=None)
+    cat.add_argument("--keys-only", action="store_true", help="print bare keys, not s3:// URIs")
+    cat.set_defaults(func=cmd_shard_cat)
+
+    submit = sub.add_parser("submit", help="upload a manifest to a deployed Sluice and print the run id")
+    submit.add_argument("manifest")
+    submit.add_argument("--bucket", required=True, help="the control bucket (stack output ControlBucketName)")
+    submit.add_argument("--name", help="object name under manifests/ (default: the file's name)")
+    submit.add_argument("--json", action="store_true")
+    submit.set_defaults(func=cmd_submit)
+
+    local = sub.add_parser("local", help="run Sluice on this machine against moto").add_subparsers(
+        dest="local_cmd", required=True
+    )
+    run = local.add_parser("run", help="the embedded default: a whole run on a local moto server")
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("--demo", type=int, metavar="N", help="generate N demo keys (default 200)")
+    src.add_argument("--manifest", help="a manifest or key-list file to run")
+    run.add_argument("--mode", choices=["array", "multinode"], default=None)
+    run.add_argument("--shards", type=int, help="array children (keys are split evenly)")
+    run.add_argument("--nodes", type=int, help="multi-node parallel nodes")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    run.set_defaults(func=cmd_local_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ManifestRejected as exc:
+        print("manifest rejected:", file=sys.stderr)
+        for r in exc.reasons:
+            print(f"  - {r}", file=sys.stderr)
+        return EXIT_FAIL
+    except (ShardFormatError, SluiceError, FileNotFoundError, IsADirectoryError) as exc:
+        print(f"sluice: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except (ClientError, BotoCoreError) as exc:
+        print(f"sluice: AWS error: {exc} (check credentials, region and AWS_ENDPOINT_URL)", file=sys.stderr)
+        return EXIT_FAIL
+    except BrokenPipeError:  # `sluice shard cat ... | head`
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("sluice: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

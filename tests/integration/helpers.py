@@ -1,0 +1,99 @@
+"""Helpers for coordinator integration tests: upload, invoke the real handler, read results."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+from sluice.local.lambda_context import LocalContext
+from sluice.shards import ShardReader
+from tests.conftest import load_event
+
+INPUT_BUCKET = "images-in"
+
+
+def invoke_manifest_handler(
+    aws: Any, stack: Any, key: str, body: bytes | str, monkeypatch: Any, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Upload body to manifests/<key> and deliver the real-shaped S3 event to the real handler."""
+    control = stack.names["ControlBucket"]
+    data = body.encode() if isinstance(body, str) else body
+    put = aws.s3.put_object(Bucket=control, Key=key, Body=data)
+    event = object_created_event(control, key, put, len(data))
+    return deliver(stack, event, monkeypatch, extra_env)
+
+
+def object_created_event(bucket: str, key: str, put: dict[str, Any], size: int) -> dict[str, Any]:
+    event = copy.deepcopy(load_event("s3-object-created-manifest.json"))
+    event["detail"]["bucket"]["name"] = bucket
+    event["resources"] = [f"arn:aws:s3:::{bucket}"]
+    obj = event["detail"]["object"]
+    obj.update(key=key, size=size, etag=put["ETag"].strip('"'))
+    if put.get("VersionId"):
+        obj["version-id"] = put["VersionId"]
+    else:
+        obj.pop("version-id", None)
+    return event
+
+
+def deliver(
+    stack: Any, event: dict[str, Any], monkeypatch: Any, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    for k, v in {**stack.env_for("HandleManifestUploadFunction"), **(extra_env or {})}.items():
+        monkeypatch.setenv(k, v)
+    from functions.handle_manifest_upload import handler
+
+    return handler(event, LocalContext(function_name="HandleManifestUploadFunction"))
+
+
+def bus_events(aws: Any, stack: Any) -> list[dict[str, Any]]:
+    """Every event published on the sluice bus so far (via the SQS observer target)."""
+    out = []
+    while True:
+        resp = aws.sqs.receive_message(QueueUrl=stack.observer_queue_url, MaxNumberOfMessages=10)
+        msgs = resp.get("Messages", [])
+        if not msgs:
+            return out
+        for m in msgs:
+            out.append(json.loads(m["Body"]))
+            aws.sqs.delete_message(QueueUrl=stack.observer_queue_url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def run_objects(aws: Any, stack: Any) -> list[str]:
+    resp = aws.s3.list_objects_v2(Bucket=stack.names["ControlBucket"], Prefix="runs/")
+    return [o["Key"] for o in resp.get("Contents", [])]
+
+
+def shard_pairs(aws: Any, stack: Any, run_id: str) -> list[list[tuple[str, str]]]:
+    """Decoded keys of every shard of a run, in shard order."""
+    control = stack.names["ControlBucket"]
+    plan = json.loads(aws.s3.get_object(Bucket=control, Key=f"runs/{run_id}/plan.json")["Body"].read())
+    out = []
+    for i in range(plan["n_shards"]):
+        data = aws.s3.get_object(Bucket=control, Key=f"runs/{run_id}/shards/{i}.shard")["Body"].read()
+        out.append(ShardReader(data).pairs())
+    return out
+
+
+def all_jobs(aws: Any) -> list[dict[str, Any]]:
+    jobs = []
+    for q in aws.batch.describe_job_queues()["jobQueues"]:
+        for status in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED"):
+            jobs += aws.batch.list_jobs(jobQueue=q["jobQueueArn"], jobStatus=status)["jobSummaryList"]
+    uniq = {j["jobId"]: j for j in jobs if ":" not in j["jobId"]}  # array children are "<parent>:<i>"
+    return aws.batch.describe_jobs(jobs=list(uniq))["jobs"] if uniq else []
+
+
+__all__ = [
+    "INPUT_BUCKET",
+    "all_jobs",
+    "bus_events",
+    "deliver",
+    "invoke_manifest_handler",
+    "object_created_event",
+    "run_objects",
+    "shard_pairs",
+]
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")

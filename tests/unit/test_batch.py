@@ -1,0 +1,79 @@
+"""The SubmitJob requests the Batch adapter builds, and its error translation."""
+
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import ClientError
+
+from sluice.batch import BatchAdapter, job_request
+from sluice.errors import RetriableError, SubmissionError
+from sluice.models import Manifest, ShardLayout
+from sluice.plan import Layout, build_plan
+from sluice.settings import Settings
+
+
+class _Scan:
+    unique_keys, duplicates = 100, 0
+
+
+def _plan(mode: str = "array", jobs: list[ShardLayout] | None = None):
+    m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": {"mode": mode, "nodes": 3}})
+    jobs = jobs or [ShardLayout(kind="array", shard_offset=0, shard_count=4)]
+    return build_plan(
+        run_id="r-1",
+        manifest=m,
+        manifest_uri="s3://c/manifests/m.json",
+        control_bucket="c",
+        sc=_Scan(),
+        lay=Layout(4, 25, jobs),
+    )  # type: ignore[arg-type]
+
+
+def test_array_request_has_plan_uri_tag_timeout_and_spot_retry():
+    plan = _plan()
+    req = job_request(plan, "s3://c/runs/r-1/plan.json", plan.jobs[0], 0, Settings())
+    env = {e["name"]: e["value"] for e in req["containerOverrides"]["environment"]}
+    assert env == {"SLUICE_PLAN_URI": "s3://c/runs/r-1/plan.json", "SLUICE_RUN_ID": "r-1", "SLUICE_SHARD_OFFSET": "0"}
+    assert req["arrayProperties"] == {"size": 4}
+    assert req["tags"] == {"sluice:run-id": "r-1"} and req["propagateTags"] is True
+    assert req["timeout"] == {"attemptDurationSeconds": plan.timeout_s}
+    assert req["retryStrategy"] == {
+        "attempts": 3,
+        "evaluateOnExit": [{"onStatusReason": "Host EC2*", "action": "RETRY"}, {"onReason": "*", "action": "EXIT"}],
+    }
+    assert req["jobName"] == "sluice-r-1-0" and req["jobQueue"] == Settings().job_queue
+
+
+def test_multinode_request_overrides_node_count_on_the_on_demand_queue():
+    plan = _plan("multinode", [ShardLayout(kind="multinode", shard_offset=0, shard_count=3)])
+    req = job_request(plan, "s3://c/p.json", plan.jobs[0], 0, Settings())
+    assert req["nodeOverrides"]["numNodes"] == 3
+    assert req["nodeOverrides"]["nodePropertyOverrides"][0]["targetNodes"] == "0:"
+    assert req["jobQueue"] == Settings().mnp_job_queue and "arrayProperties" not in req
+    assert plan.spot_allowed is False
+
+
+def test_single_job_names_its_shard():
+    plan = _plan(jobs=[ShardLayout(kind="single", shard_offset=7, shard_count=1)])
+    req = job_request(plan, "s3://c/p.json", plan.jobs[0], 0, Settings())
+    env = {e["name"]: e["value"] for e in req["containerOverrides"]["environment"]}
+    assert env["SLUICE_SHARD_INDEX"] == "7" and "arrayProperties" not in req
+
+
+class _Client:
+    def __init__(self, code: str, status: int) -> None:
+        self.code, self.status = code, status
+
+    def submit_job(self, **_: object) -> dict[str, str]:
+        raise ClientError(
+            {"Error": {"Code": self.code, "Message": "nope"}, "ResponseMetadata": {"HTTPStatusCode": self.status}},
+            "SubmitJob",
+        )
+
+
+def test_throttling_is_retriable_and_a_missing_queue_is_fatal_with_advice():
+    plan = _plan()
+    with pytest.raises(RetriableError):
+        BatchAdapter(_Client("TooManyRequestsException", 429)).submit(plan, "s3://c/p.json", Settings())
+    with pytest.raises(SubmissionError, match="Check that the queue and job definition exist"):
+        BatchAdapter(_Client("ClientException", 400)).submit(plan, "s3://c/p.json", Settings())
