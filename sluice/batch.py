@@ -73,10 +73,12 @@ class BatchAdapter:
     def __init__(self, client: Any) -> None:
         self._client = client
 
-    def submit(self, plan: RunPlan, plan_uri: str, settings: Settings, queue: str | None = None) -> list[str]:
+    def submit(
+        self, plan: RunPlan, plan_uri: str, settings: Settings, queue: str | None = None, start_index: int = 0
+    ) -> list[str]:
         """Submit every job of the plan; returns their job ids in plan order."""
         ids = []
-        for i, job in enumerate(plan.jobs):
+        for i, job in enumerate(plan.jobs, start_index):
             req = job_request(plan, plan_uri, job, i, settings)
             if queue:
                 req["jobQueue"] = queue

@@ -155,6 +155,28 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ledger(args: argparse.Namespace) -> Any:
+    from sluice.aws import client
+    from sluice.ledger import Ledger
+    from sluice.settings import Settings
+
+    return Ledger(client("dynamodb"), args.table or Settings.from_env().runs_table)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """A run's status and progress from the ledger."""
+    from sluice.status import cmd_status as show
+
+    return show(_ledger(args), args.run_id, watch=args.watch, as_json=args.json, interval=args.interval)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """Recent runs, newest first."""
+    from sluice.status import cmd_runs as show
+
+    return show(_ledger(args), limit=args.limit, as_json=args.json)
+
+
 def cmd_local_run(args: argparse.Namespace) -> int:
     """Run Sluice locally on moto (the embedded default)."""
     from sluice.local.run import run_local
@@ -192,6 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", help="object name under manifests/ (default: the file's name)")
     submit.add_argument("--json", action="store_true")
     submit.set_defaults(func=cmd_submit)
+
+    status = sub.add_parser("status", help="a run's status and progress (reads the runs table)")
+    status.add_argument("run_id")
+    status.add_argument("--watch", action="store_true", help="refresh until the run is final")
+    status.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
+    status.set_defaults(func=cmd_status)
+    runs = sub.add_parser("runs", help="recent runs, newest first")
+    runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
+    runs.set_defaults(func=cmd_runs)
 
     local = sub.add_parser("local", help="run Sluice on this machine against moto").add_subparsers(
         dest="local_cmd", required=True

@@ -151,8 +151,13 @@ def _plan_and_submit(
             "shards": plan.n_shards,
             "mode": plan.mode,
             "job_ids": job_ids,
+            "jobs": [{"id": i, **j.model_dump()} for i, j in zip(job_ids, plan.jobs)],
+            "passes": [{"first_shard": 0, "n_shards": plan.n_shards}],
             "plan_uri": plan_uri,
             "output_prefix": plan.output_prefix,
+            "jobs_done": 0,
+            "shards_succeeded": 0,
+            "shards_failed": 0,
         },
     )
     events.publish(

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MANIFEST_VERSION = 1
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)
+# Worker failure reasons worth a final retry pass (gpu_worker.errors.TRANSIENT_REASONS; a test
+# keeps the two in step). Permanent ones (missing, corrupt, not_image, ...) are never retried.
+TRANSIENT_FAILURE_REASONS = frozenset({"s3_error_transient"})
 
 
 class _Strict(BaseModel):

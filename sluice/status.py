@@ -1,0 +1,134 @@
+"""`sluice status` and `sluice runs`: read the run ledger (real AWS or AWS_ENDPOINT_URL)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, TextIO
+
+from sluice.ledger import Ledger
+
+FINAL = ("SUCCEEDED", "FAILED", "REJECTED")
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Decimal):
+        return int(v) if v == int(v) else float(v)
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+    """The run's row plus derived progress, as plain JSON values."""
+    row = ledger.get(run_id)
+    if row is None:
+        return None
+    row = _plain(row)
+    passes = row.get("passes") or [{"n_shards": row.get("shards", 0)}]
+    total_shards = sum(int(p["n_shards"]) for p in passes)
+    done = int(row.get("shards_succeeded", 0)) + int(row.get("shards_failed", 0))
+    out = {
+        k: row.get(k)
+        for k in (
+            "run_id",
+            "status",
+            "manifest_uri",
+            "mode",
+            "total_keys",
+            "duplicates",
+            "output_prefix",
+            "reason",
+            "reasons",
+            "job_ids",
+        )
+        if row.get(k) is not None
+    }
+    out.update(
+        shards_total=total_shards,
+        shards_done=done,
+        shards_failed=int(row.get("shards_failed", 0)),
+        keys_processed=int(row.get("keys_processed", 0)),
+        keys_failed=int(row.get("keys_failed", 0)),
+        created_at=_iso(row.get("created_at")),
+        finished_at=_iso(row.get("finished_at")),
+    )
+    return out
+
+
+def _iso(ts: Any) -> str | None:
+    return datetime.fromtimestamp(int(ts), UTC).isoformat(timespec="seconds") if ts else None
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    frac = done / total if total else 0.0
+    filled = round(frac * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def render(s: dict[str, Any], out: TextIO) -> None:
+    out.write(f"run       {s['run_id']}  {s['status']}\n")
+    out.write(f"manifest  {s.get('manifest_uri', '-')}\n")
+    if s.get("reasons"):
+        for r in s["reasons"]:
+            out.write(f"reason    {r}\n")
+    if s.get("reason"):
+        out.write(f"reason    {s['reason']}\n")
+    if s.get("total_keys") is not None:
+        out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
+        keys_done = s["keys_processed"] + s["keys_failed"]
+        out.write(f"keys      {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed)\n")
+    if s.get("output_prefix"):
+        out.write(f"output    {s['output_prefix']}\n")
+
+
+def cmd_status(
+    ledger: Ledger, run_id: str, *, watch: bool, as_json: bool, interval: float = 2.0, out: TextIO = sys.stdout
+) -> int:
+    """Print the run's status; with watch, refresh until it is final. Exit 0 unless it failed."""
+    while True:
+        s = run_status(ledger, run_id)
+        if s is None:
+            print(f"sluice: no run {run_id!r} in table {ledger.table!r}", file=sys.stderr)
+            return 1
+        if as_json:
+            out.write(json.dumps(s) + "\n")
+        else:
+            if watch:
+                out.write("\033[2J\033[H")  # clear the screen between refreshes
+            render(s, out)
+        out.flush()
+        if not watch or s["status"] in FINAL:
+            return 1 if s["status"] in ("FAILED", "REJECTED") else 0
+        time.sleep(interval)
+
+
+def cmd_runs(ledger: Ledger, *, limit: int, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """List recent runs, newest first."""
+    rows = [_plain(r) for r in ledger.recent_runs(limit)]
+    if as_json:
+        out.write(
+            json.dumps(
+                [
+                    {
+                        k: r.get(k)
+                        for k in ("run_id", "status", "created_at", "total_keys", "shards", "mode", "manifest_uri")
+                    }
+                    for r in rows
+                ]
+            )
+            + "\n"
+        )
+        return 0
+    out.write(f"{'RUN ID':<40} {'STATUS':<11} {'CREATED (UTC)':<20} {'KEYS':>10} {'SHARDS':>6}  MANIFEST\n")
+    for r in rows:
+        out.write(
+            f"{r['run_id']:<40} {r.get('status', ''):<11} {(_iso(r.get('created_at')) or '')[:19]:<20} "
+            f"{r.get('total_keys', '') or '':>10} {r.get('shards', '') or '':>6}  {r.get('manifest_uri', '')}\n"
+        )
+    return 0
