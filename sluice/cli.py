@@ -233,12 +233,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run = local.add_parser("run", help="the embedded default: a whole run on a local moto server")
     src = run.add_mutually_exclusive_group()
-    src.add_argument("--demo", type=int, metavar="N", help="generate N demo keys (default 200)")
-    src.add_argument("--manifest", help="a manifest or key-list file to run")
-    run.add_argument("--mode", choices=["array", "multinode"], default=None)
-    run.add_argument("--shards", type=int, help="array children (keys are split evenly)")
-    run.add_argument("--nodes", type=int, help="multi-node parallel nodes")
-    run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    src.add_argument("--demo", type=int, metavar="N", help="generate N varied demo JPEGs (default 200)")
+    src.add_argument("--images", metavar="DIR", help="upload the files in DIR (subfolders kept as key prefixes)")
+    run.add_argument(
+        "--manifest", metavar="FILE", help="run this manifest (use with --images: keys in s3://sluice-local-images/)"
+    )
+    run.add_argument("--mode", choices=["array", "multinode"], default=None, help="default: array")
+    run.add_argument("--shards", type=int, help="array children (default: min(4, cores))")
+    run.add_argument("--nodes", type=int, help="multi-node parallel nodes (default 2)")
+    run.add_argument("--ranks", type=int, default=1, help="CPU ranks per worker process (default 1)")
+    run.add_argument("--slots", type=int, default=0, help="workers running at once (default: cores)")
+    run.add_argument("--image-size", type=int, default=128, help="model input side for generated manifests")
+    run.add_argument(
+        "--out", metavar="DIR", help="copy Parquet output and failures here (default ./sluice-output/<run>/)"
+    )
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    run.add_argument("--keep", action="store_true", help="leave the moto server running and print its endpoint")
+    run.add_argument("--endpoint-url", help="use this running AWS emulator (moto server, LocalStack)")
+    run.add_argument("--pid-file", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_local_run)
     return p
 

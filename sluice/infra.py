@@ -7,6 +7,12 @@ queues, and Batch compute environments, job queues and job definitions. Function
 not deployed: their resolved Environment is returned so the caller invokes the real
 handlers with exactly the settings the template gives them. Managed GPU compute
 environments become UNMANAGED ones locally (the local executor runs the jobs).
+
+Everything else (IAM policies, log groups, SNS, alarms, the AMP workspace, launch
+templates) has no local counterpart: a !Ref / !GetAtt of such a resource resolves to
+"not local", and a property or environment variable built from one is left out (e.g. the
+job definitions' SLUICE_REMOTE_WRITE_URL: locally the executor points workers at its own
+Prometheus, if any). Resources whose Condition is false are not created.
 """
 
 from __future__ import annotations
@@ -21,6 +27,20 @@ from typing import Any
 import yaml
 
 ACCOUNT = "123456789012"
+# Resource types create_local makes on the emulator (plus IAM roles, named only so Batch accepts them).
+LOCAL_TYPES = frozenset(
+    {
+        "AWS::S3::Bucket",
+        "AWS::SQS::Queue",
+        "AWS::DynamoDB::Table",
+        "AWS::Events::EventBus",
+        "AWS::Batch::ComputeEnvironment",
+        "AWS::Batch::JobQueue",
+        "AWS::Batch::JobDefinition",
+        "AWS::IAM::Role",
+        "AWS::IAM::InstanceProfile",
+    }
+)
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "template.yaml"
 
@@ -73,6 +93,24 @@ class LocalStack:
         return dict(self.function_env[function])
 
 
+class _NotLocal:
+    """The value of a !Ref / !GetAtt whose resource has no local counterpart."""
+
+    _instance: _NotLocal | None = None
+
+    def __new__(cls) -> _NotLocal:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<not local>"
+
+
+NOT_LOCAL = _NotLocal()
+LIST_PARAMETER = re.compile(r"^(CommaDelimitedList|List<.+>)$")
+
+
 class _Resolver:
     def __init__(self, template: dict[str, Any], stack: LocalStack, params: dict[str, Any]) -> None:
         self.t = template
@@ -80,7 +118,7 @@ class _Resolver:
         self.params: dict[str, Any] = {}
         for name, spec in template.get("Parameters", {}).items():
             raw = params.get(name, spec.get("Default", ""))
-            if spec.get("Type") == "CommaDelimitedList" and isinstance(raw, str):
+            if LIST_PARAMETER.match(str(spec.get("Type", ""))) and isinstance(raw, str):
                 raw = [v for v in raw.split(",") if v]
             self.params[name] = raw
         self.pseudo = {
@@ -99,13 +137,21 @@ class _Resolver:
             return self.params[name]
         if name in self.stack.names:
             return self.stack.names[name]
+        if self._not_local(name):
+            return NOT_LOCAL
         raise KeyError(f"!Ref {name}: not created yet (or not a local resource type)")
+
+    def _not_local(self, logical: str) -> bool:
+        spec = self.t.get("Resources", {}).get(logical)
+        return spec is not None and spec.get("Type") not in LOCAL_TYPES
 
     def getatt(self, logical: str, attr: str) -> Any:
         if attr == "Arn" and logical in self.stack.arns:
             return self.stack.arns[logical]
         if logical in self.stack.names and attr in ("Name", "QueueName"):
             return self.stack.names[logical]
+        if self._not_local(logical):
+            return NOT_LOCAL
         raise KeyError(f"!GetAtt {logical}.{attr}: not available locally")
 
     def __call__(self, v: Any) -> Any:
@@ -122,10 +168,16 @@ class _Resolver:
                 return self.getatt(logical, attr)
             if k == "Fn::Sub":
                 text, extra = (arg, {}) if isinstance(arg, str) else (arg[0], self(arg[1]))
-                return re.sub(r"\$\{([^}]+)\}", lambda m: str(self._sub_var(m.group(1), extra)), text)
+                values = {m: self._sub_var(m, extra) for m in re.findall(r"\$\{([^}!][^}]*)\}", text)}
+                if any(v is NOT_LOCAL for v in values.values()):
+                    return NOT_LOCAL
+                return re.sub(r"\$\{([^}!][^}]*)\}", lambda m: str(values[m.group(1)]), text)
             if k == "Fn::Join":
                 sep, items = arg
-                return sep.join(str(x) for x in self._flat(self(items)))
+                flat = self._flat(self(items))
+                if any(x is NOT_LOCAL for x in flat):
+                    return NOT_LOCAL
+                return sep.join(str(x) for x in flat)
             if k == "Fn::Select":
                 idx, items = self(arg)
                 return items[int(idx)]
@@ -173,11 +225,11 @@ class _Resolver:
 
 
 def _clean(d: Any) -> Any:
-    """Drop None values (AWS::NoValue) recursively."""
+    """Drop None (AWS::NoValue) and not-local values recursively."""
     if isinstance(d, dict):
-        return {k: _clean(v) for k, v in d.items() if v is not None}
+        return {k: _clean(v) for k, v in d.items() if v is not None and v is not NOT_LOCAL}
     if isinstance(d, list):
-        return [_clean(v) for v in d if v is not None]
+        return [_clean(v) for v in d if v is not None and v is not NOT_LOCAL]
     return d
 
 
@@ -209,6 +261,8 @@ def create_local(
     resources: dict[str, Any] = t["Resources"]
     by_type: dict[str, list[str]] = {}
     for logical, spec in resources.items():
+        if "Condition" in spec and not res.condition(spec["Condition"]):
+            continue
         by_type.setdefault(spec["Type"], []).append(logical)
     arn = f"arn:aws:{{svc}}:{region}:{ACCOUNT}:{{rest}}"
 
@@ -366,10 +420,16 @@ def _create_batch(
         ):
             if key in props:
                 kwargs[key] = props[key]
+        containers = [kwargs["containerProperties"]] if "containerProperties" in kwargs else []
         if "nodeProperties" in kwargs:
             for rng in kwargs["nodeProperties"]["nodeRangeProperties"]:
                 # CloudFormation calls it Container; the API calls it container (already lowered).
                 rng.setdefault("container", rng.pop("Container", rng.get("container")))
+                containers.append(rng["container"])
+        for container in containers:
+            # Variables built from a resource with no local counterpart lost their value: drop them.
+            if "environment" in container:
+                container["environment"] = [e for e in container["environment"] if "value" in e]
         existing = b.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")["jobDefinitions"]
         jd_arn = (
             existing[0]["jobDefinitionArn"] if existing else b.register_job_definition(**kwargs)["jobDefinitionArn"]

@@ -1,38 +1,142 @@
-"""`sluice local run` as a person runs it: a real subprocess against a real moto server."""
+"""`sluice local run` as a person runs it: a real subprocess, a real moto server, real workers."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "local", "run", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "sluice.cli", "local", "run", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
-def test_demo_run_submits_and_reports_json():
-    proc = _run("--demo", "64", "--json")
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert out["outcome"] == "submitted" and out["ledger_status"] == "SUBMITTED"
-    assert out["unique_keys"] == 64 and out["duplicates_removed"] == 1
-    assert out["shards"] == 4 and out["jobs"][0]["array_size"] == 4
-    assert out["events"] == ["Run Submitted"]
+def _rows(out_dir: str) -> list[dict]:
+    files = sorted(Path(out_dir, "output").rglob("*.parquet"))
+    return [r for f in files for r in pq.read_table(f).to_pylist()]
 
 
-def test_multinode_demo():
-    proc = _run("--demo", "30", "--mode", "multinode", "--nodes", "2", "--json")
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert out["shards"] == 2 and out["jobs"][0]["queue"] == "sluice-gpu-mnp"
+def test_demo_run_embeds_every_image_once(tmp_path):
+    proc = _run("--demo", "64", "--json", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["outcome"] == "succeeded" and s["processed"] == 64 and s["failed"] == 0
+    assert "Run Submitted" in s["events"] and s["events"].count("Run Succeeded") == 1
+    rows = _rows(s["output_dir"])
+    keys = [r["key"] for r in rows]
+    assert len(keys) == 64 == len(set(keys))
+    assert all(len(r["embedding"]) == len(rows[0]["embedding"]) > 0 for r in rows)
+
+
+def _jpeg(seed: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40 + seed % 50, 30 + seed % 70), (seed * 7 % 256, 90, 160)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def _folder(root: Path, good: int, corrupt: int, non_image: int) -> None:
+    for i in range(good):
+        sub = root / ("cats" if i % 2 else "dogs")
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"{i}.jpg").write_bytes(_jpeg(i))
+    for i in range(corrupt):
+        (root / f"broken-{i}.jpg").write_bytes(_jpeg(i)[:60])  # truncated JPEG
+    for i in range(non_image):
+        (root / f"notes-{i}.jpg").write_text("this is not an image\n" * 10)
+
+
+def test_images_folder_with_a_few_bad_files_succeeds_and_lists_reasons(tmp_path):
+    _folder(tmp_path / "imgs", good=196, corrupt=3, non_image=1)  # 2 shards: each under 5% failed
+    proc = _run("--images", str(tmp_path / "imgs"), "--json", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 196, 4)
+    assert s["failed_by_reason"] == {"corrupt": 3, "not_image": 1}
+    keys = {r["key"].rsplit("/", 2)[-2] for r in _rows(s["output_dir"])}
+    assert keys == {"cats", "dogs"}  # subfolders kept as key prefixes
+
+
+def test_half_corrupt_folder_fails_with_a_reason_and_non_zero_exit(tmp_path):
+    _folder(tmp_path / "imgs", good=10, corrupt=10, non_image=0)
+    proc = _run("--images", str(tmp_path / "imgs"), "--shards", "1")
+    assert proc.returncode == 1
+    assert "outcome         failed" in proc.stdout
+    assert "1 of 1 shards failed: shard 0" in proc.stdout
+
+
+@pytest.mark.parametrize("layout", [("--mode", "multinode", "--nodes", "2"), ("--shards", "3")])
+def test_multinode_and_three_shard_array_runs_complete(tmp_path, layout):
+    proc = _run("--demo", "30", "--json", "--out", str(tmp_path / "o"), *layout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["outcome"] == "succeeded" and s["processed"] == 30
+    assert s["shards"] == (2 if "multinode" in layout else 3)
+    assert len({r["key"] for r in _rows(s["output_dir"])}) == 30
 
 
 def test_bad_manifest_exits_non_zero_with_reason(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": 1, "input": {"keys": ["a.jpg"]}, "typo": true}')
-    proc = _run("--manifest", str(bad))
+    proc = _run("--demo", "1", "--manifest", str(bad))
     assert proc.returncode == 1
     assert "typo: unknown field" in proc.stdout and "rejected" in proc.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigint_stops_everything_within_ten_seconds(tmp_path):
+    pid_file = tmp_path / "pids"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "local",
+            "run",
+            "--demo",
+            "400",
+            "--shards",
+            "2",
+            "--pid-file",
+            str(pid_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the server and at least one worker run
+        if pid_file.exists() and len(pid_file.read_text().split()) >= 2:
+            break
+        time.sleep(0.2)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) >= 2
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode == 130
+    assert "interrupted" in err
+    time.sleep(0.5)
+    assert [p for p in pids if _alive(p)] == []

@@ -1,0 +1,334 @@
+"""Local executor: runs the jobs submitted to (moto) AWS Batch as real worker processes.
+
+moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits no events).
+This executor reads each new job back from the Batch API, runs its array children or MNP
+nodes as `python -m gpu_worker` processes with the AWS_BATCH_* variables Batch would set,
+honours the job's retry strategy (retry `Host EC2*`, exit otherwise) and a concurrency
+limit, and emits the same "Batch Job State Change" events Batch would to `deliver`.
+
+moto keeps array jobs' environment but drops MNP `nodeOverrides`, so node count and
+environment of a multi-node job come from its run (ledger row and plan), found by the run tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from sluice.ledger import Ledger
+from sluice.local.events import attempt as attempt_entry
+from sluice.local.events import batch_job_state_change
+
+Deliver = Callable[[dict[str, Any]], object]
+# A worker killed by a signal we did not send looks, from the job's side, like a lost host:
+# Batch would report "Host EC2 (instance ...) terminated." and the Spot retry rule applies.
+HOST_LOST = "Host EC2 (instance local-{pid}) terminated."
+EXITED = "Essential container in task exited"
+STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+
+
+@dataclass
+class Task:
+    """One array child, plain job or MNP node: one worker process per attempt."""
+
+    job: LocalJob
+    index: int | None  # array index / node index; None for a plain job
+    attempt: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    started_ms: int = 0
+    status: str = "PENDING"
+    log_path: str = ""
+
+    @property
+    def job_id(self) -> str:
+        if self.index is None:
+            return self.job.job_id
+        return f"{self.job.job_id}#{self.index}" if self.job.kind == "multinode" else f"{self.job.job_id}:{self.index}"
+
+
+@dataclass
+class LocalJob:
+    """A submitted job as read back from the Batch API (plus its run's plan)."""
+
+    job_id: str
+    name: str
+    queue: str
+    kind: str  # array | single | multinode
+    size: int  # children or nodes (1 for a plain job)
+    env: dict[str, str]
+    run_id: str
+    max_attempts: int
+    tasks: list[Task] = field(default_factory=list)
+    done: bool = False
+
+
+class LocalExecutor:
+    """Discovers submitted jobs and runs them; call `step()` until `idle`."""
+
+    def __init__(
+        self,
+        batch: Any,
+        ledger: Ledger,
+        queues: list[str],
+        deliver: Deliver,
+        *,
+        slots: int,
+        worker_env: dict[str, str],
+        log_dir: str,
+        on_pid: Callable[[int], None] | None = None,
+        out: TextIO = sys.stderr,
+    ) -> None:
+        self._batch = batch
+        self._ledger = ledger
+        self._queues = queues
+        self._deliver = deliver
+        self._slots = max(1, slots)
+        self._worker_env = worker_env
+        self._log_dir = Path(log_dir)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._on_pid = on_pid or (lambda pid: None)
+        self._out = out
+        self.jobs: dict[str, LocalJob] = {}
+        self._stopping = False
+
+    # ---- discovery -------------------------------------------------------------------------
+
+    def discover(self) -> list[LocalJob]:
+        """New parent jobs in Sluice's queues (moto lists them under SUCCEEDED at once)."""
+        ids: list[str] = []
+        for q in self._queues:
+            for status in STATUSES:
+                token: str | None = None
+                while True:
+                    kw: dict[str, Any] = {"jobQueue": q, "jobStatus": status}
+                    if token:
+                        kw["nextToken"] = token
+                    resp = self._batch.list_jobs(**kw)
+                    ids += [
+                        j["jobId"]
+                        for j in resp["jobSummaryList"]
+                        if ":" not in j["jobId"] and "#" not in j["jobId"] and j["jobId"] not in self.jobs
+                    ]
+                    token = resp.get("nextToken")
+                    if not token:
+                        break
+        new = []
+        for i in range(0, len(ids), 100):
+            for j in self._batch.describe_jobs(jobs=list(dict.fromkeys(ids[i : i + 100])))["jobs"]:
+                job = self._read_job(j)
+                if job is not None:
+                    self.jobs[job.job_id] = job
+                    new.append(job)
+                    self._emit(job, None, "PENDING")
+        return new
+
+    def _read_job(self, j: dict[str, Any]) -> LocalJob | None:
+        run_id = (j.get("tags") or {}).get("sluice:run-id")
+        if not run_id:
+            return None
+        row = self._ledger.get(run_id) or {}
+        layout = next((x for x in row.get("jobs", []) if x["id"] == j["jobId"]), None)
+        env = {e["name"]: e["value"] for e in (j.get("container") or {}).get("environment", [])}
+        env.pop("AWS_BATCH_JOB_ID", None)
+        attempts = int((j.get("retryStrategy") or {}).get("attempts") or 0)
+        if "nodeProperties" in j or (layout and layout["kind"] == "multinode"):
+            if layout is None:
+                return None
+            env = {
+                "SLUICE_PLAN_URI": str(row["plan_uri"]),
+                "SLUICE_RUN_ID": run_id,
+                "SLUICE_SHARD_OFFSET": str(layout["shard_offset"]),
+            }
+            kind, size = "multinode", int(layout["shard_count"])
+        elif (j.get("arrayProperties") or {}).get("size"):
+            kind, size = "array", int(j["arrayProperties"]["size"])
+        else:
+            kind, size = "single", 1
+        if not attempts:  # moto does not echo retryStrategy: use the plan's
+            attempts = int(row.get("attempts") or 0) or self._plan_attempts(env)
+        job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts)
+        job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
+        return job
+
+    @staticmethod
+    def _plan_attempts(env: dict[str, str]) -> int:
+        from sluice.aws import client
+        from sluice.coordinator import load_plan
+
+        try:
+            return load_plan(client("s3"), env["SLUICE_PLAN_URI"]).attempts
+        except Exception:
+            return 3
+
+    # ---- running ---------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return all(j.done for j in self.jobs.values())
+
+    def running(self) -> int:
+        return sum(1 for j in self.jobs.values() for t in j.tasks if t.proc is not None)
+
+    def step(self) -> None:
+        """Reap finished workers, start queued ones, finish jobs; emits events as Batch would."""
+        for job in list(self.jobs.values()):
+            if job.done:
+                continue
+            for task in job.tasks:
+                if task.proc is not None and task.proc.poll() is not None:
+                    self._reap(task)
+        free = self._slots - self.running()
+        for job in self.jobs.values():
+            if job.done or self._stopping:
+                continue
+            pending = [t for t in job.tasks if t.status in ("PENDING", "RUNNABLE") and t.proc is None]
+            if job.kind == "multinode":
+                # Gang scheduling: every node starts together once the job is admitted.
+                if pending and len(pending) == len(job.tasks) and (free >= len(pending) or self.running() == 0):
+                    for t in pending:
+                        self._start(t)
+                    free -= len(pending)
+                continue
+            for t in pending:
+                if free <= 0:
+                    break
+                self._start(t)
+                free -= 1
+        for job in self.jobs.values():
+            if not job.done and all(t.status in ("SUCCEEDED", "FAILED") for t in job.tasks):
+                self._finish(job)
+
+    def _start(self, task: Task) -> None:
+        job = task.job
+        task.attempt += 1
+        for status in ("RUNNABLE", "STARTING"):
+            task.status = status
+            self._emit(job, task, status)
+        env = {
+            **os.environ,
+            **self._worker_env,
+            **job.env,
+            "AWS_BATCH_JOB_ID": task.job_id,
+            "AWS_BATCH_JOB_ATTEMPT": str(task.attempt),
+            "AWS_BATCH_JQ_NAME": job.queue.rsplit("/", 1)[-1],
+        }
+        if job.kind == "array":
+            env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(task.index)
+        elif job.kind == "multinode":
+            env.update(
+                AWS_BATCH_JOB_NODE_INDEX=str(task.index),
+                AWS_BATCH_JOB_NUM_NODES=str(job.size),
+                AWS_BATCH_JOB_MAIN_NODE_INDEX="0",
+            )
+        name = task.job_id.replace(":", "_").replace("#", "_")
+        task.log_path = str(self._log_dir / f"{name}-attempt{task.attempt}.log")
+        with open(task.log_path, "wb") as log:
+            task.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpu_worker"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches us only; we stop the workers ourselves
+            )
+        self._on_pid(task.proc.pid)
+        task.started_ms = int(time.time() * 1000)
+        task.attempts.append(attempt_entry(task.started_ms, None, None, "Task is running"))
+        task.status = "RUNNING"
+        self._emit(job, task, "RUNNING")
+        if job.kind == "multinode" and task.index == 0:
+            self._emit(job, None, "RUNNING")
+
+    def _reap(self, task: Task) -> None:
+        assert task.proc is not None
+        rc = task.proc.returncode
+        pid = task.proc.pid
+        task.proc = None
+        now = int(time.time() * 1000)
+        if rc < 0 and not self._stopping:
+            reason, exit_code = HOST_LOST.format(pid=pid), None
+        else:
+            reason, exit_code = EXITED, rc
+        task.attempts[-1] = attempt_entry(task.started_ms, now, exit_code, reason)
+        if rc == 0:
+            task.status = "SUCCEEDED"
+            self._emit(task.job, task, "SUCCEEDED", exit_code=0, reason=reason)
+        elif reason.startswith("Host EC2") and task.attempt < task.job.max_attempts:
+            task.status = "RUNNABLE"  # the retry strategy's RETRY: back to the queue
+            self._emit(task.job, task, "RUNNABLE", reason=reason)
+        else:
+            task.status = "FAILED"
+            self._emit(task.job, task, "FAILED", exit_code=exit_code, reason=reason)
+            self._out.write(f"worker {task.job_id} failed (exit {rc}); log: {task.log_path}\n")
+            tail = Path(task.log_path).read_text(errors="replace").strip().splitlines()[-3:]
+            for line in tail:
+                self._out.write(f"    {line[:300]}\n")
+
+    def _finish(self, job: LocalJob) -> None:
+        job.done = True
+        if job.kind == "single":
+            return  # the plain job's own SUCCEEDED/FAILED was its task's event
+        failed = [t for t in job.tasks if t.status == "FAILED"]
+        if job.kind == "multinode":
+            status = "FAILED" if failed else "SUCCEEDED"  # Batch fails an MNP job when a node fails
+        else:
+            status = "FAILED" if failed else "SUCCEEDED"  # the parent fails if any child fails
+        reason = f"{len(failed)} of {len(job.tasks)} failed" if failed else None
+        self._emit(job, None, status, reason=reason)
+
+    def _emit(
+        self, job: LocalJob, task: Task | None, status: str, *, exit_code: int | None = None, reason: str | None = None
+    ) -> None:
+        if task is not None and job.kind == "single":
+            target_id, index_kw = job.job_id, {}
+        elif task is None:
+            target_id = job.job_id
+            index_kw = (
+                {"array_size": job.size}
+                if job.kind == "array"
+                else ({"num_nodes": job.size} if job.kind == "multinode" else {})
+            )
+        else:
+            target_id = task.job_id
+            index_kw = {"array_index": task.index} if job.kind == "array" else {"node_index": task.index}
+        self._deliver(
+            batch_job_state_change(
+                job_id=target_id,
+                job_name=job.name,
+                job_queue=job.queue,
+                status=status,
+                run_id=job.run_id,
+                attempts=list(task.attempts) if task else None,
+                status_reason=reason,
+                exit_code=exit_code,
+                **index_kw,
+            )
+        )
+
+    def stop(self, grace_s: float = 5.0) -> int:
+        """Stop every worker (SIGTERM, then SIGKILL after grace_s). Returns how many were running."""
+        self._stopping = True
+        procs = [t.proc for j in self.jobs.values() for t in j.tasks if t.proc is not None]
+        for p in procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+        return len(procs)
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, sig)
