@@ -287,18 +287,18 @@ class LocalExecutor:
     def _emit(
         self, job: LocalJob, task: Task | None, status: str, *, exit_code: int | None = None, reason: str | None = None
     ) -> None:
+        idx: dict[str, int | None] = {}
         if task is not None and job.kind == "single":
-            target_id, index_kw = job.job_id, {}
+            target_id = job.job_id
         elif task is None:
             target_id = job.job_id
-            index_kw = (
-                {"array_size": job.size}
-                if job.kind == "array"
-                else ({"num_nodes": job.size} if job.kind == "multinode" else {})
-            )
+            if job.kind == "array":
+                idx["array_size"] = job.size
+            elif job.kind == "multinode":
+                idx["num_nodes"] = job.size
         else:
             target_id = task.job_id
-            index_kw = {"array_index": task.index} if job.kind == "array" else {"node_index": task.index}
+            idx["array_index" if job.kind == "array" else "node_index"] = task.index
         self._deliver(
             batch_job_state_change(
                 job_id=target_id,
@@ -309,7 +309,10 @@ class LocalExecutor:
                 attempts=list(task.attempts) if task else None,
                 status_reason=reason,
                 exit_code=exit_code,
-                **index_kw,
+                array_index=idx.get("array_index"),
+                array_size=idx.get("array_size"),
+                node_index=idx.get("node_index"),
+                num_nodes=idx.get("num_nodes"),
             )
         )
 
