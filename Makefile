@@ -36,3 +36,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+
+# Infrastructure checks without AWS (cfn-lint, sam validate/build, artifact, checkov, IAM tests);
+# installs its tools into .tools-venv. See .ci/infra-checks.sh and docs/deploy.md.
+.PHONY: infra-check
+infra-check: $(STAMP)
+	bash .ci/infra-checks.sh

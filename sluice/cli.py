@@ -177,6 +177,26 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return show(_ledger(args), limit=args.limit, as_json=args.json)
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """A run's throughput, GPU utilization and data-wait from AMP or Prometheus."""
+    from sluice.metrics_query import PromClient, fetch, plot, render
+
+    url = args.url or os.environ.get("SLUICE_PROMETHEUS_URL")
+    if not url:
+        print("sluice: give --url (AMP: https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>/, "
+              "local: the URL `sluice local run` printed) or set SLUICE_PROMETHEUS_URL", file=sys.stderr)
+        return EXIT_USAGE
+    m = fetch(PromClient(url), args.run_id, since_s=args.since_minutes * 60)
+    if args.json:
+        print(json.dumps(m.summary()))
+    else:
+        render(m)
+    if args.plot:
+        plot(m, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return EXIT_OK if m.totals.get("processed") is not None else EXIT_FAIL
+
+
 def cmd_local_run(args: argparse.Namespace) -> int:
     """Run Sluice locally on moto (the embedded default)."""
     from sluice.local.run import run_local
@@ -228,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
     runs.set_defaults(func=cmd_runs)
 
+    metrics = sub.add_parser("metrics", help="a run's throughput, GPU utilization and data-wait (AMP/Prometheus)")
+    metrics.add_argument("run_id")
+    metrics.add_argument("--url", help="Prometheus or AMP workspace URL (default: SLUICE_PROMETHEUS_URL)")
+    metrics.add_argument("--since-minutes", type=float, default=24 * 60, help="window to look back (default 24 h)")
+    metrics.add_argument("--plot", metavar="FILE.png", help="also write a chart")
+    metrics.add_argument("--json", action="store_true")
+    metrics.set_defaults(func=cmd_metrics)
+
     local = sub.add_parser("local", help="run Sluice on this machine against moto").add_subparsers(
         dest="local_cmd", required=True
     )
@@ -272,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAIL
     except BrokenPipeError:  # `sluice shard cat ... | head`
         return EXIT_OK
+    except (OSError, RuntimeError) as exc:  # unreachable Prometheus, PromQL errors, ...
+        print(f"sluice: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     except KeyboardInterrupt:
         print("sluice: interrupted", file=sys.stderr)
         return 130

@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 from sluice.aws import Clients
 from sluice.batch import BatchAdapter
 from sluice.batch_events import TERMINAL, BatchJobStateChangeDetail
-from sluice.coordinator import load_plan
+from sluice.coordinator import SCRATCH_TAG, load_plan
 from sluice.ledger import Ledger
 from sluice.log import logger
 from sluice.models import TRANSIENT_FAILURE_REASONS, RunPlan, ShardLayout
@@ -302,6 +302,7 @@ def _start_retry_pass(
             plan.control_bucket,
             f"runs/{run_id}/shards/{first + j}.shard",
             encode_shard(sorted(groups.items())),
+            tagging=SCRATCH_TAG,
         )
     pass_no = len(run.get("passes", [])) if run.get("passes") else 1
     layout = ShardLayout(kind="array" if n >= 2 else "single", shard_offset=first, shard_count=n)
@@ -341,6 +342,6 @@ def _start_retry_pass(
     logger.info("retry pass submitted", extra={"run_id": run_id, "keys": n_keys, "shards": n, "jobs": ids})
 
 
-def s3_put(s3: Any, bucket: str, key: str, data: bytes) -> None:
+def s3_put(s3: Any, bucket: str, key: str, data: bytes, tagging: str = "") -> None:
     """put_object; errors propagate (the finalizer releases its claim and the event is retried)."""
-    s3.put_object(Bucket=bucket, Key=key, Body=data)
+    s3.put_object(Bucket=bucket, Key=key, Body=data, **({"Tagging": tagging} if tagging else {}))

@@ -138,7 +138,7 @@ def _plan_and_submit(
             run_id=run_id, manifest=manifest, manifest_uri=src.uri, control_bucket=control, sc=sc, lay=lay
         )
         prefix = f"runs/{run_id}/shards/"
-        write_shards(sc, lay, lambda i, data: _put(s3, control, f"{prefix}{i}.shard", data))
+        write_shards(sc, lay, lambda i, data: _put(s3, control, f"{prefix}{i}.shard", data, tagging=SCRATCH_TAG))
     plan_key = f"runs/{run_id}/plan.json"
     plan_uri = f"s3://{control}/{plan_key}"
     _put(s3, control, plan_key, plan.model_dump_json(indent=2).encode(), "application/json")
@@ -194,9 +194,15 @@ def _plan_and_submit(
     )
 
 
-def _put(s3: Any, bucket: str, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+SCRATCH_TAG = "sluice-scratch=true"  # the bucket's lifecycle rule expires tagged shards (template.yaml)
+
+
+def _put(
+    s3: Any, bucket: str, key: str, data: bytes, content_type: str = "application/octet-stream", tagging: str = ""
+) -> None:
     try:
-        s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type)
+        extra = {"Tagging": tagging} if tagging else {}
+        s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type, **extra)
     except ClientError as exc:
         raise RetriableError(f"writing s3://{bucket}/{key} failed: {exc}") from exc
 

@@ -209,3 +209,15 @@ def test_s3_inventory_csv_report(aws, stack, images, monkeypatch):
 def test_objects_outside_manifests_are_ignored(aws, stack, monkeypatch):
     out = invoke_manifest_handler(aws, stack, "runs/whatever.json", "{}", monkeypatch)
     assert out["status"] == "ignored" and all_jobs(aws) == [] and bus_events(aws, stack) == []
+
+
+def test_shards_are_tagged_for_the_scratch_lifecycle_rule(aws, stack, images, monkeypatch):
+    out = invoke_manifest_handler(
+        aws, stack, "manifests/tag.json", json.dumps({"version": 1, "input": {"keys": ["a.jpg"], "bucket": images}}),
+        monkeypatch,
+    )
+    control = stack.names["ControlBucket"]
+    tags = aws.s3.get_object_tagging(Bucket=control, Key=f"runs/{out['run_id']}/shards/0.shard")["TagSet"]
+    assert {"Key": "sluice-scratch", "Value": "true"} in tags
+    plan_tags = aws.s3.get_object_tagging(Bucket=control, Key=f"runs/{out['run_id']}/plan.json")["TagSet"]
+    assert plan_tags == []  # the plan and results stay

@@ -1,0 +1,436 @@
+"""template.yaml: least privilege and the deployment rules of issue #7, checked without AWS.
+
+Policies are read from the template itself. Resource expressions are rendered to strings
+such as "${ControlBucket.Arn}/runs/*" or "arn:${AWS::Partition}:s3:::${InputBucketNames}/*"
+(a list parameter stands for each of its values), and both branches of every Fn::If count.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sluice.infra import load_template
+from sluice.ledger import Ledger
+from sluice.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+T = load_template(ROOT / "template.yaml")
+RES: dict[str, Any] = T["Resources"]
+FUNCTIONS = {
+    "HandleManifestUploadFunction": "functions.handle_manifest_upload.handler",
+    "HandleJobStateChangeFunction": "functions.handle_job_state_change.handler",
+}
+NO_VALUE = {"Ref": "AWS::NoValue"}
+# Actions whose API has no resource-level permissions: the only ones allowed on Resource "*".
+RESOURCE_STAR_OK = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+WRITE_VERBS = re.compile(
+    r"^(s3:(Put|Delete|Abort|Restore|Replicate)|aps:RemoteWrite|dynamodb:(Put|Update|Delete|Batch))"
+)
+LIST_SUFFIXES = (".txt", ".csv", ".jsonl", ".json", ".gz", ".parquet")
+CONTROL = "${ControlBucket.Arn}"
+INPUTS = "arn:${AWS::Partition}:s3:::${InputBucketNames}"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def render(v: Any) -> list[str]:
+    """Every string an intrinsic expression can take, with ${...} for what CloudFormation fills in."""
+    if v is None or v == NO_VALUE:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list):
+        return [s for x in v for s in render(x)]
+    assert isinstance(v, dict) and len(v) == 1, v
+    ((fn, arg),) = v.items()
+    if fn == "Ref":
+        return [f"${{{arg}}}"]
+    if fn == "Fn::GetAtt":
+        return [f"${{{arg[0]}.{arg[1]}}}"]
+    if fn == "Fn::If":
+        return render(arg[1]) + render(arg[2])
+    if fn == "Fn::Sub":
+        if isinstance(arg, str):
+            return [arg]
+        text, variables = arg
+        for name, value in variables.items():
+            (one,) = set(render(value))
+            text = text.replace(f"${{{name}}}", one)
+        return [text]
+    if fn == "Fn::Join":
+        sep, items = arg
+        if isinstance(items, dict) and "Ref" in items:  # a list parameter: "each of its values"
+            return [f"${{{items['Ref']}}}"]
+        return [sep.join(render(x)[0] for x in items)]
+    if fn == "Fn::Split":
+        sep, text = arg
+        return [part for s in render(text) for part in s.split(sep)]
+    raise AssertionError(f"unexpected intrinsic {fn}")
+
+
+def statements(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A policy's statements, both branches of a statement-level Fn::If included."""
+    out = []
+    for st in doc["Statement"]:
+        if "Fn::If" in st:
+            out += [b for b in st["Fn::If"][1:] if b != NO_VALUE]
+        else:
+            out.append(st)
+    return out
+
+
+def as_list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else [v]
+
+
+def role_grants(role: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(action, resource, condition) for every Allow in the role's inline policies."""
+    props = RES[role]["Properties"]
+    out = []
+    for pol in props.get("Policies", []):
+        for st in statements(pol["PolicyDocument"]):
+            if st["Effect"] != "Allow":
+                continue
+            for action in as_list(st["Action"]):
+                for resource in render(st["Resource"]):
+                    out.append((action, resource, st.get("Condition", {})))
+    return out
+
+
+def roles() -> list[str]:
+    return [k for k, v in RES.items() if v["Type"] == "AWS::IAM::Role"]
+
+
+def all_policy_documents() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for logical, spec in RES.items():
+        props = spec.get("Properties", {})
+        for pol in props.get("Policies", []) if spec["Type"] == "AWS::IAM::Role" else []:
+            docs.append((logical, pol["PolicyDocument"]))
+        if "PolicyDocument" in props:
+            docs.append((logical, props["PolicyDocument"]))
+    return docs
+
+
+# ---------------------------------------------------------------- IAM
+
+
+def test_no_wildcard_actions_in_any_allow() -> None:
+    for logical, doc in all_policy_documents():
+        for st in statements(doc):
+            if st["Effect"] == "Allow":
+                for action in as_list(st["Action"]):
+                    assert "*" not in action, f"{logical}: Allow of wildcard action {action!r}"
+
+
+def test_resource_star_only_where_the_api_allows_nothing_narrower() -> None:
+    for role in roles():
+        for action, resource, _ in role_grants(role):
+            if resource == "*":
+                assert action in RESOURCE_STAR_OK, f"{role}: {action} on Resource '*'"
+    # ... and each such line says why, right there.
+    for n, line in enumerate((ROOT / "template.yaml").read_text().splitlines(), 1):
+        if re.search(r"\bResource: \"\*\"", line):
+            assert "#" in line, f'template.yaml:{n}: Resource "*" without a comment saying why'
+
+
+def test_one_role_per_function_and_one_for_the_worker() -> None:
+    used = []
+    for fn, handler in FUNCTIONS.items():
+        props = RES[fn]["Properties"]
+        assert props["Handler"] == handler
+        role = props["Role"]["Fn::GetAtt"][0]
+        assert RES[role]["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
+            "Service": "lambda.amazonaws.com"
+        }
+        assert not RES[role]["Properties"].get("ManagedPolicyArns"), f"{role}: managed policies are too broad"
+        used.append(role)
+    job_roles = {
+        c["JobRoleArn"]["Fn::GetAtt"][0]
+        for jd in ("WorkerJobDefinition", "WorkerMnpJobDefinition")
+        for c in _containers(jd)
+    }
+    assert job_roles == {"WorkerRole"}
+    assert len(set(used)) == len(FUNCTIONS) and "WorkerRole" not in used
+    assert "Policies" not in RES["BatchInstanceRole"]["Properties"], "the ECS agent role gets no data access"
+
+
+def test_worker_writes_only_under_runs_and_to_its_amp_workspace() -> None:
+    grants = role_grants("WorkerRole")
+    writes = [(a, r) for a, r, _ in grants if WRITE_VERBS.match(a)]
+    assert writes, "the worker must be able to write its outputs"
+    for action, resource in writes:
+        if action.startswith("s3:"):
+            assert resource == f"{CONTROL}/runs/*", f"worker {action} on {resource}"
+        else:
+            assert action == "aps:RemoteWrite"
+            assert resource in (
+                "${AmpWorkspace.Arn}",
+                "arn:${AWS::Partition}:aps:${AWS::Region}:${AWS::AccountId}:workspace/${AmpWorkspaceId}",
+            ), resource
+    allowed = {
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "s3:AbortMultipartUpload",
+        "aps:RemoteWrite",
+        "kms:Decrypt",
+        "kms:GenerateDataKey",
+    }
+    assert {a for a, _, _ in grants} <= allowed
+    reads = {r for a, r, _ in grants if a == "s3:GetObject"}
+    assert f"{CONTROL}/runs/*" in reads and f"{INPUTS}/*" in reads
+    for action, resource, cond in grants:
+        if action == "s3:ListBucket":
+            assert resource == "${ControlBucket.Arn}" and cond == {"StringLike": {"s3:prefix": "runs/*"}}
+
+
+def test_functions_cannot_read_images() -> None:
+    # The job-state function never touches input buckets, nor the control bucket's inputs/.
+    for action, resource, _ in role_grants("HandleJobStateChangeRole"):
+        assert "InputBucketNames" not in resource and "/inputs/" not in resource, (action, resource)
+    # The manifest function lists input buckets and reads only list-shaped objects there.
+    for action, resource, _ in role_grants("HandleManifestUploadRole"):
+        if not action.startswith("s3:"):
+            continue
+        if action == "s3:ListBucket":
+            continue
+        if resource.startswith(INPUTS) or resource.startswith(f"{CONTROL}/inputs/"):
+            assert action == "s3:GetObject" and resource.endswith(LIST_SUFFIXES), (action, resource)
+            assert not resource.endswith("/*"), resource
+
+
+def test_functions_write_only_under_runs() -> None:
+    for role in ("HandleManifestUploadRole", "HandleJobStateChangeRole"):
+        for action, resource, _ in role_grants(role):
+            if action.startswith("s3:") and WRITE_VERBS.match(action):
+                assert resource.startswith(f"{CONTROL}/runs/"), (role, action, resource)
+    retry = {r for a, r, _ in role_grants("HandleJobStateChangeRole") if a == "s3:PutObject"}
+    assert retry == {f"{CONTROL}/runs/*/shards/*", f"{CONTROL}/runs/*/plan-retry-*"}, "retry pass only"
+
+
+def test_function_grants_name_sluice_resources_only() -> None:
+    expect = {
+        "dynamodb:": "${RunsTable.Arn}",
+        "events:PutEvents": "${SluiceBus.Arn}",
+        "sqs:SendMessage": "DLQ.Arn}",
+        "logs:": "LogGroup.Arn}",
+    }
+    for role in ("HandleManifestUploadRole", "HandleJobStateChangeRole"):
+        for action, resource, cond in role_grants(role):
+            for prefix, must in expect.items():
+                if action.startswith(prefix):
+                    assert must in resource, (role, action, resource)
+            if action == "batch:SubmitJob":
+                assert resource in ("${GpuJobQueue}", "${MnpJobQueue}") or re.search(
+                    r":job-definition/\$\{AWS::StackName\}-worker(-mnp)?:\*$", resource
+                ), resource
+            if action == "batch:TagResource":
+                assert cond == {"StringEquals": {"batch:CreateAction": "SubmitJob"}}
+
+
+# ---------------------------------------------------------------- storage
+
+
+def test_control_bucket() -> None:
+    props = RES["ControlBucket"]["Properties"]
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert props["NotificationConfiguration"]["EventBridgeConfiguration"]["EventBridgeEnabled"] is True
+    assert all(props["PublicAccessBlockConfiguration"].values()) and len(props["PublicAccessBlockConfiguration"]) == 4
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    rules = {r["Id"]: r for r in props["LifecycleConfiguration"]["Rules"]}
+    scratch = rules["expire-shard-scratch"]
+    assert scratch["ExpirationInDays"] == {"Ref": "ShardScratchDays"}
+    assert scratch["TagFilters"] == [{"Key": "sluice-scratch", "Value": "true"}]
+    deny = RES["ControlBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in deny)
+
+
+def test_runs_table() -> None:
+    props = RES["RunsTable"]["Properties"]
+    assert props["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
+    assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+
+
+# ---------------------------------------------------------------- events and functions
+
+
+def _rule_targets() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for fn in FUNCTIONS:
+        for name, ev in RES[fn]["Properties"]["Events"].items():
+            assert ev["Type"] == "EventBridgeRule"
+            out.append((f"{fn}.{name}", ev["Properties"]))
+    for logical, spec in RES.items():
+        if spec["Type"] == "AWS::Events::Rule":
+            out += [(f"{logical}.{t['Id']}", t) for t in spec["Properties"]["Targets"]]
+    return out
+
+
+def test_every_rule_target_has_a_dead_letter_queue_and_retry_policy() -> None:
+    targets = _rule_targets()
+    assert len(targets) >= 3
+    for name, target in targets:
+        assert target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][1] == "Arn", name
+        assert RES[target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0]]["Type"] == "AWS::SQS::Queue", name
+        assert target["RetryPolicy"]["MaximumRetryAttempts"] >= 1, name
+
+
+def test_rules_route_what_the_issue_says() -> None:
+    manifest = RES["HandleManifestUploadFunction"]["Properties"]["Events"]["ManifestUploaded"]["Properties"]
+    assert manifest["Pattern"]["detail"]["object"]["key"] == [{"prefix": "manifests/"}]
+    assert "EventBusName" not in manifest, "S3 events arrive on the default bus"
+    jobs = RES["HandleJobStateChangeFunction"]["Properties"]["Events"]["JobStateChanged"]["Properties"]
+    assert "EventBusName" not in jobs, "Batch events arrive on the default bus"
+    assert jobs["Pattern"]["source"] == ["aws.batch"]
+    assert jobs["Pattern"]["detail-type"] == ["Batch Job State Change"]
+    assert jobs["Pattern"]["detail"]["jobQueue"] == [{"Ref": "GpuJobQueue"}, {"Ref": "MnpJobQueue"}]
+    outcome = RES["RunOutcomeRule"]["Properties"]
+    assert outcome["EventBusName"] == {"Ref": "SluiceBus"}
+    assert outcome["EventPattern"] == {
+        "source": ["sluice"],
+        "detail-type": ["Run Succeeded", "Run Failed", "Manifest Rejected"],
+    }
+    assert outcome["Targets"][0]["Arn"] == {"Ref": "NotificationsTopic"}
+
+
+def test_functions_are_configured_per_the_issue() -> None:
+    glob = T["Globals"]["Function"]
+    assert glob["Runtime"] == "python3.12" and glob["Architectures"] == ["arm64"]
+    assert glob["Tracing"] == "Active" and glob["CodeUri"] == "lambda/"
+    env = glob["Environment"]["Variables"]
+    assert {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_LOG_LEVEL"} <= set(env)
+    for fn in FUNCTIONS:
+        props = RES[fn]["Properties"]
+        assert "CodeUri" not in props, "all functions share the one CodeUri"
+        assert props["MemorySize"] and props["Timeout"], fn
+        assert "ReservedConcurrentExecutions" in props, fn
+        assert props["DeadLetterQueue"]["Type"] == "SQS", fn
+        group = RES[props["LoggingConfig"]["LogGroup"]["Ref"]]["Properties"]
+        assert group["RetentionInDays"] == {"Ref": "LogRetentionDays"}, fn
+
+
+def test_function_timeouts_fit_the_ledger_leases() -> None:
+    """A timed-out invocation's claim must have expired by the time its retry arrives."""
+    claim = inspect.signature(Ledger.claim).parameters["lease_s"].default
+    finalize = inspect.signature(Ledger.begin_finalize).parameters["lease_s"].default
+    assert RES["HandleManifestUploadFunction"]["Properties"]["Timeout"] <= claim
+    assert RES["HandleJobStateChangeFunction"]["Properties"]["Timeout"] <= finalize
+
+
+def test_function_environment_matches_settings() -> None:
+    env = T["Globals"]["Function"]["Environment"]["Variables"]
+    sluice_vars = {k for k in env if k.startswith("SLUICE_")}
+    assert sluice_vars >= {
+        "SLUICE_RUNS_TABLE",
+        "SLUICE_EVENT_BUS",
+        "SLUICE_CONTROL_BUCKET",
+        "SLUICE_JOB_QUEUE",
+        "SLUICE_MNP_JOB_QUEUE",
+        "SLUICE_ARRAY_JOB_DEFINITION",
+        "SLUICE_MNP_JOB_DEFINITION",
+        "SLUICE_ALLOWED_BUCKETS",
+        "SLUICE_SPILL_DIR",
+    }
+    for fn in FUNCTIONS:
+        sluice_vars |= {k for k in RES[fn]["Properties"].get("Environment", {}).get("Variables", {})}
+    known = {f"SLUICE_{name.upper()}" for name in Settings.model_fields}
+    assert sluice_vars <= known, f"not read by sluice.settings: {sluice_vars - known}"
+
+
+def test_alarms_cover_handler_errors_and_dead_letter_queues() -> None:
+    alarms = [v["Properties"] for v in RES.values() if v["Type"] == "AWS::CloudWatch::Alarm"]
+    watched = {(a["Namespace"], a["MetricName"], render(a["Dimensions"][0]["Value"])[0]) for a in alarms}
+    for fn in FUNCTIONS:
+        assert ("AWS/Lambda", "Errors", f"${{{fn}}}") in watched
+    for q in (k for k, v in RES.items() if v["Type"] == "AWS::SQS::Queue"):
+        assert ("AWS/SQS", "ApproximateNumberOfMessagesVisible", f"${{{q}.QueueName}}") in watched
+    assert all(a["AlarmActions"] == [{"Ref": "NotificationsTopic"}] for a in alarms)
+
+
+# ---------------------------------------------------------------- Batch
+
+
+def _containers(jd: str) -> list[dict[str, Any]]:
+    props = RES[jd]["Properties"]
+    if "ContainerProperties" in props:
+        return [props["ContainerProperties"]]
+    return [r["Container"] for r in props["NodeProperties"]["NodeRangeProperties"]]
+
+
+@pytest.mark.parametrize("jd", ["WorkerJobDefinition", "WorkerMnpJobDefinition"])
+def test_job_definitions(jd: str) -> None:
+    props = RES[jd]["Properties"]
+    assert props["RetryStrategy"]["EvaluateOnExit"] == [
+        {"OnStatusReason": "Host EC2*", "Action": "RETRY"},
+        {"OnReason": "*", "Action": "EXIT"},
+    ]
+    assert props["Timeout"]["AttemptDurationSeconds"] > 0
+    for c in _containers(jd):
+        assert {r["Type"] for r in c["ResourceRequirements"]} == {"VCPU", "MEMORY", "GPU"}
+        assert c["LinuxParameters"]["SharedMemorySize"] > 0
+        assert c["LogConfiguration"]["LogDriver"] == "awslogs"
+        assert [e["Name"] for e in c["Environment"]] == ["SLUICE_REMOTE_WRITE_URL"]
+
+
+def test_queues_order_spot_then_on_demand_and_mnp_never_on_spot() -> None:
+    def ce_type(ref: dict[str, str]) -> str:
+        return str(RES[ref["Ref"]]["Properties"]["ComputeResources"]["Type"])
+
+    gpu = sorted(RES["GpuJobQueue"]["Properties"]["ComputeEnvironmentOrder"], key=lambda o: o["Order"])
+    assert [ce_type(o["ComputeEnvironment"]) for o in gpu] == ["SPOT", "EC2"]
+    mnp = RES["MnpJobQueue"]["Properties"]["ComputeEnvironmentOrder"]
+    assert {ce_type(o["ComputeEnvironment"]) for o in mnp} == {"EC2"}
+    for logical, spec in RES.items():
+        if spec["Type"] == "AWS::Batch::ComputeEnvironment":
+            cr = spec["Properties"]["ComputeResources"]
+            assert cr["InstanceTypes"] == {"Ref": "GpuInstanceTypes"}, logical
+            assert cr["Subnets"] == {"Ref": "SubnetIds"} and cr["SecurityGroupIds"] == {"Ref": "SecurityGroupIds"}
+            assert isinstance(cr["MaxvCpus"], dict), f"{logical}: MaxvCpus comes from a parameter"
+
+
+# ---------------------------------------------------------------- AMP, outputs, packaging
+
+
+def test_amp_rule_groups_match_observability_rules() -> None:
+    data = RES["AmpRuleGroups"]["Properties"]["Data"]
+    doc = yaml.safe_load(data)
+    assert doc["groups"] and all(g["rules"] for g in doc["groups"])
+    rules_file = ROOT / "observability" / "rules.yml"
+    if rules_file.exists():
+        assert doc == yaml.safe_load(rules_file.read_text()), (
+            "template.yaml's AmpRuleGroups differ from observability/rules.yml: run `python .ci/sync_amp_rules.py`"
+        )
+
+
+def test_outputs() -> None:
+    want = {
+        "ControlBucketName",
+        "EventBusName",
+        "JobQueueName",
+        "MnpJobQueueName",
+        "RemoteWriteUrl",
+        "NotificationsTopicArn",
+    }
+    assert want <= set(T["Outputs"])
+
+
+def test_lambda_package_holds_sluice_and_functions_and_lambda_deps_only() -> None:
+    src = ROOT / "lambda"
+    assert (src / "sluice").resolve() == ROOT / "sluice"
+    assert (src / "functions").resolve() == ROOT / "functions"
+    assert sorted(p.name for p in src.iterdir()) == ["functions", "requirements.txt", "sluice"]
+    names = {
+        re.split(r"[=<>!~\[; ]", line.strip(), maxsplit=1)[0].lower()
+        for line in (src / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert names == {"aws-lambda-powertools", "pydantic", "zstandard", "pyyaml"}
