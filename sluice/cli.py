@@ -278,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     run.add_argument("--keep", action="store_true", help="leave the moto server running and print its endpoint")
     run.add_argument("--endpoint-url", help="use this running AWS emulator (moto server, LocalStack)")
+    run.add_argument("--no-prometheus", action="store_true", help="do not start a local Prometheus for metrics")
     run.add_argument("--pid-file", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_local_run)
     return p

@@ -15,9 +15,10 @@ from typing import Any, TextIO
 from sluice.sigv4 import region_of, sign_aps
 
 # PromQL over the raw per-rank series, so a run of any length (and a Prometheus without the
-# recording rules) answers; the recording rules serve dashboards over long windows.
+# recording rules) answers; the recording rules serve dashboards over long windows. images/s is
+# differenced client-side from the cumulative counter, which works even for a 10-second run.
 QUERIES = {
-    "images_per_s": 'sum(rate(sluice_images_processed_total{{run_id="{run}"}}[{w}]))',
+    "processed": 'sum(sluice_images_processed_total{{run_id="{run}"}})',
     "gpu_util": 'avg(sluice_gpu_utilization_ratio{{run_id="{run}"}})',
     "gpu_util_p10": 'quantile(0.1, sluice_gpu_utilization_ratio{{run_id="{run}"}})',
     "data_wait": 'avg(sluice_data_wait_ratio{{run_id="{run}"}})',
@@ -85,14 +86,28 @@ class RunMetrics:
                 **{k: stats(v) for k, v in self.series.items()}}
 
 
+def _rate(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out = []
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        if t1 > t0:
+            out.append((t1, max(0.0, (v1 - v0) / (t1 - t0))))  # a counter reset reads as 0, not negative
+    return out
+
+
 def fetch(client: PromClient, run_id: str, *, since_s: float = 24 * 3600, now: float | None = None) -> RunMetrics:
-    """Totals and time series of one run over the last `since_s` seconds."""
+    """Totals and time series of one run, zoomed to where its samples are (within `since_s`)."""
     end = time.time() if now is None else now
     start = end - since_s
-    step = max(5.0, since_s / 300)
-    window = f"{int(max(4 * step, 30))}s"
+    coarse = client.query_range(QUERIES["processed"].format(run=run_id), start, end, max(5.0, since_s / 300))
+    if coarse:  # zoom in: from the first sample's lookback window to the last point
+        start = max(start, coarse[0][0] - 300)
+        end = min(end, coarse[-1][0])
+    step = max(1.0, (end - start) / 300)
     totals = {k: client.query(q.format(run=run_id, r=f"{int(since_s)}s"), at=end) for k, q in TOTALS.items()}
-    series = {k: client.query_range(q.format(run=run_id, w=window), start, end, step) for k, q in QUERIES.items()}
+    if totals["processed"] is not None and totals["failed"] is None:
+        totals["failed"] = 0.0  # no failure series: nothing failed
+    series = {k: client.query_range(q.format(run=run_id), start, end, step) for k, q in QUERIES.items()}
+    series["images_per_s"] = _rate(series.pop("processed"))
     return RunMetrics(run_id, start, end, totals, series)
 
 
@@ -124,17 +139,20 @@ def plot(m: RunMetrics, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
-    t0 = m.start
+    firsts = [pts[0][0] for pts in m.series.values() if pts]
+    t0 = min(firsts) if firsts else m.start
+    span = max((pts[-1][0] for pts in m.series.values() if pts), default=m.end) - t0
+    scale, unit = (60.0, "minutes") if span > 600 else (1.0, "seconds")
     for ax, (key, title) in zip(axes, (("images_per_s", "images/s"), ("gpu_util", "GPU utilization"),
                                        ("data_wait", "data-wait ratio"))):
         pts = m.series[key]
         if pts:
-            ax.plot([(t - t0) / 60 for t, _ in pts], [v for _, v in pts], lw=1.5)
+            ax.plot([(t - t0) / scale for t, _ in pts], [v for _, v in pts], "o-", lw=1.5, ms=3)
         else:
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="grey")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("minutes since window start")
+    axes[-1].set_xlabel(f"{unit} since the run's first sample")
     fig.suptitle(f"Sluice run {m.run_id}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

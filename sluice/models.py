@@ -124,6 +124,7 @@ class RunPlan(_Strict):
     retry_failed: int
     jobs: list[ShardLayout]
     created_at: str
+    remote_write_url: str | None = None  # AMP remote-write URL; SLUICE_REMOTE_WRITE_URL on the worker wins
 
     def shard_uri(self, index: int) -> str:
         """s3:// URI of shard `index`."""

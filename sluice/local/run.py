@@ -188,6 +188,7 @@ def run_local(args: argparse.Namespace) -> int:
                 fh.write(f"{pid}\n")
 
     server: MotoServer | None = None
+    prom: Any = None
     executors: list[Any] = []
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
@@ -202,7 +203,18 @@ def run_local(args: argparse.Namespace) -> int:
             note_pid(server.pid or 0)
             endpoint = server.endpoint
         os.environ["AWS_ENDPOINT_URL"] = endpoint
-        return _run(args, endpoint, started, note_pid, interrupted, executors.append)
+        metrics_url = os.environ.get("SLUICE_REMOTE_WRITE_URL", "")
+        if not metrics_url and not args.no_prometheus:
+            from sluice.local.prometheus import LocalPrometheus
+
+            if LocalPrometheus.available():
+                prom = LocalPrometheus().start()
+                note_pid(prom.pid or 0)
+                metrics_url = prom.write_url
+                if not args.json:
+                    print(f"sluice: metrics: Prometheus at {prom.url} (remote-write receiver)", file=sys.stderr)
+        return _run(args, endpoint, started, note_pid, interrupted, executors.append, metrics_url,
+                    prom.url if prom else None)
     except KeyboardInterrupt:
         interrupted.set()
         return 130
@@ -212,6 +224,12 @@ def run_local(args: argparse.Namespace) -> int:
             n = ex.stop()
             if interrupted.is_set():
                 print(f"\nsluice: interrupted: stopped {n} running worker(s)", file=sys.stderr)
+        if prom is not None:
+            if args.keep and not interrupted.is_set():
+                print(f"Prometheus left running at {prom.url} (pid {prom.pid}); "
+                      f"sluice metrics RUN_ID --url {prom.url}", file=sys.stderr)
+            else:
+                prom.stop()
         if server is not None:
             if args.keep and not interrupted.is_set():
                 print(
@@ -227,7 +245,14 @@ def run_local(args: argparse.Namespace) -> int:
 
 
 def _run(
-    args: argparse.Namespace, endpoint: str, started: float, note_pid: Any, interrupted: threading.Event, register: Any
+    args: argparse.Namespace,
+    endpoint: str,
+    started: float,
+    note_pid: Any,
+    interrupted: threading.Event,
+    register: Any,
+    metrics_url: str = "",
+    prometheus_url: str | None = None,
 ) -> int:
     from sluice.infra import create_local
     from sluice.ledger import Ledger
@@ -269,7 +294,12 @@ def _run(
         "AWS_DEFAULT_REGION": os.environ["AWS_DEFAULT_REGION"],
         "SLUICE_WORKER_CPU_RANKS": str(args.ranks),
         "SLUICE_WORKER_DEVICE": os.environ.get("SLUICE_WORKER_DEVICE", "auto"),
+        # Several workers share this host: no fixed /metrics port; metrics go by remote write.
+        "SLUICE_WORKER_METRICS_PORT": os.environ.get("SLUICE_WORKER_METRICS_PORT", "0"),
     }
+    if metrics_url:
+        worker_env["SLUICE_REMOTE_WRITE_URL"] = metrics_url
+        worker_env.setdefault("SLUICE_WORKER_PUSH_INTERVAL_S", os.environ.get("SLUICE_WORKER_PUSH_INTERVAL_S", "1"))
     log_dir = tempfile.mkdtemp(prefix=f"sluice-{run_id}-logs-")
     executor = LocalExecutor(
         c.batch,
@@ -307,6 +337,7 @@ def _run(
     progress.end()
     summary = _summary(c, stack, row, time.monotonic() - started, endpoint, log_dir)
     summary["output_dir"] = _copy_output(c, row, args.out, run_id)
+    summary["metrics"] = prometheus_url or (metrics_url or None)
     _report(args, summary)
     return 0 if row.get("status") == "SUCCEEDED" else 1
 
@@ -410,6 +441,8 @@ def _report(args: argparse.Namespace, s: dict[str, Any]) -> None:
             ("output (local)", s.get("output_dir")),
             ("worker logs", s.get("logs")),
         ]
+        if s.get("metrics"):
+            rows.append(("metrics", s["metrics"]))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         w(f"  {k:<{width}}  {v}\n")

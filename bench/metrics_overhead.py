@@ -1,0 +1,151 @@
+"""Worker throughput with metrics on vs off, measured end to end in one run.
+
+    .venv/bin/python bench/metrics_overhead.py [--images 600] [--repeat 3]
+
+Both arms run the real worker (`python -m gpu_worker`, 2 CPU ranks, builtin:reference-cnn at
+96 px) over the same images on a local moto server, alternating off/on to share any drift.
+"off": no remote write, no /metrics port. "on": the per-rank registry is served on /metrics
+and pushed by remote write every second (30x the production rate) to a real Prometheus when
+one is installed (else to a loopback sink that answers 204). images/s = keys / worker wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sluice.local.demo import demo_images  # noqa: E402
+from sluice.local.server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
+from sluice.models import ModelSpec, RunPlan  # noqa: E402
+from sluice.shards import encode_shard  # noqa: E402
+
+BUCKET = "bench-metrics"
+
+
+def _sink() -> tuple[str, http.server.ThreadingHTTPServer]:
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}/api/v1/write", srv
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=600)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    os.environ.update(FAKE_CREDENTIALS)
+    with MotoServer() as server:
+        os.environ["AWS_ENDPOINT_URL"] = server.endpoint
+        import boto3
+
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=BUCKET)
+        keys = []
+        for key, data in demo_images(a.images, seed=7):
+            s3.put_object(Bucket=BUCKET, Key=key, Body=data)
+            keys.append(key)
+        write_url, sink = _sink()
+        prom = None
+        try:
+            from sluice.local.prometheus import LocalPrometheus
+
+            if LocalPrometheus.available():
+                prom = LocalPrometheus().start()
+                write_url = prom.write_url
+            results: dict[str, list[float]] = {"off": [], "on": []}
+            for i in range(a.repeat):
+                for arm in ("off", "on"):
+                    run_id = f"bench-{arm}-{i}"
+                    base = f"s3://{BUCKET}/runs/{run_id}/"
+                    plan = RunPlan(
+                        run_id=run_id,
+                        manifest_uri=base + "m.json",
+                        control_bucket=BUCKET,
+                        shards_prefix=base + "shards/",
+                        output_prefix=base + "output/",
+                        failures_prefix=base + "failures/",
+                        total_keys=len(keys),
+                        duplicates=0,
+                        n_shards=1,
+                        keys_per_shard=len(keys),
+                        mode="array",
+                        nodes=1,
+                        gpus_per_node=0,
+                        spot_allowed=True,
+                        model=ModelSpec(batch_size=32, image_size=96),
+                        output_dtype="float16",
+                        attempts=1,
+                        timeout_s=3600,
+                        max_failed_fraction=0.05,
+                        retry_failed=0,
+                        jobs=[],
+                        created_at="2026-01-01T00:00:00+00:00",
+                    )
+                    s3.put_object(
+                        Bucket=BUCKET,
+                        Key=f"runs/{run_id}/shards/0.shard",
+                        Body=encode_shard([(BUCKET, keys)], sort=False),
+                    )
+                    s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/plan.json", Body=plan.model_dump_json().encode())
+                    env = {
+                        **os.environ,
+                        "SLUICE_PLAN_URI": base + "plan.json",
+                        "SLUICE_SHARD_INDEX": "0",
+                        "SLUICE_WORKER_DEVICE": "cpu",
+                        "SLUICE_WORKER_CPU_RANKS": "2",
+                        "SLUICE_WORKER_METRICS_PORT": "0",
+                        "PYTHONPATH": str(ROOT),
+                    }
+                    env.pop("SLUICE_REMOTE_WRITE_URL", None)
+                    if arm == "on":
+                        env.update(
+                            SLUICE_REMOTE_WRITE_URL=write_url,
+                            SLUICE_WORKER_PUSH_INTERVAL_S="1",
+                            SLUICE_WORKER_METRICS_PORT="19400",
+                            SLUICE_WORKER_PUSH_METRICS="all",
+                        )
+                    t0 = time.perf_counter()
+                    proc = subprocess.run([sys.executable, "-m", "gpu_worker"], env=env, capture_output=True, text=True)
+                    wall = time.perf_counter() - t0
+                    if proc.returncode != 0:
+                        raise SystemExit(f"worker failed ({arm}): {proc.stderr[-2000:]}")
+                    results[arm].append(len(keys) / wall)
+        finally:
+            sink.shutdown()
+            if prom:
+                prom.stop()
+    off, on = statistics.median(results["off"]), statistics.median(results["on"])
+    print(
+        f"\n{a.images} images, 2 CPU ranks, median of {a.repeat} alternating runs each "
+        f"(receiver: {'Prometheus' if prom else 'loopback sink'})"
+    )
+    print("| worker | images/s (median) | runs |")
+    print("|---|---:|---|")
+    print(f"| metrics off | {off:.1f} | {', '.join(f'{x:.1f}' for x in results['off'])} |")
+    print(
+        f"| metrics on (/metrics + remote write every 1 s) | {on:.1f} | {', '.join(f'{x:.1f}' for x in results['on'])} |"
+    )
+    print(f"ratio on/off: {on / off:.3f}  (overhead {100 * (1 - on / off):+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""Worker throughput on this machine: model-only vs our pipeline vs naive loop vs torch DataLoader.
+
+    .venv/bin/python bench/worker.py                       # ResNet-50-shaped model, 224 px
+    .venv/bin/python bench/worker.py --model builtin:reference-cnn --images 600
+
+S3 is a local moto server (tests/worker_s3server.py) that sleeps --latency-ms (default 20 ms)
+before answering each image GET: a network round trip that costs no CPU (the server's own
+CPU, ~2-3 ms per GET on these 2 cores, is shared by every variant but a). All variants use
+the same model, batch size, output geometry (shorter side to --image-size, centre crop) and
+torch thread count.
+
+    a      model only: pre-decoded uint8 batches, normalize + forward + L2 norm (gpu_worker.infer)
+    b      our pipeline end to end: `python -m gpu_worker` on a shard of the images, timed by its
+           own pipeline_seconds (first shard read to last chunk committed; excludes process
+           start and model load, as the others exclude model load)
+    b-thr  the same with SLUICE_WORKER_LOADERS=0 (loader threads in the rank, no processes)
+    c      naive: for each key, GET, plain Pillow decode, forward a batch of one
+    d      torch DataLoader: map-style dataset doing GET + plain Pillow decode, num_workers=2
+    d-dec  the same DataLoader with our decoder (gpu_worker.decode: JPEG draft mode): isolates
+           what the pipeline's structure buys from what the cheaper decode buys
+
+Prints a table (images/s) and the ratios b/a, b/c, b/d. No assertions: figures go in
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from tests.worker_images import make_demo_images  # noqa: E402
+
+BUCKET, CONTROL, RUN = "bench-images", "bench-control", "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_s3(latency_ms: float) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.worker_s3server", "-p", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    import urllib.request
+
+    body = json.dumps({"latency_ms": latency_ms, "latency_prefix": f"/{BUCKET}/"}).encode()
+    urllib.request.urlopen(urllib.request.Request(f"{env['AWS_ENDPOINT_URL']}/_faults", data=body, method="POST"))
+    return proc, env
+
+
+def s3_client() -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client("s3", config=Config(max_pool_connections=32))
+
+
+def upload(n: int, min_side: int, max_side: int) -> list[str]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    s3 = s3_client()
+    s3.create_bucket(Bucket=BUCKET)
+    s3.create_bucket(Bucket=CONTROL)
+    images = make_demo_images(n, seed=7, min_side=min_side, max_side=max_side)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda item: s3.put_object(Bucket=BUCKET, Key=item[0], Body=item[1]), images))
+    print(f"uploaded {n} JPEGs, {min_side}-{max_side} px, mean {sum(len(d) for _, d in images) / n / 1024:.0f} KiB")
+    return [name for name, _ in images]
+
+
+def engine(model_uri: str, size: int, batch: int) -> Any:
+    from gpu_worker.infer import Engine
+    from gpu_worker.model import load_model
+
+    model, info = load_model(model_uri, size)
+    return Engine(model, info, "cpu", batch)
+
+
+def bench_model_only(model_uri: str, size: int, batch: int, n: int) -> float:
+    eng = engine(model_uri, size, batch)
+    x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (batch, size, size, 3), dtype=np.uint8))
+    eng.submit(x, None)
+    steps = max(2, n // batch)
+    t = time.perf_counter()
+    for _ in range(steps):
+        eng.submit(x, None)
+    return steps * batch / (time.perf_counter() - t)
+
+
+def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra_env: dict[str, str]) -> float:
+    from sluice.models import ModelSpec, RunPlan
+    from sluice.shards import encode_shard
+
+    run = f"{RUN}-{len(extra_env)}-{time.time_ns()}"
+    base = f"s3://{CONTROL}/runs/{run}/"
+    plan = RunPlan(
+        run_id=run,
+        manifest_uri=f"s3://{CONTROL}/m.json",
+        control_bucket=CONTROL,
+        shards_prefix=base + "shards/",
+        output_prefix=base + "output/",
+        failures_prefix=base + "failures/",
+        total_keys=len(keys),
+        duplicates=0,
+        n_shards=1,
+        keys_per_shard=len(keys),
+        mode="array",
+        nodes=1,
+        gpus_per_node=0,
+        spot_allowed=True,
+        model=ModelSpec(uri=model_uri, batch_size=batch, image_size=size),
+        output_dtype="float16",
+        attempts=1,
+        timeout_s=3600,
+        max_failed_fraction=0.0,
+        retry_failed=0,
+        jobs=[],
+        created_at="bench",
+    )
+    s3 = s3_client()
+    s3.put_object(Bucket=CONTROL, Key=f"runs/{run}/shards/0.shard", Body=encode_shard([(BUCKET, keys)]))
+    s3.put_object(Bucket=CONTROL, Key=f"runs/{run}/plan.json", Body=plan.model_dump_json())
+    env = {
+        **os.environ,
+        "SLUICE_PLAN_URI": f"{base}plan.json",
+        "SLUICE_SHARD_INDEX": "0",
+        "SLUICE_WORKER_DEVICE": "cpu",
+        "SLUICE_WORKER_LOG_LEVEL": "WARNING",
+        **extra_env,
+    }
+    proc = subprocess.run([sys.executable, "-m", "gpu_worker"], env=env, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    result = json.loads(s3.get_object(Bucket=CONTROL, Key=f"runs/{run}/shards/0.result.json")["Body"].read())
+    assert result["processed"] == len(keys), result
+    if os.environ.get("BENCH_STATS"):
+        print("STATS", json.dumps(result["stats"]))
+    return result["processed"] / result["pipeline_seconds"]
+
+
+def plain_decode(data: bytes, size: int) -> np.ndarray:
+    """What a straightforward loader does: full decode, RGB, shorter side to `size`, centre crop."""
+    import io
+
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = im.size
+    s = min(w, h)
+    box = ((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s)
+    return np.array(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
+
+
+def our_decode(data: bytes, size: int) -> np.ndarray:
+    from gpu_worker.decode import decode_image
+
+    return decode_image(data, size, 89_478_485).copy()
+
+
+def bench_naive(keys: list[str], model_uri: str, size: int) -> float:
+    eng = engine(model_uri, size, 1)
+    s3 = s3_client()
+    t = time.perf_counter()
+    for key in keys:
+        data = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        eng.submit(torch.from_numpy(plain_decode(data, size))[None], None)
+    return len(keys) / (time.perf_counter() - t)
+
+
+class _S3Images(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, keys: list[str], size: int, ours: bool) -> None:
+        self.keys, self.size, self.ours, self._s3 = keys, size, ours, None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self._s3 is None:
+            self._s3 = s3_client()
+        data = self._s3.get_object(Bucket=BUCKET, Key=self.keys[i])["Body"].read()
+        return torch.from_numpy((our_decode if self.ours else plain_decode)(data, self.size))
+
+
+def bench_dataloader(keys: list[str], model_uri: str, size: int, batch: int, workers: int, ours: bool) -> float:
+    eng = engine(model_uri, size, batch)
+    loader = torch.utils.data.DataLoader(_S3Images(keys, size, ours), batch_size=batch, num_workers=workers)
+    t = time.perf_counter()
+    n = 0
+    for x in loader:
+        k = x.shape[0]
+        if k < batch:
+            x = torch.cat([x, x.new_zeros((batch - k, *x.shape[1:]))])
+        eng.submit(x, None)
+        n += k
+    return n / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="builtin:resnet50")
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--images", type=int, default=240)
+    ap.add_argument("--naive-images", type=int, default=0, help="images per naive round (default: images / 4)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    ap.add_argument("--latency-ms", type=float, default=20.0)
+    ap.add_argument("--min-side", type=int, default=300)
+    ap.add_argument("--max-side", type=int, default=800)
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader num_workers")
+    ap.add_argument("--skip", default="", help="comma list of variants to skip: a,b,b-thr,c,d,d-dec")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    threads = torch.get_num_threads()
+    proc, env = start_s3(args.latency_ms)
+    os.environ.update(env)
+    runs: dict[str, list[float]] = {}
+    try:
+        keys = upload(args.images, args.min_side, args.max_side)
+        naive_keys = keys[: args.naive_images or max(8, args.images // 4)]
+        print(
+            f"model {args.model} @ {args.image_size}px, batch {args.batch_size}, torch threads {threads}, "
+            f"{os.cpu_count()} CPUs, GET latency {args.latency_ms:g} ms, {args.rounds} rounds"
+        )
+        steps: list[tuple[str, Any]] = [
+            ("a", lambda: bench_model_only(args.model, args.image_size, args.batch_size, args.images)),
+            ("b", lambda: bench_pipeline(keys, args.model, args.image_size, args.batch_size, {})),
+            (
+                "b-thr",
+                lambda: bench_pipeline(
+                    keys, args.model, args.image_size, args.batch_size, {"SLUICE_WORKER_LOADERS": "0"}
+                ),
+            ),
+            ("c", lambda: bench_naive(naive_keys, args.model, args.image_size)),
+            ("d", lambda: bench_dataloader(keys, args.model, args.image_size, args.batch_size, args.workers, False)),
+            (
+                "d-dec",
+                lambda: bench_dataloader(keys, args.model, args.image_size, args.batch_size, args.workers, True),
+            ),
+            ("a'", lambda: bench_model_only(args.model, args.image_size, args.batch_size, args.images)),
+        ]
+        for r in range(args.rounds):
+            for name, fn in steps:
+                if name.rstrip("'") in skip:
+                    continue
+                runs.setdefault(name, []).append(fn())
+                print(f"  round {r + 1} {name:6s} {runs[name][-1]:8.2f} images/s", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+    print(f"\ncommand: python bench/worker.py {' '.join(sys.argv[1:])}".rstrip())
+    report(runs, args.workers)
+
+
+def report(runs: dict[str, list[float]], workers: int) -> None:
+    """Medians, and ratios taken within each round (this VM's speed drifts between rounds)."""
+    labels = {
+        "a": "model only (pre-decoded tensors), before the others",
+        "a'": "model only, after the others (drift check)",
+        "b": "our pipeline, end to end (loader processes)",
+        "b-thr": "our pipeline, loaders as threads (SLUICE_WORKER_LOADERS=0)",
+        "c": "naive sequential loop (GET, plain decode, forward 1 image)",
+        "d": f"torch DataLoader (map-style GET + plain decode, num_workers={workers})",
+        "d-dec": f"torch DataLoader with our decoder (num_workers={workers})",
+    }
+    print("\n| variant | images/s (median) | min | max |\n|---|---:|---:|---:|")
+    for name, values in runs.items():
+        med = statistics.median(values)
+        print(f"| {name}: {labels[name]} | {med:.2f} | {min(values):.2f} | {max(values):.2f} |")
+    if "b" not in runs:
+        return
+    model_only = runs.get("a")
+    if model_only and "a'" in runs:  # the round's model-only rate: mean of before and after
+        model_only = [(x + y) / 2 for x, y in zip(runs["a"], runs["a'"])]
+    print("\n| ratio | median over rounds | per round |\n|---|---:|---|")
+    bases = (
+        ("a", model_only),
+        ("b-thr", runs.get("b-thr")),
+        ("c", runs.get("c")),
+        ("d", runs.get("d")),
+        ("d-dec", runs.get("d-dec")),
+    )
+    for name, base in bases:
+        if base:
+            per = [b / o for b, o in zip(runs["b"], base)]
+            print(f"| b/{name} | {statistics.median(per):.2f} | {', '.join(f'{x:.2f}' for x in per)} |")
+    for name in ("d", "d-dec"):
+        if "a" in runs and name in runs:
+            per = [d / o for d, o in zip(runs[name], model_only or runs["a"])]
+            print(f"| {name}/a | {statistics.median(per):.2f} | {', '.join(f'{x:.2f}' for x in per)} |")
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory():
+        main()

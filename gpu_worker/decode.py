@@ -1,0 +1,99 @@
+"""Bytes -> an RGB uint8 array of size x size: Pillow, JPEG draft mode, EXIF orientation, bomb guard.
+
+Preprocessing: shorter side scaled to `size`, centre crop (one resize call with a box).
+JPEGs are decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still covers the crop, which
+makes big photos several times cheaper to decode. Every failure becomes an ObjectFailure with
+a FailureReason; nothing here raises anything else for bad input.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from gpu_worker.errors import FailureReason, ObjectFailure
+
+ImageFile.LOAD_TRUNCATED_IMAGES = False
+# Magic numbers of formats we would call an image: a file that starts like one but does not
+# decode is "corrupt", anything else is "not_image".
+_MAGIC = (
+    b"\xff\xd8\xff",
+    b"\x89PNG\r\n\x1a\n",
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",
+    b"II*\x00",
+    b"MM\x00*",
+    b"\x00\x00\x00\x0cjP  ",
+)
+
+
+def _looks_like_image(data: bytes) -> bool:
+    return data.startswith(_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
+
+
+def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
+    """Decode and preprocess one image to a (size, size, 3) uint8 array (HWC, RGB)."""
+    if max_pixels != Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow's own guard: error above 2x, we check 1x below
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ObjectFailure(FailureReason.BOMB, str(exc)) from None
+    except UnidentifiedImageError:
+        reason = FailureReason.CORRUPT if _looks_like_image(data) else FailureReason.NOT_IMAGE
+        raise ObjectFailure(reason, "no decoder recognises these bytes") from None
+    except Exception as exc:  # SyntaxError, struct.error, OSError from damaged headers
+        reason = FailureReason.CORRUPT if _looks_like_image(data) else FailureReason.NOT_IMAGE
+        raise ObjectFailure(reason, f"{type(exc).__name__}: {exc}") from None
+    try:
+        return _preprocess(im, size, max_pixels)
+    except ObjectFailure:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ObjectFailure(FailureReason.BOMB, str(exc)) from None
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+        if "decoder" in str(exc) and "not available" in str(exc):
+            raise ObjectFailure(FailureReason.UNSUPPORTED, msg) from None
+        raise ObjectFailure(FailureReason.CORRUPT, msg) from None
+    finally:
+        im.close()
+
+
+def _preprocess(im: Image.Image, size: int, max_pixels: int) -> np.ndarray:
+    w, h = im.size
+    if w < 1 or h < 1:
+        raise ObjectFailure(FailureReason.UNSUPPORTED, f"empty image {w}x{h}")
+    if w * h > max_pixels:
+        raise ObjectFailure(FailureReason.BOMB, f"{w}x{h} = {w * h} pixels > {max_pixels}")
+    if im.format == "JPEG":
+        # Scale the request by the crop's aspect so the short side still covers `size`.
+        short = min(w, h)
+        im.draft("RGB", (max(1, size * w // short), max(1, size * h // short)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # EXIF parse warnings on odd files are not failures
+        im.load()
+        im = ImageOps.exif_transpose(im) or im
+    if im.mode != "RGB":
+        if im.mode.startswith(("I", "F")):  # 16/32-bit greyscale: scale the range to 8 bits
+            a = np.asarray(im, dtype=np.float32)
+            top = float(a.max()) or 1.0
+            im = Image.fromarray((a * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
+        try:
+            im = im.convert("RGB")
+        except ValueError as exc:
+            raise ObjectFailure(FailureReason.UNSUPPORTED, f"image mode {im.mode}: {exc}") from None
+    w, h = im.size
+    short = min(w, h)
+    left, top = (w - short) // 2, (h - short) // 2
+    out = im.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + short, top + short))
+    arr = np.asarray(out)
+    if arr.shape != (size, size, 3):  # pragma: no cover - Pillow contract
+        raise ObjectFailure(FailureReason.UNSUPPORTED, f"decoded shape {arr.shape}")
+    return arr

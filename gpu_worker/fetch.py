@@ -1,0 +1,123 @@
+"""One S3 GET with failure classification and our retries on top of botocore's.
+
+Transient (429, 5xx, SlowDown, timeouts, dropped connections): botocore retries first
+(adaptive mode, `s3_max_attempts`), then we retry `retries` more times with exponential
+backoff and full jitter; a key that still fails is deferred (ObjectFailure transient=True)
+to the final pass at the end of the loader's stream, which uses longer backoffs.
+Everything else is permanent: missing, access_denied, s3_error, too_large.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+
+from gpu_worker.config import WorkerConfig
+from gpu_worker.errors import FailureReason, ObjectFailure, WorkerError
+from gpu_worker.metrics import retry_class
+from gpu_worker.stats import Observer, Stats
+
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequestsException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "PriorRequestNotComplete",
+}
+_MISSING_CODES = {"NoSuchKey", "NotFound", "404", "NoSuchBucket"}
+_DENIED_CODES = {"AccessDenied", "403", "AllAccessDisabled", "InvalidAccessKeyId"}
+
+
+def classify(exc: BaseException) -> ObjectFailure:
+    """The ObjectFailure an S3 exception means (transient or permanent)."""
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        detail = f"{code or status}: {err.get('Message', '')}".strip()
+        if code in _MISSING_CODES or status == 404:
+            return ObjectFailure(FailureReason.MISSING, detail)
+        if code in _DENIED_CODES or status == 403:
+            return ObjectFailure(FailureReason.ACCESS_DENIED, detail)
+        if code in _TRANSIENT_CODES or status == 429 or status >= 500:
+            return ObjectFailure(FailureReason.S3_ERROR_TRANSIENT, detail, transient=True)
+        return ObjectFailure(FailureReason.S3_ERROR, detail)
+    return ObjectFailure(FailureReason.S3_ERROR_TRANSIENT, f"{type(exc).__name__}: {exc}", transient=True)
+
+
+class Fetcher:
+    """GETs objects with the data-plane client; thread-safe (boto3 clients are)."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        client: Any = None,
+        observer: Observer | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._client = client
+        self._obs = observer or Stats()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from gpu_worker.s3 import data_client
+
+            self._client = data_client(self._cfg)
+        return self._client
+
+    def warm(self) -> None:
+        """Create the client now (it is otherwise created by the first GET)."""
+        _ = self.client
+
+    def _once(self, bucket: str, key: str) -> bytes:
+        try:
+            resp = self.client.get_object(Bucket=bucket, Key=key)
+            self._obs.incr("s3_botocore_retries", resp.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+            length = int(resp.get("ContentLength", 0) or 0)
+            if length > self._cfg.max_object_bytes:
+                resp["Body"].close()
+                raise ObjectFailure(FailureReason.TOO_LARGE, f"{length} bytes > {self._cfg.max_object_bytes}")
+            data = resp["Body"].read()
+        except (NoCredentialsError, PartialCredentialsError) as exc:
+            raise WorkerError(f"no AWS credentials for S3: {exc}") from exc
+        except (ClientError, BotoCoreError, ConnectionError, TimeoutError) as exc:
+            raise classify(exc) from None
+        self._obs.incr("s3_gets")
+        self._obs.incr("s3_bytes", len(data))
+        return bytes(data)
+
+    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
+        """The object's bytes; ObjectFailure (transient=True when worth a later retry) otherwise."""
+        cfg = self._cfg
+        tries = cfg.final_retries if final else 1 + cfg.retries
+        base = cfg.final_backoff_base_s if final else cfg.backoff_base_s
+        started = time.perf_counter()
+        try:
+            for i in range(tries):
+                try:
+                    return self._once(bucket, key)
+                except ObjectFailure as failure:
+                    if not failure.transient or i == tries - 1:
+                        raise
+                    self._obs.incr("s3_retries")
+                    self._obs.incr(f"s3_retry:{retry_class(failure.detail.split(':', 1)[0])}")
+                    self._sleep(self._rng.uniform(0, min(cfg.backoff_max_s, base * 2**i)))
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            self._obs.incr("fetch_seconds", time.perf_counter() - started)

@@ -1,0 +1,302 @@
+"""A loader: fetch pool + decode threads + batch assembly, feeding one rank.
+
+A loader pulls tasks (lists of (position, bucket, key, phase)) from the rank's task queue,
+keeps up to `fetch_concurrency` GETs in flight (fewer while `max_inflight_bytes` of fetched
+bytes wait for decoding), decodes with at most `decode_threads` concurrent Pillow decodes,
+and writes each image into the next free slot of its current batch buffer, in COMPLETION
+order: a slow or failing object holds only its own slot, never the batch behind it. A full
+buffer is announced to the rank, which hands it back after the model step.
+
+Keys that stay transient after the immediate retries are deferred; when the task stream
+ends, the loader runs its final retry pass over them (phase 1 results), flushes its partial
+batch and reports done. Loaders run as processes (default: own GIL, shared-memory buffers)
+or as threads inside the rank (SLUICE_WORKER_LOADERS=0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from gpu_worker.buffers import BufferSet, BufferSpec
+from gpu_worker.config import WorkerConfig
+from gpu_worker.decode import decode_image
+from gpu_worker.errors import FailureReason, ObjectFailure, WorkerError
+from gpu_worker.metrics import MetricsObserver
+from gpu_worker.stats import Stats
+
+Item = tuple[int, str, str, int]  # (shard position, bucket, key, phase 0=main 1=retry)
+MAIN, RETRY = 0, 1
+POLL_S = 0.5
+
+
+class Queue(Protocol):
+    def put(self, item: Any) -> None: ...
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
+
+
+class FetcherLike(Protocol):
+    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes: ...
+
+
+def _always() -> bool:
+    return True
+
+
+class Stopped(Exception):
+    """The rank went away or asked us to stop."""
+
+
+class Loader:
+    def __init__(
+        self,
+        loader_id: int,
+        cfg: WorkerConfig,
+        buffers: BufferSet,
+        task_q: Queue,
+        free_q: Queue,
+        out_q: Queue,
+        fetcher: FetcherLike,
+        stats: Stats,
+        *,
+        alive: Callable[[], bool] | None = None,
+        own_process: bool = False,
+    ) -> None:
+        self._own_process = own_process
+        self.id = loader_id
+        self._cfg = cfg
+        self._buffers = buffers
+        self._task_q, self._free_q, self._out_q = task_q, free_q, out_q
+        self._fetcher = fetcher
+        self._stats = stats
+        self._alive = alive or _always
+        self._size = buffers.spec.image_size
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._held = 0
+        self._fatal: str | None = None
+        self._deferred: list[Item] = []
+        self._decode_sem = threading.BoundedSemaphore(max(1, cfg.decode_threads))
+        # batch assembly state (guarded by _asm)
+        self._asm = threading.Condition()
+        self._cur: int | None = None
+        self._fill = 0
+        self._getting = False
+        self._meta: tuple[list[int], list[str], list[int]] = ([], [], [])
+
+    # -- queue helpers -------------------------------------------------------------------
+    def _get(self, q: Queue) -> Any:
+        while True:
+            if self._fatal:
+                raise Stopped(self._fatal)
+            try:
+                return q.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self._alive():
+                    raise Stopped("rank is gone") from None
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        self._out_q.put(msg)
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> None:
+        """Process tasks until the stream ends; always ends with a 'done' or 'error' message."""
+        try:
+            warm = getattr(self._fetcher, "warm", None)
+            if warm is not None:
+                warm()  # build the S3 client before the first task, not on the critical path
+            with ThreadPoolExecutor(self._cfg.fetch_concurrency, thread_name_prefix=f"fetch{self.id}") as pool:
+                try:
+                    self._stream(pool)
+                finally:
+                    self._wait_idle(strict=False)
+            if self._fatal:
+                raise WorkerError(self._fatal)
+            self._flush()
+            if self._own_process:  # report the loader process's CPU time
+                self._stats.incr("loader_cpu_seconds", time.process_time())
+            self._send(("done", self.id, self._stats.take_delta()))
+        except Stopped:
+            if self._fatal:  # a fetch thread hit something fatal (credentials, a bug): tell the rank
+                self._send(("error", self.id, self._fatal, ""))
+        except BaseException as exc:
+            msg = self._fatal or f"loader {self.id}: {type(exc).__name__}: {exc}"
+            self._send(("error", self.id, msg, traceback.format_exc()))
+
+    def _stream(self, pool: ThreadPoolExecutor) -> None:
+        while True:
+            task = self._get(self._task_q)
+            if task is None:
+                break
+            for item in task:
+                self._submit(pool, item, final=False)
+        self._wait_idle()
+        if self._deferred:
+            items, self._deferred = self._deferred, []
+            # By now this loader sends far fewer requests: let S3 recover, then try again.
+            time.sleep(self._cfg.final_backoff_base_s * random.uniform(0.5, 1.0))
+            for item in items:
+                self._submit(pool, item, final=True)
+            self._wait_idle()
+
+    def _submit(self, pool: ThreadPoolExecutor, item: Item, *, final: bool) -> None:
+        cfg = self._cfg
+        with self._cond:
+            while self._inflight >= cfg.fetch_concurrency or self._held >= cfg.max_inflight_bytes:
+                if self._fatal:
+                    raise Stopped(self._fatal)
+                self._cond.wait(POLL_S)
+            self._inflight += 1
+        pool.submit(self._one, item, final)
+
+    def _wait_idle(self, strict: bool = True) -> None:
+        with self._cond:
+            while self._inflight > 0:
+                if strict and self._fatal:
+                    raise Stopped(self._fatal)
+                self._cond.wait(POLL_S)
+
+    # -- one object ----------------------------------------------------------------------
+    def _one(self, item: Item, final: bool) -> None:
+        pos, bucket, key, phase = item
+        phase = RETRY if final else phase
+        uri = f"s3://{bucket}/{key}"
+        held = 0
+        try:
+            try:
+                data = self._fetcher.get(bucket, key, final=final)
+            except ObjectFailure as f:
+                deferred = f.transient and not final
+                if deferred:
+                    with self._cond:
+                        self._deferred.append((pos, bucket, key, phase))
+                    self._stats.incr("s3_deferred")
+                self._send(("fail", self.id, pos, uri, phase, str(f.reason), f.detail, deferred))
+                return
+            if final:
+                self._stats.incr("s3_recovered")
+            held = len(data)
+            with self._cond:
+                self._held += held
+            started = time.perf_counter()
+            try:
+                with self._decode_sem:
+                    arr = decode_image(data, self._size, self._cfg.max_image_pixels)
+            except ObjectFailure as f:
+                self._send(("fail", self.id, pos, uri, phase, str(f.reason), f.detail, False))
+                return
+            except Exception as exc:  # a decoder bug must not take the node down: the key fails
+                self._send(
+                    (
+                        "fail",
+                        self.id,
+                        pos,
+                        uri,
+                        phase,
+                        str(FailureReason.CORRUPT),
+                        f"{type(exc).__name__}: {exc}"[:300],
+                        False,
+                    )
+                )
+                return
+            finally:
+                del data
+                with self._cond:
+                    self._held -= held
+                    held = 0
+                self._stats.incr("decode_seconds", time.perf_counter() - started)
+            self._stats.incr("decoded")
+            self._place(pos, uri, phase, arr)
+        except Stopped:
+            pass
+        except BaseException as exc:
+            with self._cond:
+                self._fatal = self._fatal or f"loader {self.id}: {type(exc).__name__}: {exc}"
+        finally:
+            with self._cond:
+                self._held -= held
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    # -- batch assembly ------------------------------------------------------------------
+    def _place(self, pos: int, uri: str, phase: int, arr: Any) -> None:
+        with self._asm:
+            while self._cur is None:
+                if self._getting:
+                    self._asm.wait(POLL_S)
+                    if self._fatal:
+                        raise Stopped(self._fatal)
+                    continue
+                self._getting = True
+                self._asm.release()
+                try:
+                    idx = self._get(self._free_q)
+                finally:
+                    self._asm.acquire()
+                    self._getting = False
+                self._cur, self._fill = idx, 0
+                self._asm.notify_all()
+            self._buffers.array(self._cur)[self._fill] = arr
+            self._fill += 1
+            self._meta[0].append(pos)
+            self._meta[1].append(uri)
+            self._meta[2].append(phase)
+            if self._fill == self._buffers.spec.batch_size:
+                self._emit()
+
+    def _emit(self) -> None:
+        assert self._cur is not None
+        positions, uris, phases = self._meta
+        self._send(("batch", self.id, self._cur, self._fill, positions, uris, phases, self._stats.take_delta()))
+        self._cur, self._fill, self._meta = None, 0, ([], [], [])
+
+    def _flush(self) -> None:
+        with self._asm:
+            if self._cur is not None and self._fill:
+                self._emit()
+
+
+def process_main(
+    loader_id: int,
+    cfg: WorkerConfig,
+    spec: BufferSpec,
+    task_q: Queue,
+    free_q: Queue,
+    out_q: Queue,
+    parent_pid: int,
+) -> None:
+    """Entry point of a loader process (spawned by its rank)."""
+    from gpu_worker.procs import die_with_parent
+
+    die_with_parent(parent_pid)
+    if cfg.loader_nice:
+        with contextlib.suppress(OSError):
+            os.nice(cfg.loader_nice)
+    from gpu_worker.fetch import Fetcher
+
+    stats = Stats()
+    buffers = BufferSet(spec, create=False)
+    try:
+        Loader(
+            loader_id,
+            cfg,
+            buffers,
+            task_q,
+            free_q,
+            out_q,
+            Fetcher(cfg, observer=MetricsObserver(stats)),
+            stats,
+            alive=lambda: os.getppid() == parent_pid,
+            own_process=True,
+        ).run()
+    finally:
+        buffers.close()

@@ -1,0 +1,255 @@
+"""`python -m gpu_worker`: one AWS Batch array child or MNP node.
+
+Reads plan.json, picks its shard (gpu_worker.env), resumes from committed chunks, runs one
+rank per GPU (or SLUICE_WORKER_CPU_RANKS CPU ranks) over contiguous slices of the shard,
+then checks every key was settled exactly once and writes failures/<i>.jsonl and
+shards/<i>.result.json. Exit codes: 0 done and failed fraction <= threshold; 1 over the
+threshold or a runtime failure (one-line reason on stderr); 2 configuration error;
+143 terminated (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpu_worker import env as envmod
+from gpu_worker import intervals
+from gpu_worker.commits import Paths, load_state, remove_orphans
+from gpu_worker.config import WorkerConfig
+from gpu_worker.errors import ConfigError, RankFailed, WorkerError
+from gpu_worker.log import logger, set_labels, setup
+from gpu_worker.rank import RankSpec, run_rank, spec_json
+from gpu_worker.stats import Stats
+from gpu_worker.store import Store
+from sluice.errors import ShardFormatError
+from sluice.models import RunPlan
+from sluice.shards import ShardReader
+
+
+class Terminated(Exception):
+    """SIGTERM (AWS Batch timeout or job termination)."""
+
+
+def detect_device(cfg: WorkerConfig) -> tuple[str, int]:
+    """('cuda', ranks) with a GPU (one rank per visible GPU), else ('cpu', cpu_ranks)."""
+    if cfg.device == "cpu":
+        return "cpu", cfg.cpu_ranks
+    maybe_gpu = cfg.device == "cuda" or Path("/dev/nvidiactl").exists() or bool(shutil.which("nvidia-smi"))
+    n = 0
+    if maybe_gpu:
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.device == "cuda" and n == 0:
+        raise ConfigError("SLUICE_WORKER_DEVICE=cuda but no CUDA device is visible")
+    if n:
+        return "cuda", min(n, cfg.gpu_ranks) if cfg.gpu_ranks else n
+    return "cpu", cfg.cpu_ranks
+
+
+def read_plan(store: Store, uri: str) -> RunPlan:
+    try:
+        raw = store.get(uri)
+    except Exception as exc:
+        raise ConfigError(f"cannot read the plan {uri}: {type(exc).__name__}: {exc}") from None
+    try:
+        return RunPlan.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "plan"
+        raise ConfigError(
+            f"{uri} is not a valid plan.json: {where}: {first.get('msg')} ({exc.error_count()} problem(s))"
+        ) from None
+
+
+def run_node(
+    cfg: WorkerConfig, environ: Mapping[str, str], *, store: Store | None = None, fetcher: Any = None
+) -> dict[str, Any]:
+    """Everything `python -m gpu_worker` does; returns result.json's content.
+
+    `fetcher` replaces S3 image GETs (tests; single rank with SLUICE_WORKER_LOADERS=0 only).
+    """
+    started = time.time()
+    store = store or Store()
+    plan_uri = envmod.plan_uri(environ)
+    plan = read_plan(store, plan_uri)
+    asg = envmod.select(plan, environ)
+    set_labels(run=plan.run_id, shard=asg.shard, node=asg.node, attempt=asg.attempt)
+    paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, asg.shard)
+    shard_uri = plan.shard_uri(asg.shard)
+    try:
+        n_keys = ShardReader(store.range_source(shard_uri)).n_keys
+    except ShardFormatError as exc:
+        raise WorkerError(f"shard {shard_uri} is unreadable: {exc}") from None
+    except Exception as exc:
+        raise WorkerError(f"cannot read shard {shard_uri}: {type(exc).__name__}: {exc}") from None
+    device, world = detect_device(cfg)
+    threshold = cfg.max_failed_fraction if cfg.max_failed_fraction >= 0 else plan.max_failed_fraction
+    state = load_state(store, paths)
+    orphans = remove_orphans(store, paths, state)
+    todo = intervals.count(intervals.subtract([(0, n_keys)], state.claimed)) + len(state.pending_retry())
+    logger.info(
+        "node starting",
+        extra={
+            "kind": asg.kind,
+            "n_keys": n_keys,
+            "device": device,
+            "world": world,
+            "global_ranks": [asg.node * world + r for r in range(world)],
+            "committed_chunks": len(state.markers),
+            "todo": todo,
+            "orphans_removed": len(orphans),
+        },
+    )
+    summaries: list[dict[str, Any]] = []
+    own_dir = not cfg.work_dir
+    work = tempfile.mkdtemp(prefix="sluice-worker-") if own_dir else cfg.work_dir
+    try:
+        if todo:
+            from gpu_worker.model import resolve_uri
+
+            model_path = resolve_uri(plan.model.uri, work, store)
+            state_path = os.path.join(work, f"state-{asg.shard}.json")
+            Path(state_path).write_bytes(state.to_json())
+            specs = [
+                RankSpec(
+                    plan_json=plan.model_dump_json(),
+                    shard=asg.shard,
+                    node=asg.node,
+                    attempt=asg.attempt,
+                    local_rank=r,
+                    world=world,
+                    device=device,
+                    model_path=model_path,
+                    state_path=state_path,
+                    n_keys=n_keys,
+                    summary_path=os.path.join(work, f"rank-{r}.summary.json"),
+                )
+                for r in range(world)
+            ]
+            summaries = _run_ranks(specs, cfg, store, fetcher)
+        state = load_state(store, paths)
+        remove_orphans(store, paths, state)
+        from gpu_worker.sink import finalize
+
+        totals = Stats()
+        for s in summaries:
+            totals.add(s.get("stats", {}))
+        info = {
+            "run_id": plan.run_id,
+            "shard": asg.shard,
+            "node": asg.node,
+            "attempt": asg.attempt,
+            "kind": asg.kind,
+            "device": device,
+            "world": world,
+            "seconds": round(time.time() - started, 3),
+            "pipeline_seconds": max((s.get("pipeline_seconds", 0.0) for s in summaries), default=0.0),
+            "pipeline_window": _window(summaries),
+            "resumed_chunks": len([m for m in state.markers if m.attempt < asg.attempt]),
+            "stats": totals.snapshot(),
+        }
+        return finalize(store, paths, state, n_keys, threshold=threshold, info=info)
+    finally:
+        if own_dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _window(summaries: list[dict[str, Any]]) -> list[float]:
+    """[first rank's pipeline start, last rank's end] (epoch seconds); [] when nothing ran."""
+    windows = [s["pipeline_window"] for s in summaries if s.get("pipeline_window")]
+    return [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else []
+
+
+def _run_ranks(specs: list[RankSpec], cfg: WorkerConfig, store: Store, fetcher: Any) -> list[dict[str, Any]]:
+    if len(specs) == 1:
+        return [run_rank(specs[0], cfg, store=store, fetcher=fetcher)]
+    if fetcher is not None:
+        raise ValueError("an injected fetcher needs a single rank")
+    work = os.path.dirname(specs[0].summary_path)
+    procs: list[subprocess.Popen[bytes]] = []
+    child_env = {**os.environ, **cfg.to_env()}
+    for spec in specs:
+        path = os.path.join(work, f"rank-{spec.local_rank}.spec.json")
+        Path(path).write_text(spec_json(spec))
+        procs.append(subprocess.Popen([sys.executable, "-m", "gpu_worker.rank", path], env=child_env))
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(s, c) for s, c in zip(specs, codes) if c not in (None, 0)]
+            if bad:
+                spec, code = bad[0]
+                raise RankFailed(f"rank {spec.global_rank} exited with code {code}")
+            if all(c == 0 for c in codes):
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    out = []
+    for spec in specs:
+        with open(spec.summary_path) as fh:
+            out.append(json.load(fh))
+    return out
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the process exit code."""
+    try:
+        cfg = WorkerConfig.from_env()
+    except ConfigError as exc:
+        print(f"sluice-worker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    setup(cfg.log_level)
+    with contextlib.suppress(ValueError):  # not the main thread (embedded use)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        result = run_node(cfg, os.environ)
+    except ConfigError as exc:
+        print(f"sluice-worker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except Terminated:
+        print("sluice-worker: terminated (SIGTERM); committed chunks are kept for the next attempt", file=sys.stderr)
+        return 143
+    except WorkerError as exc:
+        print(f"sluice-worker: failed: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        logger.error("worker crashed", extra={"exception": traceback.format_exc()})
+        print(f"sluice-worker: crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    logger.info("shard done", extra={k: result[k] for k in ("processed", "failed", "failed_fraction", "seconds")})
+    if not result["ok"]:
+        print(
+            f"sluice-worker: shard {result['shard']}: {result['failed']} of {result['n_keys']} keys failed "
+            f"({result['failed_fraction']:.2%} > {result['max_failed_fraction']:.2%}); "
+            f"reasons {result['failed_by_reason']}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,291 @@
+"""Per-rank Prometheus metrics: a registry whose collector reads the rank's live Stats.
+
+One registry per rank process. Every series carries the same bounded label set (run_id,
+shard, node, rank, gpu, attempt, instance_type) plus, for two families, a label from a
+small fixed set (failure reason, S3 retry class): never a per-object label. The budget is
+40 series per rank (tests/unit/test_worker_metrics.py counts them): at 16,000 GPUs that is
+640,000 active series, 1.3% of an AMP workspace's 50M.
+
+Histograms are recorded into Stats as bucket counters (`observe`), so loader processes ship
+them to their rank with the same deltas as every other counter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("sluice.worker.metrics")
+
+LABELS = ("run_id", "shard", "node", "rank", "gpu", "attempt", "instance_type")
+INFER_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)  # seconds per batch (copy + forward + normalize)
+FETCH_BUCKETS = (0.01, 0.05, 0.2, 1.0, 5.0)  # seconds per GET
+RETRY_CLASSES = ("throttle", "server", "timeout", "other", "sdk")  # sdk: botocore's own retries (code unknown)
+# Forwarded to AMP by default (the seed's keep-list relabeling); the rest stay on /metrics.
+CRITICAL = (
+    "sluice_images_processed_total",
+    "sluice_images_failed_total",
+    "sluice_gpu_utilization_ratio",
+    "sluice_gpu_memory_used_bytes",
+    "sluice_data_wait_ratio",
+    "sluice_s3_retries_total",
+    "sluice_remote_write_dropped_samples_total",
+)
+
+
+def retry_class(code: str | int | None) -> str:
+    """Map an S3 error code / HTTP status to one of RETRY_CLASSES (bounded label values)."""
+    c = str(code or "")
+    if c in (
+        "SlowDown",
+        "429",
+        "503",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+    ):
+        return "throttle"
+    if c in ("500", "502", "504", "InternalError"):
+        return "server"
+    if c in ("RequestTimeout", "ReadTimeoutError", "ConnectTimeoutError", "timeout", "EndpointConnectionError"):
+        return "timeout"
+    return "other"
+
+
+def observe(stats: Any, name: str, seconds: float, buckets: Sequence[float]) -> None:
+    """Record one observation of histogram `name` into a Stats (bucket, sum and count counters)."""
+    i = next((k for k, b in enumerate(buckets) if seconds <= b), len(buckets))
+    stats.incr(f"hist:{name}:{i}")
+    stats.incr(f"hist:{name}:sum", seconds)
+    stats.incr(f"hist:{name}:count")
+
+
+def count_retry(stats: Any, code: str | int | None) -> None:
+    """Count one S3 retry under its bounded class."""
+    stats.incr(f"s3_retry:{retry_class(code)}")
+
+
+class MetricsObserver:
+    """Wraps a Stats: also records the fetch / model-step histograms and botocore retries."""
+
+    def __init__(self, stats: Any) -> None:
+        self._stats = stats
+
+    def incr(self, name: str, n: float = 1.0) -> None:
+        self._stats.incr(name, n)
+        if name == "fetch_seconds":
+            observe(self._stats, "fetch", n, FETCH_BUCKETS)
+        elif name == "model_seconds":
+            observe(self._stats, "infer", n, INFER_BUCKETS)
+        elif name == "s3_botocore_retries" and n:
+            self._stats.incr("s3_retry:sdk", n)
+
+
+class GpuProbe:
+    """NVML readings of one device; `read()` returns {} when there is no GPU or no driver."""
+
+    def __init__(self, index: int | None) -> None:
+        self._handle: Any = None
+        if index is None:
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:
+            log.info("GPU metrics unavailable: %s", exc)
+            self._handle = None
+
+    def read(self) -> dict[str, float]:
+        if self._handle is None:
+            return {}
+        n, h, out = self._nvml, self._handle, {}
+        for key, fn in (
+            ("util", lambda: n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+            ("mem", lambda: float(n.nvmlDeviceGetMemoryInfo(h).used)),
+            ("power", lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            ("temp", lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))),
+        ):
+            try:
+                out[key] = fn()
+            except Exception:  # noqa: S112 - a reading the device does not support
+                continue
+        return out
+
+
+class RankCollector(Collector):
+    """Yields the rank's metric families from its Stats at every scrape or push."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Mapping[str, float]],
+        labels: Mapping[str, str],
+        *,
+        reasons: Callable[[], Mapping[str, int]] = dict,
+        queue_depth: Callable[[], float] = lambda: 0.0,
+        gpu: GpuProbe | None = None,
+        started: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._snapshot = snapshot
+        self._values = [str(labels.get(k, "")) for k in LABELS]
+        self._reasons = reasons
+        self._queue_depth = queue_depth
+        self._gpu = gpu
+        self._clock = clock
+        self._started = clock() if started is None else started
+
+    def _counter(self, name: str, doc: str, value: float, extra: tuple[str, str] | None = None) -> Metric:
+        names = [*LABELS, extra[0]] if extra else list(LABELS)
+        m = CounterMetricFamily(name, doc, labels=names)
+        m.add_metric([*self._values, extra[1]] if extra else self._values, value)
+        return m
+
+    def _gauge(self, name: str, doc: str, value: float) -> Metric:
+        m = GaugeMetricFamily(name, doc, labels=list(LABELS))
+        m.add_metric(self._values, value)
+        return m
+
+    def _hist(self, name: str, doc: str, s: Mapping[str, float], key: str, buckets: Sequence[float]) -> Metric:
+        m = HistogramMetricFamily(name, doc, labels=list(LABELS))
+        cum, out = 0.0, []
+        for i, b in enumerate(buckets):
+            cum += s.get(f"hist:{key}:{i}", 0.0)
+            out.append((repr(float(b)), cum))
+        cum += s.get(f"hist:{key}:{len(buckets)}", 0.0)
+        out.append(("+Inf", cum))
+        m.add_metric(self._values, out, s.get(f"hist:{key}:sum", 0.0))
+        return m
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        yield self._counter("sluice_images_processed", "Images embedded and committed.", s.get("images", 0.0))
+        reasons = self._reasons()
+        if reasons:
+            fam = CounterMetricFamily(
+                "sluice_images_failed", "Images that failed, by reason.", labels=[*LABELS, "reason"]
+            )
+            for reason, n in sorted(reasons.items()):
+                fam.add_metric([*self._values, str(reason)], float(n))
+            yield fam
+        yield self._counter("sluice_bytes_read", "Bytes read from S3 (image objects).", s.get("s3_bytes", 0.0))
+        classes = {c: s.get(f"s3_retry:{c}", 0.0) for c in RETRY_CLASSES}
+        if any(classes.values()):
+            fam = CounterMetricFamily("sluice_s3_retries", "S3 GET retries, by error class.", labels=[*LABELS, "code"])
+            for c, v in classes.items():
+                if v:
+                    fam.add_metric([*self._values, c], v)
+            yield fam
+        yield self._hist(
+            "sluice_batch_inference_seconds", "Seconds per batch: copy, forward, normalize.", s, "infer", INFER_BUCKETS
+        )
+        yield self._hist("sluice_object_fetch_seconds", "Seconds per S3 GET of an image.", s, "fetch", FETCH_BUCKETS)
+        wall = max(1e-9, self._clock() - self._started)
+        yield self._gauge(
+            "sluice_data_wait_ratio",
+            "Share of wall time the model waited for input (GPU starved).",
+            min(1.0, s.get("wait_seconds", 0.0) / wall),
+        )
+        yield self._gauge(
+            "sluice_prefetch_queue_depth", "Batches decoded and waiting for the model.", float(self._queue_depth())
+        )
+        g = self._gpu.read() if self._gpu else {}
+        for key, name, doc in (
+            ("util", "sluice_gpu_utilization_ratio", "GPU busy fraction (NVML)."),
+            ("mem", "sluice_gpu_memory_used_bytes", "GPU memory used (NVML)."),
+            ("power", "sluice_gpu_power_watts", "GPU power draw (NVML)."),
+            ("temp", "sluice_gpu_temperature_celsius", "GPU temperature (NVML)."),
+        ):
+            if key in g:
+                yield self._gauge(name, doc, g[key])
+
+
+def rank_registry(collector: RankCollector) -> CollectorRegistry:
+    """A fresh registry (not the global one) holding the rank's collector."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    return reg
+
+
+def series_count(registry: CollectorRegistry) -> int:
+    """Series the registry exposes, excluding prometheus_client's *_created timestamps."""
+    return sum(1 for fam in registry.collect() for s in fam.samples if not s.name.endswith("_created"))
+
+
+def instance_type() -> str:
+    """The EC2 instance type (Nitro exposes it via DMI), else SLUICE_INSTANCE_TYPE, else "local"."""
+    import os
+
+    env = os.environ.get("SLUICE_INSTANCE_TYPE", "").strip()
+    if env:
+        return env
+    try:
+        with open("/sys/devices/virtual/dmi/id/product_name", encoding="ascii") as fh:
+            name = fh.read().strip()
+        if "." in name and name.replace(".", "").replace("-", "").isalnum():
+            return name
+    except OSError:
+        pass
+    return "local"
+
+
+class RankMetrics:
+    """A rank's registry, its /metrics endpoint and its remote writer; `stop()` flushes."""
+
+    def __init__(
+        self,
+        collector: RankCollector,
+        *,
+        port: int = 0,
+        remote_write_url: str = "",
+        push_interval_s: float = 30.0,
+        keep: Sequence[str] | None = CRITICAL,
+    ) -> None:
+        self.registry = rank_registry(collector)
+        self._server: Any = None
+        self.writer: Any = None
+        if port:
+            try:
+                from prometheus_client import start_http_server
+
+                self._server, _ = start_http_server(port, registry=self.registry)
+                log.info("serving /metrics on port %d", port)
+            except OSError as exc:  # a busy port must never stop inference
+                log.warning("cannot serve /metrics on port %d: %s", port, exc)
+        if remote_write_url:
+            from gpu_worker.remote_write import RemoteWriter
+
+            self.writer = RemoteWriter(remote_write_url, self.registry, interval_s=push_interval_s, keep=keep).start()
+
+    def series(self) -> int:
+        return series_count(self.registry)
+
+    def stop(self) -> None:
+        """Push once more (a short job's last samples), stop serving."""
+        if self.writer is not None:
+            res = self.writer.stop(flush=True)
+            log.info("final remote write: %s", res)
+        if self._server is not None:
+            # shutdown() waits for serve_forever's 0.5 s poll; the rank is exiting, so do not wait.
+            threading.Thread(target=self._server.shutdown, daemon=True).start()
+            self._server = None
+
+
+def keep_list(setting: str) -> Sequence[str] | None:
+    """SLUICE_WORKER_PUSH_METRICS: empty = CRITICAL, "all" = everything, else a comma list."""
+    s = setting.strip()
+    if not s:
+        return CRITICAL
+    if s == "all":
+        return None
+    return tuple(x.strip() for x in s.split(",") if x.strip())

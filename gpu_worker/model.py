@@ -1,0 +1,251 @@
+"""Models a worker can run, and the spec each carries (input size, mean/std, output dim).
+
+    builtin:reference-cnn   small deterministic CNN (seeded init, NO trained weights): a
+                            stand-in that exercises the real path; 128-d output
+    builtin:resnet50        ResNet-50-shaped network, seeded random weights (throughput
+                            checks only: same FLOPs as the real thing, meaningless output)
+    <path or s3://>.pt2     a torch.export program (torch.export.save)
+    <path or s3://> other   a TorchScript module (torch.jit.save)
+
+A file's spec comes from, in order: a sidecar `<file>.json`, an embedded extra file
+`sluice.json` (torch.jit.save _extra_files / torch.export.save extra_files), defaults
+(ImageNet mean/std, the plan's image_size, output dim found by a dry run). Nothing is ever
+downloaded from a model hub: weights live in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpu_worker.errors import ConfigError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+META_NAME = "sluice.json"
+SEED = 20240601
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the pipeline needs to know about a model."""
+
+    name: str
+    kind: str  # builtin | torchscript | export
+    image_size: int
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    output_dim: int | None = None  # None: found by the dry run
+    eager: bool = False  # a plain nn.Module (may be traced on CPU)
+
+
+def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class ReferenceCNN(nn.Module):
+    """Eight 3x3 conv-BN-ReLU layers (stride 16 overall), global average pool, linear to `dim`."""
+
+    def __init__(self, width: int = 32, dim: int = 128) -> None:
+        super().__init__()
+        w = width
+        self.features = nn.Sequential(
+            _conv(3, w, 2),
+            _conv(w, w, 1),
+            _conv(w, 2 * w, 2),
+            _conv(2 * w, 2 * w, 1),
+            _conv(2 * w, 4 * w, 2),
+            _conv(4 * w, 4 * w, 1),
+            _conv(4 * w, 8 * w, 2),
+            _conv(8 * w, 8 * w, 1),
+        )
+        self.head = nn.Linear(8 * w, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+class _Bottleneck(nn.Module):
+    def __init__(self, cin: int, mid: int, stride: int) -> None:
+        super().__init__()
+        cout = 4 * mid
+        self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv2, self.bn2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.down: nn.Module = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)))
+        return self.relu(self.bn3(self.conv3(y)) + self.down(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 layout (25.6M parameters with the classifier; here the 2048-d pooled features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+        )
+        blocks: list[nn.Module] = []
+        cin = 64
+        for mid, n, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for j in range(n):
+                blocks.append(_Bottleneck(cin, mid, stride if j == 0 else 1))
+                cin = 4 * mid
+        self.layers = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(self.stem(x)).mean(dim=(2, 3))
+
+
+BUILTINS: dict[str, tuple[type[nn.Module], int]] = {"reference-cnn": (ReferenceCNN, 128), "resnet50": (ResNet50, 2048)}
+
+
+def _synthetic_batch(n: int, size: int, gen: torch.Generator) -> torch.Tensor:
+    """Smooth random colour fields plus noise, normalised like real inputs (for BN calibration)."""
+    low = torch.rand(n, 3, 4, 4, generator=gen)
+    x = nn.functional.interpolate(low, size=(size, size), mode="bilinear", align_corners=False)
+    x = (x + 0.15 * torch.randn(n, 3, size, size, generator=gen)).clamp(0, 1)
+    return (x - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+
+
+def _calibrate(model: nn.Module, batches: int, n: int) -> None:
+    """Data-free BatchNorm calibration: running stats from seeded synthetic images.
+
+    Randomly initialised ReLU networks map every input to nearly the same direction (all
+    embeddings within ~1e-3 of each other); with per-channel statistics set on synthetic
+    images, embeddings of different pictures are far apart, as a stand-in's should be.
+    """
+    gen = torch.Generator().manual_seed(SEED + 1)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the calibration batches
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(_synthetic_batch(n, 64, gen))
+    model.eval()
+
+
+def build_builtin(name: str) -> nn.Module:
+    """A builtin network with seeded weights and calibrated BatchNorm: the same on every rank and
+    attempt (up to float rounding). No trained weights: embeddings are deterministic, not meaningful."""
+    if name not in BUILTINS:
+        raise ConfigError(f"unknown builtin model {name!r}; builtins: {', '.join(sorted(BUILTINS))}")
+    cls, _ = BUILTINS[name]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = cls()
+    _calibrate(model, *((4, 32) if name == "reference-cnn" else (2, 16)))
+    return model
+
+
+def _read_meta(path: str, embedded: str | bytes | None) -> dict[str, Any]:
+    sidecar = Path(path + ".json")
+    raw: str | bytes | None = sidecar.read_bytes() if sidecar.is_file() else (embedded or None)
+    if not raw:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"model spec for {path} is not JSON: {exc}") from None
+    allowed = {"name", "image_size", "mean", "std", "output_dim"}
+    if not isinstance(meta, dict) or set(meta) - allowed:
+        raise ConfigError(f"model spec for {path}: expected an object with keys {sorted(allowed)}")
+    for k in ("mean", "std"):
+        if k in meta and (not isinstance(meta[k], list) or len(meta[k]) != 3):
+            raise ConfigError(f"model spec for {path}: {k} must be a list of 3 numbers")
+    return meta
+
+
+def _apply_meta(info: ModelInfo, meta: dict[str, Any]) -> ModelInfo:
+    changes: dict[str, Any] = {}
+    if "name" in meta:
+        changes["name"] = str(meta["name"])
+    if "image_size" in meta:
+        changes["image_size"] = int(meta["image_size"])
+    if "mean" in meta:
+        changes["mean"] = tuple(float(v) for v in meta["mean"])
+    if "std" in meta:
+        changes["std"] = tuple(float(v) for v in meta["std"])
+    if "output_dim" in meta:
+        changes["output_dim"] = int(meta["output_dim"])
+    return replace(info, **changes)
+
+
+def load_model(uri: str, image_size: int) -> tuple[Any, ModelInfo]:
+    """(callable model on CPU in eval mode, its spec). `uri` is builtin:NAME or a local file."""
+    if uri.startswith("builtin:"):
+        name = uri.split(":", 1)[1]
+        model = build_builtin(name)
+        return model, ModelInfo(
+            name=uri, kind="builtin", image_size=image_size, output_dim=BUILTINS[name][1], eager=True
+        )
+    if not os.path.isfile(uri):
+        raise ConfigError(f"model file {uri!r} does not exist (expected builtin:NAME, a path or an s3:// URI)")
+    base = ModelInfo(
+        name=os.path.basename(uri), kind="export" if uri.endswith(".pt2") else "torchscript", image_size=image_size
+    )
+    try:
+        if base.kind == "export":
+            extra: dict[str, Any] = {META_NAME: ""}
+            program = torch.export.load(uri, extra_files=extra)
+            model = program.module()
+        else:
+            extra = {META_NAME: ""}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated, still supported
+                model = torch.jit.load(uri, map_location="cpu", _extra_files=extra)
+            model.eval()
+    except ConfigError:
+        raise
+    except Exception as exc:
+        hint = "torch.export.save" if base.kind == "export" else "torch.jit.save (or name the file *.pt2)"
+        raise ConfigError(f"cannot load model {uri}: {type(exc).__name__}: {exc}; expected a {hint} file") from None
+    info = _apply_meta(base, _read_meta(uri, extra.get(META_NAME)))
+    if info.image_size != image_size:
+        from gpu_worker.log import logger
+
+        logger.warning(
+            "model spec overrides the plan's image_size",
+            extra={"model_image_size": info.image_size, "plan_image_size": image_size},
+        )
+    return model, info
+
+
+def resolve_uri(uri: str, work_dir: str, store: Any) -> str:
+    """A local path for the model: s3:// objects (and their .json sidecar) are downloaded once."""
+    if uri.startswith("builtin:") or not uri.startswith("s3://"):
+        return uri
+    name = uri.rsplit("/", 1)[-1] or "model"
+    local = os.path.join(work_dir, "model", name)
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    try:
+        data = store.get(uri)
+    except Exception as exc:
+        raise ConfigError(f"cannot download model {uri}: {exc}") from None
+    with open(local, "wb") as fh:
+        fh.write(data)
+    try:
+        sidecar = store.get(uri + ".json")
+    except Exception:
+        sidecar = None
+    if sidecar is not None:
+        with open(local + ".json", "wb") as fh:
+            fh.write(sidecar)
+    return local

@@ -1,0 +1,413 @@
+"""One rank: a contiguous slice of the shard, its loaders, one model on one device.
+
+Run in-process by the node when it has one rank, else as `python -m gpu_worker.rank SPEC`.
+Module-level imports stay torch-free: loader processes are spawned from here and re-import
+this module, and they must not pay for (or hold memory of) torch.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpu_worker import intervals
+from gpu_worker.buffers import BufferSet, BufferSpec
+from gpu_worker.commits import Paths, ShardState
+from gpu_worker.config import WorkerConfig
+from gpu_worker.errors import ConfigError, RankFailed, WorkerError
+from gpu_worker.log import logger, set_labels, setup
+from gpu_worker.metrics import GpuProbe, MetricsObserver, RankCollector, RankMetrics, instance_type, keep_list
+from gpu_worker.procs import cpu_count, die_with_parent, shm_prefix
+from gpu_worker.stats import Stats
+from sluice.models import RunPlan
+from sluice.s3uri import parse_s3_uri
+from sluice.shards import ShardReader, rank_slice
+
+TASK_KEYS = 32  # keys per task message to the loaders
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank process needs (written as JSON by the node)."""
+
+    plan_json: str
+    shard: int
+    node: int
+    attempt: int
+    local_rank: int
+    world: int
+    device: str  # cpu | cuda
+    model_path: str
+    state_path: str
+    n_keys: int
+    summary_path: str
+
+    @property
+    def global_rank(self) -> int:
+        return self.node * self.world + self.local_rank
+
+
+def plan_loaders(cfg: WorkerConfig, device: str, world: int) -> tuple[int, int, int]:
+    """(loader processes or 0 for threads, decode threads per loader, torch threads) for one rank."""
+    per_rank = max(1, cpu_count() // world)
+    auto = max(1, min(8, per_rank - 1)) if device == "cuda" else 1
+    loaders = cfg.loaders if cfg.loaders >= 0 else auto
+    decode = cfg.decode_threads or max(1, per_rank // max(1, loaders))
+    torch_threads = cfg.torch_threads or (min(4, per_rank) if device == "cuda" else per_rank)
+    return loaders, decode, torch_threads
+
+
+class _Loaders:
+    """The rank's loaders (threads or processes) and their queues and buffers."""
+
+    def __init__(
+        self, spec: RankSpec, cfg: WorkerConfig, plan: RunPlan, n: int, batch: int, size: int, fetcher: Any = None
+    ) -> None:
+        self.n = max(1, n)
+        self.processes = n > 0
+        self._stop = threading.Event()
+        ctx = mp.get_context("spawn")
+        prefix = shm_prefix(plan.run_id, spec.shard)
+        self.buffers: list[BufferSet] = []
+        self.free_qs: list[Any] = []
+        self.procs: list[Any] = []
+        self.threads: list[threading.Thread] = []
+        self.task_q: Any = ctx.Queue(maxsize=4 * self.n) if self.processes else queue.Queue(maxsize=4 * self.n)
+        self.out_q: Any = ctx.Queue() if self.processes else queue.Queue()
+        for i in range(self.n):
+            name = f"{prefix}-r{spec.global_rank}-l{i}" if self.processes else None
+            bspec = BufferSpec(name, cfg.buffers_per_loader, batch, size)
+            self.buffers.append(BufferSet(bspec, create=True))
+            free_q: Any = ctx.Queue() if self.processes else queue.Queue()
+            for b in range(bspec.count):
+                free_q.put(b)
+            self.free_qs.append(free_q)
+            if self.processes:
+                from gpu_worker.loader import process_main
+
+                p = ctx.Process(
+                    target=process_main,
+                    name=f"loader-{spec.global_rank}-{i}",
+                    daemon=True,
+                    args=(i, cfg, bspec, self.task_q, free_q, self.out_q, os.getpid()),
+                )
+                p.start()
+                self.procs.append(p)
+            else:
+                from gpu_worker.fetch import Fetcher
+                from gpu_worker.loader import Loader
+
+                stats = Stats()
+                loader = Loader(
+                    i,
+                    cfg,
+                    self.buffers[i],
+                    self.task_q,
+                    free_q,
+                    self.out_q,
+                    fetcher or Fetcher(cfg, observer=MetricsObserver(stats)),
+                    stats,
+                    alive=lambda: not self._stop.is_set(),
+                )
+                t = threading.Thread(target=loader.run, name=f"loader-{i}", daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def dead(self, done: set[int]) -> list[int]:
+        """Loader processes that exited without reporting done."""
+        return [i for i, p in enumerate(self.procs) if i not in done and not p.is_alive()]
+
+    def close(self, *, finished: bool = False) -> None:
+        """Stop the loaders (those that reported done exit on their own) and free their buffers."""
+        self._stop.set()
+        for p in self.procs:
+            if p.is_alive():
+                p.join(timeout=5 if finished else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for t in self.threads:
+            t.join(timeout=5)
+        for q in (self.task_q, self.out_q, *self.free_qs):
+            if hasattr(q, "cancel_join_thread"):
+                q.cancel_join_thread()
+                q.close()
+        for b in self.buffers:
+            b.close(unlink=self.processes)
+
+
+def _feed(
+    loaders: _Loaders,
+    reader_factory: Any,
+    remaining: list[intervals.Run],
+    retry: list[tuple[int, str]],
+    errors: list[BaseException],
+) -> None:
+    """Feeder thread: the rank's keys (main pass, then earlier attempts' deferred keys), then end marks."""
+    try:
+        task: list[tuple[int, str, str, int]] = []
+
+        def put(item: tuple[int, str, str, int]) -> None:
+            nonlocal task
+            task.append(item)
+            if len(task) >= TASK_KEYS:
+                loaders.task_q.put(task)
+                task = []
+
+        if remaining:
+            reader = reader_factory()
+            pos = remaining[0][0]
+            for bucket, keys in reader.groups(remaining[0][0], remaining[-1][1]):
+                for key in keys:
+                    if intervals.contains(remaining, pos):
+                        put((pos, bucket, key, 0))
+                    pos += 1
+        for pos, uri in retry:
+            bucket, key = parse_s3_uri(uri)
+            put((pos, bucket, key, 1))
+        if task:
+            loaders.task_q.put(task)
+    except BaseException as exc:
+        errors.append(exc)
+    finally:
+        for _ in range(loaders.n):
+            loaders.task_q.put(None)
+
+
+def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: Any = None) -> dict[str, Any]:
+    """Process this rank's slice; returns its summary. Raises WorkerError/RankFailed on failure."""
+    from gpu_worker.store import Store
+
+    started = time.perf_counter()
+    plan = RunPlan.model_validate_json(spec.plan_json)
+    set_labels(
+        run=plan.run_id,
+        shard=spec.shard,
+        node=spec.node,
+        attempt=spec.attempt,
+        rank=spec.global_rank,
+        local_rank=spec.local_rank,
+        world=spec.world,
+    )
+    store = store or Store()
+    paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, spec.shard)
+    with open(spec.state_path, "rb") as fh:
+        state = ShardState.from_json(fh.read())
+    lo, hi = rank_slice(spec.n_keys, spec.world, spec.local_rank)
+    remaining = intervals.subtract([(lo, hi)], state.claimed)
+    retry = [(p, u) for p, u in state.pending_retry() if lo <= p < hi]
+    summary: dict[str, Any] = {
+        "global_rank": spec.global_rank,
+        "local_rank": spec.local_rank,
+        "slice": [lo, hi],
+        "todo": intervals.count(remaining),
+        "retry_todo": len(retry),
+    }
+    logger.info("rank starting", extra=dict(summary))
+    if not remaining and not retry:
+        summary.update(seconds=0.0, stats={}, chunks=0)
+        return summary
+
+    n_loaders, decode_threads, torch_threads = plan_loaders(cfg, spec.device, spec.world)
+    cfg = cfg.replace(decode_threads=decode_threads)
+    import torch
+
+    from gpu_worker.infer import Engine
+    from gpu_worker.model import load_model
+    from gpu_worker.sink import ChunkSink
+
+    torch.set_num_threads(torch_threads)
+    device = "cpu"
+    if spec.device == "cuda":
+        torch.cuda.set_device(spec.local_rank)
+        device = f"cuda:{spec.local_rank}"
+    batch = cfg.batch_size or plan.model.batch_size
+    stats = Stats()
+    model, info = load_model(spec.model_path, plan.model.image_size)
+    # Loaders start now: their imports and S3 client setup overlap the model's trace and dry run.
+    loaders = _Loaders(spec, cfg, plan, n_loaders, batch, info.image_size, fetcher)
+    try:
+        engine = Engine(model, info, device, batch, autocast=cfg.autocast, jit=cfg.jit, observer=MetricsObserver(stats))
+    except BaseException:
+        loaders.close()
+        raise
+    dtype = cfg.output_dtype or plan.output_dtype
+    sink = ChunkSink(
+        store,
+        paths,
+        rank=spec.global_rank,
+        attempt=spec.attempt,
+        windows=intervals.cut(remaining, cfg.chunk_keys),
+        chunk_keys=cfg.chunk_keys,
+        dtype=dtype,
+        metadata={"model": plan.model.uri, "dim": str(engine.output_dim), "run": plan.run_id, "shard": str(spec.shard)},
+        observer=stats,
+    )
+    logger.info(
+        "model ready",
+        extra={
+            "model": info.name,
+            "dim": engine.output_dim,
+            "device": device,
+            "batch_size": batch,
+            "image_size": info.image_size,
+            "loaders": n_loaders,
+            "decode_threads": decode_threads,
+            "torch_threads": torch_threads,
+        },
+    )
+    metrics = _start_metrics(cfg, plan, spec, stats, sink, loaders, started)
+    feed_errors: list[BaseException] = []
+    reader_factory = lambda: ShardReader(store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
+    feeder = threading.Thread(
+        target=_feed, args=(loaders, reader_factory, remaining, retry, feed_errors), name="feeder", daemon=True
+    )
+    t_pipe, window_start = time.perf_counter(), time.time()
+    feeder.start()
+    ok = False
+    try:
+        _consume(loaders, engine, sink, stats, batch, feed_errors)
+        for tag, emb in engine.drain():
+            sink.add_rows(tag[0], tag[1], tag[2], emb[: tag[3]])
+        sink.close()
+        ok = True
+    finally:
+        if not ok:
+            sink.abort()
+        loaders.close(finished=ok)
+        summary["metrics_series"] = metrics.series()
+        metrics.stop()
+    pipeline_s = time.perf_counter() - t_pipe
+    stats.incr("rank_cpu_seconds", time.process_time())
+    summary.update(
+        seconds=round(time.perf_counter() - started, 3),
+        pipeline_seconds=round(pipeline_s, 3),
+        pipeline_window=[round(window_start, 3), round(window_start + pipeline_s, 3)],
+        chunks=sink.committed,
+        stats=stats.snapshot(),
+        reasons=dict(sink.reasons),
+    )
+    logger.info("rank done", extra={k: v for k, v in summary.items() if k != "stats"} | {"stats": summary["stats"]})
+    return summary
+
+
+def _start_metrics(
+    cfg: WorkerConfig, plan: RunPlan, spec: RankSpec, stats: Stats, sink: Any, loaders: _Loaders, started: float
+) -> RankMetrics:
+    """This rank's registry: served on /metrics (port + local rank) and pushed to AMP when configured."""
+    labels = {
+        "run_id": plan.run_id,
+        "shard": str(spec.shard),
+        "node": str(spec.node),
+        "rank": str(spec.global_rank),
+        "gpu": str(spec.local_rank) if spec.device == "cuda" else "",
+        "attempt": str(spec.attempt),
+        "instance_type": instance_type(),
+    }
+    collector = RankCollector(
+        stats.snapshot,
+        labels,
+        reasons=lambda: dict(sink.reasons),
+        queue_depth=loaders.out_q.qsize,
+        gpu=GpuProbe(spec.local_rank if spec.device == "cuda" else None),
+        started=time.monotonic() - (time.perf_counter() - started),
+    )
+    url = os.environ.get("SLUICE_REMOTE_WRITE_URL", "").strip() or (plan.remote_write_url or "")
+    return RankMetrics(
+        collector,
+        port=cfg.metrics_port + spec.local_rank if cfg.metrics_port else 0,
+        remote_write_url=url,
+        push_interval_s=cfg.push_interval_s,
+        keep=keep_list(cfg.push_metrics),
+    )
+
+
+def _consume(
+    loaders: _Loaders, engine: Any, sink: Any, stats: Stats, batch: int, feed_errors: list[BaseException]
+) -> None:
+    import torch
+
+    done: set[int] = set()
+    started = time.perf_counter()
+    first = True
+    while len(done) < loaders.n:
+        t0 = time.perf_counter()
+        try:
+            msg = loaders.out_q.get(timeout=0.5)
+        except queue.Empty:
+            stats.incr("wait_seconds", time.perf_counter() - t0)
+            if feed_errors:
+                raise WorkerError(f"reading the shard failed: {feed_errors[0]}") from feed_errors[0]
+            dead = loaders.dead(done)
+            if dead:
+                raise RankFailed(
+                    f"loader process {dead[0]} died (exit code {loaders.procs[dead[0]].exitcode})"
+                ) from None
+            continue
+        stats.incr("wait_seconds", time.perf_counter() - t0)
+        kind = msg[0]
+        if kind == "batch":
+            if first:
+                stats.incr("first_batch_seconds", time.perf_counter() - started)
+                first = False
+            _, lid, buf, n, positions, uris, phases, delta = msg
+            stats.add(delta)
+            host = torch.from_numpy(loaders.buffers[lid].array(buf))
+            finished = engine.submit(host, (positions, uris, phases, n))
+            del host
+            loaders.free_qs[lid].put(buf)
+            stats.incr("batches")
+            stats.incr("padded_slots", batch - n)
+            for tag, emb in finished:
+                sink.add_rows(tag[0], tag[1], tag[2], emb[: tag[3]])
+        elif kind == "fail":
+            _, lid, pos, uri, phase, reason, detail, deferred = msg
+            sink.add_failure(pos, uri, phase, reason, detail, deferred)
+        elif kind == "done":
+            done.add(msg[1])
+            stats.add(msg[2])
+        elif kind == "error":
+            raise RankFailed(msg[2])
+        else:  # pragma: no cover
+            raise WorkerError(f"unknown loader message {kind!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpu_worker.rank SPEC.json`: one rank process of a multi-rank node."""
+    argv = sys.argv[1:] if argv is None else argv
+    die_with_parent()
+    with open(argv[0]) as fh:
+        spec = RankSpec(**json.load(fh))
+    try:
+        cfg = WorkerConfig.from_env()
+        setup(cfg.log_level)
+        summary = run_rank(spec, cfg)
+    except ConfigError as exc:
+        print(f"sluice-worker rank {spec.global_rank}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except WorkerError as exc:
+        print(f"sluice-worker rank {spec.global_rank}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        logger.error("rank crashed", extra={"exception": traceback.format_exc()})
+        print(f"sluice-worker rank {spec.global_rank}: crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    with open(spec.summary_path, "w") as fh:
+        json.dump(summary, fh)
+    return 0
+
+
+def spec_json(spec: RankSpec) -> str:
+    return json.dumps(asdict(spec))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

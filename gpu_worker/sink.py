@@ -1,0 +1,247 @@
+"""Output: Parquet chunks committed with markers (per rank), then failures.jsonl and result.json (per shard).
+
+A rank's ChunkSink groups results by window (up to chunk_keys consecutive positions of its
+slice). Results arrive in completion order; a window is committed as soon as every position
+in it is settled or deferred: Parquet first (rows sorted by position), marker second, on a
+writer thread so the model loop never waits on a PUT. Final-pass results form retry chunks.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import queue
+import threading
+import time
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpu_worker import intervals
+from gpu_worker.commits import Marker, Paths, ShardState
+from gpu_worker.errors import WorkerError
+from gpu_worker.intervals import Run
+from gpu_worker.stats import Observer, Stats
+
+RETRY = 1
+
+
+def parquet_bytes(uris: Sequence[str], emb: np.ndarray, dtype: str, metadata: dict[str, str]) -> bytes:
+    """A Parquet file with columns key (string) and embedding (fixed_size_list<dtype>[dim])."""
+    dim = emb.shape[1]
+    values = pa.array(np.ascontiguousarray(emb, dtype=np.dtype(dtype)).reshape(-1))
+    table = pa.table(
+        {"key": pa.array(list(uris), pa.string()), "embedding": pa.FixedSizeListArray.from_arrays(values, dim)}
+    )
+    table = table.replace_schema_metadata({f"sluice.{k}": str(v) for k, v in metadata.items()})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+@dataclass
+class _Chunk:
+    expected: int  # positions to settle (windows); -1 for retry chunks (size-bounded)
+    runs: list[Run]
+    rows: list[tuple[int, str, np.ndarray]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    deferred: list[tuple[int, str]] = field(default_factory=list)
+    committed: bool = False
+
+    @property
+    def settled(self) -> int:
+        return len(self.rows) + len(self.failed) + len(self.deferred)
+
+
+class ChunkSink:
+    """Collects one rank's results and commits chunks; thread-compatible (one caller thread)."""
+
+    def __init__(
+        self,
+        store: Any,
+        paths: Paths,
+        *,
+        rank: int,
+        attempt: int,
+        windows: list[list[Run]],
+        chunk_keys: int,
+        dtype: str,
+        metadata: dict[str, str],
+        observer: Observer | None = None,
+    ) -> None:
+        self._store, self._paths = store, paths
+        self._rank, self._attempt = rank, attempt
+        self._chunk_keys, self._dtype, self._metadata = chunk_keys, dtype, metadata
+        self._obs = observer or Stats()
+        self._windows = [_Chunk(intervals.count(w), w) for w in windows]
+        flat = sorted((a, b, i) for i, w in enumerate(windows) for a, b in w)
+        self._starts = [a for a, _, _ in flat]
+        self._flat = flat
+        self._retry = _Chunk(-1, [])
+        self._jobs: queue.Queue[tuple[str, _Chunk, str] | None] = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._writer = threading.Thread(target=self._write_loop, name="chunk-writer", daemon=True)
+        self._writer.start()
+        self.committed = 0
+        self.reasons: Counter[str] = Counter()
+
+    def _window(self, pos: int) -> _Chunk:
+        i = bisect_right(self._starts, pos) - 1
+        if i < 0 or not self._flat[i][0] <= pos < self._flat[i][1]:
+            raise WorkerError(f"position {pos} is not in this rank's remaining work")
+        return self._windows[self._flat[i][2]]
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise WorkerError(f"writing output failed: {self._error}") from self._error
+
+    def add_rows(self, positions: Sequence[int], uris: Sequence[str], phases: Sequence[int], emb: np.ndarray) -> None:
+        self._check()
+        for i, (pos, uri, phase) in enumerate(zip(positions, uris, phases)):
+            chunk = self._retry if phase == RETRY else self._window(pos)
+            chunk.rows.append((pos, uri, emb[i]))
+            self._settled(chunk, phase)
+        self._obs.incr("images", len(positions))
+
+    def add_failure(self, pos: int, uri: str, phase: int, reason: str, detail: str, deferred: bool) -> None:
+        self._check()
+        if deferred:
+            if phase != RETRY:  # a retry-phase key deferred again is already owed a final result
+                chunk = self._window(pos)
+                chunk.deferred.append((pos, uri))
+                self._settled(chunk, phase)
+            return
+        chunk = self._retry if phase == RETRY else self._window(pos)
+        chunk.failed.append({"pos": pos, "key": uri, "reason": reason, "detail": detail, "attempt": self._attempt})
+        self.reasons[reason] += 1
+        self._obs.incr("failed")
+        self._settled(chunk, phase)
+
+    def _settled(self, chunk: _Chunk, phase: int) -> None:
+        if phase == RETRY:
+            if chunk.settled >= self._chunk_keys:
+                self._commit_retry()
+        elif chunk.settled == chunk.expected:
+            self._commit(chunk, "range")
+
+    def _commit_retry(self) -> None:
+        chunk, self._retry = self._retry, _Chunk(-1, [])
+        if chunk.settled:
+            chunk.runs = intervals.from_points([p for p, _, _ in chunk.rows] + [f["pos"] for f in chunk.failed])
+            self._commit(chunk, "retry")
+
+    def _commit(self, chunk: _Chunk, kind: str) -> None:
+        chunk.committed = True
+        first = chunk.runs[0][0]
+        name = self._paths.chunk_name(self._rank, first, self._attempt if kind == "retry" else None)
+        while True:
+            self._check()
+            try:
+                self._jobs.put((name, chunk, kind), timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if self._error is not None:
+                continue
+            try:
+                self._write(*job)
+            except BaseException as exc:
+                self._error = exc
+
+    def _write(self, name: str, chunk: _Chunk, kind: str) -> None:
+        rows = sorted(chunk.rows, key=lambda r: r[0])
+        deferred = {p for p, _ in chunk.deferred}
+        covers = intervals.subtract(chunk.runs, intervals.from_points(deferred)) if kind == "range" else chunk.runs
+        file = None
+        if rows:
+            emb = np.stack([r[2] for r in rows])
+            data = parquet_bytes([r[1] for r in rows], emb, self._dtype, {**self._metadata, "chunk": name})
+            self._store.put(self._paths.parquet(name), data)
+            file = name + ".parquet"
+        marker = Marker(
+            name=name,
+            kind=kind,
+            rows=len(rows),
+            covers=covers,
+            deferred=sorted(chunk.deferred),
+            failed=sorted(chunk.failed, key=lambda f: f["pos"]),
+            attempt=self._attempt,
+            rank=self._rank,
+            file=file,
+            extra={"committed_at": time.time()},
+        )
+        self._store.put(self._paths.marker(name), marker.to_json(), "application/json")
+        self.committed += 1
+        self._obs.incr("chunks_committed")
+
+    def close(self) -> None:
+        """Commit the last retry chunk, wait for every write; raises if any window is incomplete."""
+        self._check()
+        self._commit_retry()
+        self._jobs.put(None)
+        self._writer.join()
+        self._check()
+        open_windows = [w for w in self._windows if not w.committed]
+        if open_windows:
+            w = open_windows[0]
+            raise WorkerError(
+                f"{len(open_windows)} chunks never completed (first: {w.runs[0]}, {w.settled}/{w.expected} settled)"
+            )
+
+    def abort(self) -> None:
+        """Commit nothing more; a write already under way finishes (it is a complete chunk) first."""
+        self._error = self._error or WorkerError("aborted")
+        self._jobs.put(None)
+        self._writer.join(timeout=60)
+
+
+def finalize(
+    store: Any,
+    paths: Paths,
+    state: ShardState,
+    n_keys: int,
+    *,
+    threshold: float,
+    info: dict[str, Any],
+) -> dict[str, Any]:
+    """Check the shard is settled exactly once, write failures/<i>.jsonl and result.json; return the result."""
+    overlaps = state.overlaps()
+    if overlaps:
+        raise WorkerError(f"{intervals.count(overlaps)} keys are covered by two chunks (first {overlaps[0]})")
+    unsettled = intervals.subtract([(0, n_keys)], state.covered)
+    if unsettled:
+        raise WorkerError(f"{intervals.count(unsettled)} of {n_keys} keys were never settled (first {unsettled[0]})")
+    failures = sorted((f for m in state.markers for f in m.failed), key=lambda f: f["pos"])
+    lines = "".join(
+        json.dumps({"key": f["key"], "reason": f["reason"], "attempt": f["attempt"], "detail": f.get("detail", "")})
+        + "\n"
+        for f in failures
+    )
+    store.put(paths.failures, lines.encode(), "application/x-ndjson")
+    processed = sum(m.rows for m in state.markers)
+    fraction = len(failures) / n_keys if n_keys else 0.0
+    result = {
+        **info,
+        "n_keys": n_keys,
+        "processed": processed,
+        "failed": len(failures),
+        "failed_fraction": round(fraction, 6),
+        "max_failed_fraction": threshold,
+        "ok": fraction <= threshold,
+        "failed_by_reason": dict(sorted(Counter(f["reason"] for f in failures).items())),
+        "chunks": len(state.markers),
+    }
+    store.put(paths.result, json.dumps(result, indent=1).encode(), "application/json")
+    return result

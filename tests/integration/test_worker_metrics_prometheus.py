@@ -1,0 +1,72 @@
+"""A CPU worker job pushes its metrics by remote write to a real Prometheus (Debian's package)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from sluice.local.prometheus import LocalPrometheus
+from tests.integration.conftest import finish, make_run, read_run, start_worker, worker_env
+
+
+@pytest.fixture
+def prometheus():
+    if shutil.which("prometheus") is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus missing in CI: .ci/run installs Debian's prometheus package")
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    prom = LocalPrometheus().start()
+    yield prom
+    prom.stop()
+
+
+def _query(prom: LocalPrometheus, expr: str) -> list[dict]:
+    url = f"{prom.url}api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    body = json.loads(urllib.request.urlopen(url, timeout=10).read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def test_worker_pushes_counts_that_match_its_output_within_the_series_budget(moto_server, dataset, prometheus):
+    keys = dataset.keys[:80]
+    plan = make_run(moto_server, "metrics-1", [keys])
+    env = worker_env(
+        moto_server,
+        plan,
+        AWS_BATCH_JOB_ARRAY_INDEX="0",
+        SLUICE_WORKER_CPU_RANKS="2",
+        SLUICE_WORKER_LOADERS="0",
+        SLUICE_WORKER_CHUNK_KEYS="20",
+        SLUICE_REMOTE_WRITE_URL=prometheus.write_url,
+        SLUICE_WORKER_PUSH_INTERVAL_S="1",
+        SLUICE_WORKER_PUSH_METRICS="all",
+        SLUICE_WORKER_METRICS_PORT="0",
+    )
+    rc, err = finish(start_worker(env))
+    assert rc == 0, err[-3000:]
+    result = read_run(moto_server, plan).results[0]
+    processed = result["processed"]
+    assert processed > 0
+
+    expr = 'sum(sluice_images_processed_total{run_id="metrics-1"})'
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        got = _query(prometheus, expr)
+        if got and float(got[0]["value"][1]) == processed:
+            break
+        time.sleep(0.5)
+    assert got and float(got[0]["value"][1]) == processed, got
+
+    per_rank = _query(prometheus, 'count by (rank) ({__name__=~"sluice_.+", run_id="metrics-1"})')
+    assert {r["metric"]["rank"] for r in per_rank} == {"0", "1"}
+    assert all(0 < float(r["value"][1]) <= 40 for r in per_rank), per_rank
+    # Failures are labelled by reason, never by object.
+    labels = _query(prometheus, '{__name__=~"sluice_.+", run_id="metrics-1"}')
+    assert not any("key" in r["metric"] or "uri" in r["metric"] for r in labels)
+    assert {r["metric"]["instance_type"] for r in labels} and all(r["metric"]["attempt"] == "1" for r in labels)

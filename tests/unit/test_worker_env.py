@@ -1,0 +1,130 @@
+"""Shard selection from the AWS Batch environment, and worker settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_worker.config import WorkerConfig, settings_table
+from gpu_worker.env import plan_uri, select
+from gpu_worker.errors import ConfigError
+from sluice.models import ModelSpec, RunPlan
+
+
+def plan(mode: str = "array", n_shards: int = 4, run_id: str = "r1") -> RunPlan:
+    return RunPlan(
+        run_id=run_id,
+        manifest_uri="s3://c/m.json",
+        control_bucket="c",
+        shards_prefix="s3://c/runs/r1/shards/",
+        output_prefix="s3://c/runs/r1/output/",
+        failures_prefix="s3://c/runs/r1/failures/",
+        total_keys=10,
+        duplicates=0,
+        n_shards=n_shards,
+        keys_per_shard=3,
+        mode=mode,
+        nodes=n_shards,
+        gpus_per_node=1,
+        spot_allowed=True,
+        model=ModelSpec(),
+        output_dtype="float16",
+        attempts=3,
+        timeout_s=3600,
+        max_failed_fraction=0.05,
+        retry_failed=1,
+        jobs=[],
+        created_at="now",
+    )
+
+
+def test_array_child_uses_offset_plus_index():
+    a = select(plan(n_shards=12), {"AWS_BATCH_JOB_ARRAY_INDEX": "3", "SLUICE_SHARD_OFFSET": "8"})
+    assert (a.shard, a.node, a.kind, a.attempt) == (11, 11, "array", 1)
+
+
+def test_single_job_and_attempt():
+    a = select(plan(), {"SLUICE_SHARD_INDEX": "2", "AWS_BATCH_JOB_ATTEMPT": "3"})
+    assert (a.shard, a.kind, a.attempt) == (2, "single", 3)
+
+
+def test_multinode():
+    a = select(plan("multinode", 3), {"AWS_BATCH_JOB_NODE_INDEX": "2", "AWS_BATCH_JOB_NUM_NODES": "3"})
+    assert (a.shard, a.node, a.num_nodes, a.kind) == (2, 2, 3, "multinode")
+
+
+@pytest.mark.parametrize(
+    ("mode", "env", "message"),
+    [
+        ("array", {}, "no shard to run"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "x"}, "is not an integer"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "4"}, "shard 4 is outside the plan's 4 shards"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "-1"}, "must be >= 0"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "1", "SLUICE_SHARD_INDEX": "1"}, "both"),
+        ("array", {"AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_NUM_NODES": "4"}, "mode is 'array'"),
+        ("multinode", {"AWS_BATCH_JOB_ARRAY_INDEX": "0"}, "AWS_BATCH_JOB_NODE_INDEX is not set"),
+        ("multinode", {"AWS_BATCH_JOB_NODE_INDEX": "0"}, "AWS_BATCH_JOB_NUM_NODES is not set"),
+        ("multinode", {"AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_NUM_NODES": "5"}, "plan has 4 shards"),
+        ("multinode", {"AWS_BATCH_JOB_NODE_INDEX": "4", "AWS_BATCH_JOB_NUM_NODES": "4"}, "outside 0..3"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "AWS_BATCH_JOB_ATTEMPT": "0"}, "must be >= 1"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "SLUICE_RUN_ID": "other"}, "plan is for run 'r1'"),
+    ],
+)
+def test_missing_or_inconsistent(mode, env, message):
+    with pytest.raises(ConfigError, match=message):
+        select(plan(mode), env)
+
+
+def test_plan_uri_required():
+    with pytest.raises(ConfigError, match="SLUICE_PLAN_URI is not set"):
+        plan_uri({})
+    assert plan_uri({"SLUICE_PLAN_URI": "s3://b/runs/r/plan.json"}) == "s3://b/runs/r/plan.json"
+
+
+def test_config_from_env_parses_and_round_trips():
+    cfg = WorkerConfig.from_env(
+        {
+            "SLUICE_WORKER_CPU_RANKS": "3",
+            "SLUICE_WORKER_AUTOCAST": "off",
+            "SLUICE_WORKER_OUTPUT_DTYPE": "float32",
+            "SLUICE_WORKER_BACKOFF_BASE_S": "0.5",
+            "SLUICE_WORKER_LOADERS": "",
+            "UNRELATED": "x",
+        }
+    )
+    assert (cfg.cpu_ranks, cfg.autocast, cfg.output_dtype, cfg.backoff_base_s, cfg.loaders) == (
+        3,
+        False,
+        "float32",
+        0.5,
+        -1,
+    )
+    assert WorkerConfig.from_env(cfg.to_env()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SLUICE_WORKER_CPU_RANKS": "0"}, "CPU_RANKS must be >= 1"),
+        ({"SLUICE_WORKER_CPU_RANKS": "two"}, "not a valid int"),
+        ({"SLUICE_WORKER_DEVICE": "tpu"}, "expected one of auto, cpu, cuda"),
+        ({"SLUICE_WORKER_AUTOCAST": "maybe"}, "not a valid bool"),
+        ({"SLUICE_WORKER_LOADERS": "-2"}, "LOADERS must be -1"),
+        ({"SLUICE_WORKER_MAX_FAILED_FRACTION": "1.5"}, "must be <= 1"),
+    ],
+)
+def test_config_errors_name_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message):
+        WorkerConfig.from_env(env)
+
+
+def test_settings_table_lists_every_setting():
+    table = settings_table()
+    assert "`SLUICE_WORKER_CPU_RANKS` | `1`" in table
+    assert table.count("\n") == len(WorkerConfig.__dataclass_fields__) + 1
+
+
+def test_docs_list_the_current_settings():
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "worker.md"
+    assert settings_table() in doc.read_text(), "docs/worker.md: paste gpu_worker.config.settings_table()"

@@ -1,0 +1,158 @@
+"""Per-rank metrics: names, values from Stats, bounded labels, the 40-series budget."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client import exposition
+
+from gpu_worker.metrics import (
+    FETCH_BUCKETS,
+    INFER_BUCKETS,
+    LABELS,
+    RankCollector,
+    count_retry,
+    observe,
+    rank_registry,
+    retry_class,
+    series_count,
+)
+from gpu_worker.remote_write import RemoteWriter, registry_series
+from gpu_worker.stats import Stats
+
+LBL = {
+    "run_id": "r1",
+    "shard": "3",
+    "node": "0",
+    "rank": "1",
+    "gpu": "1",
+    "attempt": "2",
+    "instance_type": "g6e.xlarge",
+}
+ALL_REASONS = {
+    r: 1
+    for r in (
+        "missing",
+        "access_denied",
+        "s3_error",
+        "s3_error_transient",
+        "too_large",
+        "bomb",
+        "not_image",
+        "corrupt",
+        "unsupported",
+    )
+}
+
+
+class FakeGpu:
+    def read(self):
+        return {"util": 0.93, "mem": 8e9, "power": 250.0, "temp": 61.0}
+
+
+def _worst_case_registry():
+    s = Stats()
+    s.incr("images", 1000)
+    s.incr("s3_bytes", 5e6)
+    s.incr("wait_seconds", 3.0)
+    for code in ("SlowDown", "500", "RequestTimeout", "AccessDenied", "503"):
+        count_retry(s, code)
+    for v in (0.005, 0.02, 0.2, 0.5, 2.0, 9.0):
+        observe(s, "infer", v, INFER_BUCKETS)
+        observe(s, "fetch", v, FETCH_BUCKETS)
+    t = [100.0]
+    col = RankCollector(
+        s.snapshot,
+        LBL,
+        reasons=lambda: ALL_REASONS,
+        queue_depth=lambda: 2,
+        gpu=FakeGpu(),
+        started=90.0,
+        clock=lambda: t[0],
+    )
+    return rank_registry(col)
+
+
+def test_worst_case_stays_within_40_series_and_labels_are_bounded():
+    reg = _worst_case_registry()
+    assert series_count(reg) <= 40
+    for fam in reg.collect():
+        assert fam.name.startswith("sluice_")
+        for s in fam.samples:
+            assert set(s.labels) - {"reason", "code", "le"} == set(LABELS)
+
+
+def test_values_come_from_stats():
+    samples = {
+        (smp.name, smp.labels.get("code") or smp.labels.get("le")): smp.value
+        for fam in _worst_case_registry().collect()
+        for smp in fam.samples
+    }
+    assert samples[("sluice_images_processed_total", None)] == 1000
+    assert samples[("sluice_bytes_read_total", None)] == 5e6
+    assert samples[("sluice_s3_retries_total", "throttle")] == 2 and samples[("sluice_s3_retries_total", "other")] == 1
+    assert samples[("sluice_batch_inference_seconds_bucket", "+Inf")] == 6
+    assert samples[("sluice_object_fetch_seconds_count", None)] == 6
+    assert samples[("sluice_data_wait_ratio", None)] == 0.3  # 3 s waited of 10 s wall
+    assert samples[("sluice_gpu_utilization_ratio", None)] == 0.93
+    assert samples[("sluice_prefetch_queue_depth", None)] == 2
+    text = exposition.generate_latest(_worst_case_registry()).decode()
+    assert 'sluice_images_processed_total{attempt="2",gpu="1",instance_type="g6e.xlarge",node="0",rank="1",' in text
+
+
+def test_histogram_buckets_are_cumulative():
+    s = Stats()
+    for v in (0.005, 0.05, 0.05, 10):
+        observe(s, "infer", v, INFER_BUCKETS)
+    reg = rank_registry(RankCollector(s.snapshot, LBL))
+    buckets = {
+        smp.labels["le"]: smp.value
+        for fam in reg.collect()
+        for smp in fam.samples
+        if smp.name == "sluice_batch_inference_seconds_bucket"
+    }
+    assert buckets == {"0.01": 1, "0.03": 1, "0.1": 3, "0.3": 3, "1.0": 3, "3.0": 3, "+Inf": 4}
+
+
+def test_no_gpu_means_no_gpu_series():
+    reg = rank_registry(RankCollector(Stats().snapshot, LBL, gpu=None))
+    names = {fam.name for fam in reg.collect()}
+    assert not any(n.startswith("sluice_gpu_") for n in names)
+
+
+def test_retry_classes_are_a_fixed_set():
+    assert {retry_class(c) for c in ("SlowDown", 429, "503", "500", "InternalError", "RequestTimeout", "x", None)} == {
+        "throttle",
+        "server",
+        "timeout",
+        "other",
+    }
+
+
+def test_default_keep_list_forwards_the_critical_families_only():
+    from gpu_worker.metrics import CRITICAL
+
+    names = {dict(k)["__name__"] for k, _ in registry_series(_worst_case_registry(), keep=CRITICAL)}
+    assert "sluice_images_processed_total" in names and "sluice_gpu_utilization_ratio" in names
+    assert not any("_bucket" in n or "bytes_read" in n for n in names)
+
+
+def test_served_on_metrics_endpoint():
+    from prometheus_client import start_http_server
+
+    from sluice.local.server import free_port
+
+    port = free_port()
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=_worst_case_registry())
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "sluice_images_processed_total" in body
+    finally:
+        server.shutdown()
+
+
+def test_remote_writer_counts_its_drops_in_the_same_registry():
+    reg = _worst_case_registry()
+    w = RemoteWriter("http://127.0.0.1:9/api/v1/write", reg, max_attempts=1, timeout_s=0.5)
+    w.push_once()
+    assert series_count(reg) <= 41 and w.dropped._value.get() > 0

@@ -1,0 +1,114 @@
+"""A whole node in-process: local plan/shard/output files, a fake image fetcher, crash and resume."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from gpu_worker.commits import Paths, load_state
+from gpu_worker.config import WorkerConfig
+from gpu_worker.errors import FailureReason, ObjectFailure, RankFailed, WorkerError
+from gpu_worker.main import run_node
+from gpu_worker.store import Store
+from sluice.models import ModelSpec, RunPlan
+from sluice.shards import encode_shard
+from tests.worker_images import make_demo_images
+
+IMAGES = dict(make_demo_images(60, seed=21))
+KEYS = [*sorted(IMAGES), "gone.jpg"]
+
+
+class Fetcher:
+    def __init__(self, crash_after: int | None = None) -> None:
+        self.crash_after = crash_after
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
+        with self._lock:
+            self.calls += 1
+            if self.crash_after is not None and self.calls > self.crash_after:
+                raise WorkerError("simulated crash")
+        if key not in IMAGES:
+            raise ObjectFailure(FailureReason.MISSING, "NoSuchKey")
+        return IMAGES[key]
+
+
+@pytest.fixture
+def run(tmp_path: Path):
+    base = f"{tmp_path}/runs/r/"
+    plan = RunPlan(
+        run_id="r",
+        manifest_uri="m",
+        control_bucket="c",
+        shards_prefix=base + "shards/",
+        output_prefix=base + "output/",
+        failures_prefix=base + "failures/",
+        total_keys=len(KEYS),
+        duplicates=0,
+        n_shards=1,
+        keys_per_shard=len(KEYS),
+        mode="array",
+        nodes=1,
+        gpus_per_node=0,
+        spot_allowed=True,
+        model=ModelSpec(batch_size=4, image_size=32),
+        output_dtype="float16",
+        attempts=2,
+        timeout_s=3600,
+        max_failed_fraction=0.05,
+        retry_failed=1,
+        jobs=[],
+        created_at="now",
+    )
+    Path(base + "shards").mkdir(parents=True)
+    Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", KEYS)], sort=False, block_keys=8))
+    Path(base + "plan.json").write_text(plan.model_dump_json())
+    env = {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}
+    return plan, env
+
+
+CFG = WorkerConfig(device="cpu", loaders=0, chunk_keys=7, fetch_concurrency=3, torch_threads=1)
+
+
+def rows(plan: RunPlan) -> list[str]:
+    out = []
+    for f in sorted(Path(plan.output_prefix, "shard=0").glob("*.parquet")):
+        out.extend(pq.read_table(f).column("key").to_pylist())
+    return out
+
+
+def test_node_processes_the_shard(run):
+    plan, env = run
+    result = run_node(CFG, env, store=Store(), fetcher=Fetcher())
+    assert (result["processed"], result["failed"], result["ok"]) == (60, 1, True)
+    assert sorted(rows(plan)) == sorted(f"s3://bkt/{k}" for k in IMAGES)
+    assert result["chunks"] == 9  # ceil(61 / 7)
+    assert Path(plan.failures_prefix, "0.jsonl").read_text().count("\n") == 1
+    # A second run of a finished shard does nothing but rewrite the summary.
+    again = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=Store(), fetcher=Fetcher(crash_after=0))
+    assert (again["processed"], again["resumed_chunks"], again["stats"]) == (60, 9, {})
+
+
+def test_crash_then_resume_redoes_only_uncommitted_work(run):
+    plan, env = run
+    with pytest.raises((RankFailed, WorkerError), match="simulated crash"):
+        run_node(CFG, env, store=Store(), fetcher=Fetcher(crash_after=30))
+    paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, 0)
+    before = load_state(Store(), paths)
+    assert 0 < len(before.markers) < 9
+    stamps = {m.name: os.stat(paths.parquet(m.name)).st_mtime_ns for m in before.markers if m.file}
+    Path(paths.parquet("part-0000-000000056")).write_bytes(b"orphan from the killed attempt")
+    fetcher = Fetcher()
+    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=Store(), fetcher=fetcher)
+    assert result["ok"] and result["processed"] == 60 and result["resumed_chunks"] == len(before.markers)
+    done_before = sum(b - a for m in before.markers for a, b in m.covers)
+    assert fetcher.calls == len(KEYS) - done_before  # nothing fetched twice
+    keys = rows(plan)
+    assert len(keys) == len(set(keys)) == 60
+    for name, stamp in stamps.items():
+        assert os.stat(paths.parquet(name)).st_mtime_ns == stamp

@@ -1,0 +1,137 @@
+"""Chunk commits, markers, resume state and the end-of-shard check (local store: no S3 needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from gpu_worker.commits import Marker, Paths, ShardState, load_state, remove_orphans
+from gpu_worker.errors import WorkerError
+from gpu_worker.sink import ChunkSink, finalize
+from gpu_worker.store import Store
+
+
+@pytest.fixture
+def paths(tmp_path):
+    return Paths.for_shard(f"{tmp_path}/out/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
+
+
+def sink(paths, windows, attempt=1, chunk_keys=10, rank=5):
+    return ChunkSink(
+        Store(),
+        paths,
+        rank=rank,
+        attempt=attempt,
+        windows=windows,
+        chunk_keys=chunk_keys,
+        dtype="float16",
+        metadata={"model": "m"},
+    )
+
+
+def emb(*rows: int) -> np.ndarray:
+    out = np.zeros((len(rows), 4), np.float32)
+    for i, r in enumerate(rows):
+        out[i, r % 4] = 1.0
+    return out
+
+
+def test_windows_commit_when_settled_in_any_order(paths):
+    s = sink(paths, [[(0, 3)], [(3, 5), (8, 9)]])
+    s.add_rows([4, 8], ["u4", "u8"], [0, 0], emb(4, 8))
+    s.add_failure(1, "u1", 0, "corrupt", "bad", False)
+    s.add_rows([3, 0], ["u3", "u0"], [0, 0], emb(3, 0))  # window 2 complete here (3, 4, 8)
+    s.add_rows([2], ["u2"], [0], emb(2))
+    s.close()
+    state = load_state(Store(), paths)
+    names = [m.name for m in state.markers]
+    assert names == ["part-0005-000000000", "part-0005-000000003"]
+    first, second = state.markers
+    assert first.covers == [(0, 3)] and first.rows == 2 and first.failed[0]["reason"] == "corrupt"
+    assert second.covers == [(3, 5), (8, 9)] and second.rows == 3
+    table = pq.read_table(paths.parquet(second.name))
+    assert table.column("key").to_pylist() == ["u3", "u4", "u8"]  # sorted by shard position
+    np.testing.assert_array_equal(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)), emb(3, 4, 8))
+    assert table.schema.metadata[b"sluice.model"] == b"m"
+
+
+def test_deferred_keys_go_to_a_retry_chunk(paths):
+    s = sink(paths, [[(0, 4)]], attempt=2)
+    s.add_rows([0, 1], ["u0", "u1"], [0, 0], emb(0, 1))
+    s.add_failure(2, "u2", 0, "s3_error_transient", "SlowDown", True)
+    s.add_failure(3, "u3", 0, "s3_error_transient", "SlowDown", True)
+    s.add_rows([2], ["u2"], [1], emb(2))  # the final pass recovered u2
+    s.add_failure(3, "u3", 1, "s3_error_transient", "SlowDown", True)  # deferred again: ignored
+    s.add_failure(3, "u3", 1, "s3_error_transient", "SlowDown", False)  # final verdict
+    s.close()
+    state = load_state(Store(), paths)
+    rng, retry = state.markers
+    assert rng.kind == "range" and rng.covers == [(0, 2)] and rng.deferred == [(2, "u2"), (3, "u3")]
+    assert retry.name == "part-0005-000000002-r2" and retry.kind == "retry"
+    assert retry.covers == [(2, 4)] and retry.rows == 1 and [f["key"] for f in retry.failed] == ["u3"]
+    assert state.pending_retry() == []
+    assert state.covered == [(0, 4)]
+
+
+def test_resume_state_from_markers():
+    m1 = Marker("a", "range", 3, [(0, 3), (5, 10)], [(3, "u3"), (4, "u4")], [], 1, 0, None)
+    m2 = Marker("b", "retry", 1, [(3, 4)], [], [], 1, 0, None)
+    state = ShardState([m1, m2])
+    assert state.claimed == [(0, 10)]
+    assert state.pending_retry() == [(4, "u4")]
+    assert ShardState.from_json(state.to_json()).markers == state.markers
+    assert state.overlaps() == []
+    assert ShardState([m1, Marker("c", "range", 1, [(9, 12)], [], [], 2, 1, None)]).overlaps() == [(9, 10)]
+
+
+def test_incomplete_window_is_an_error(paths):
+    s = sink(paths, [[(0, 3)]])
+    s.add_rows([0], ["u0"], [0], emb(0))
+    with pytest.raises(WorkerError, match="1 chunks never completed"):
+        s.close()
+    with pytest.raises(WorkerError, match="not in this rank's remaining work"):
+        sink(paths, [[(0, 3)]]).add_rows([7], ["u7"], [0], emb(7))
+
+
+def test_finalize_writes_failures_and_result(paths):
+    s = sink(paths, [[(0, 4)]])
+    s.add_rows([0, 2], ["u0", "u2"], [0, 0], emb(0, 2))
+    s.add_failure(3, "u3", 0, "missing", "NoSuchKey", False)
+    s.add_failure(1, "u1", 0, "bomb", "too many pixels", False)
+    s.close()
+    store = Store()
+    result = finalize(store, paths, load_state(store, paths), 4, threshold=0.25, info={"attempt": 1})
+    assert (result["processed"], result["failed"], result["ok"]) == (2, 2, False)
+    assert result["failed_by_reason"] == {"bomb": 1, "missing": 1}
+    lines = [json.loads(x) for x in Path(paths.failures).read_text().splitlines()]
+    assert [(x["key"], x["reason"], x["attempt"]) for x in lines] == [("u1", "bomb", 1), ("u3", "missing", 1)]
+    assert json.loads(Path(paths.result).read_text())["failed_fraction"] == 0.5
+    assert finalize(store, paths, load_state(store, paths), 4, threshold=0.5, info={})["ok"] is True
+
+
+def test_finalize_refuses_gaps_and_double_coverage(paths):
+    store = Store()
+    with pytest.raises(WorkerError, match="3 of 3 keys were never settled"):
+        finalize(store, paths, ShardState([]), 3, threshold=1.0, info={})
+    dup = ShardState(
+        [Marker("a", "range", 2, [(0, 2)], [], [], 1, 0, None), Marker("b", "range", 2, [(1, 3)], [], [], 2, 0, None)]
+    )
+    with pytest.raises(WorkerError, match="1 keys are covered by two chunks"):
+        finalize(store, paths, dup, 3, threshold=1.0, info={})
+    assert finalize(store, paths, ShardState([]), 0, threshold=0.0, info={})["ok"] is True
+
+
+def test_orphan_parquet_files_are_removed(paths):
+    s = sink(paths, [[(0, 1)]])
+    s.add_rows([0], ["u0"], [0], emb(0))
+    s.close()
+    store = Store()
+    orphan = paths.parquet("part-0001-000000007")
+    store.put(orphan, b"half written attempt")
+    state = load_state(store, paths)
+    assert remove_orphans(store, paths, state) == [orphan]
+    assert store.list(paths.output_dir) == [paths.marker("part-0005-000000000"), paths.parquet("part-0005-000000000")]
