@@ -3,6 +3,7 @@ local Prometheus (PromQL HTTP API, SigV4-signed for AMP), optionally plotted to 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -88,7 +89,7 @@ class RunMetrics:
 
 def _rate(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out = []
-    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+    for (t0, v0), (t1, v1) in itertools.pairwise(points):
         if t1 > t0:
             out.append((t1, max(0.0, (v1 - v0) / (t1 - t0))))  # a counter reset reads as 0, not negative
     return out
