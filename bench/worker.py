@@ -1,7 +1,8 @@
 """Worker throughput on this machine: model-only vs our pipeline vs naive loop vs torch DataLoader.
 
-    .venv/bin/python bench/worker.py                       # ResNet-50-shaped model, 224 px
-    .venv/bin/python bench/worker.py --model builtin:reference-cnn --images 600
+    .venv/bin/python bench/worker.py                       # ResNet-50-shaped model, 224 px, 5 rounds
+    .venv/bin/python bench/worker.py --model builtin:reference-cnn --images 400
+    .venv/bin/python bench/worker.py --also b-thr,d-dec     # two more variants per round
 
 S3 is a local moto server (tests/worker_s3server.py) that sleeps --latency-ms (default 20 ms)
 before answering each image GET: a network round trip that costs no CPU (the server's own
@@ -19,7 +20,9 @@ torch thread count.
     d-dec  the same DataLoader with our decoder (gpu_worker.decode: JPEG draft mode): isolates
            what the pipeline's structure buys from what the cheaper decode buys
 
-Prints a table (images/s) and the ratios b/a, b/c, b/d. No assertions: figures go in
+Each round runs a, b, c, d and a' (model only again); this VM's CPU speed swings by up to 4x
+over minutes, so ratios are taken within a round and only over rounds whose a and a' agree
+(--drift). Prints images/s and the ratios b/a, b/c, b/d. No assertions: figures go in
 docs/performance.md.
 """
 
@@ -233,16 +236,17 @@ def main() -> None:
     ap.add_argument("--model", default="builtin:resnet50")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--images", type=int, default=240)
+    ap.add_argument("--images", type=int, default=160)
     ap.add_argument("--naive-images", type=int, default=0, help="images per naive round (default: images / 4)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds a, b, c, d, a'")
+    ap.add_argument("--drift", type=float, default=0.15, help="drop rounds whose a and a' differ by more")
+    ap.add_argument("--also", default="", help="extra variants per round, comma list: b-thr,d-dec")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--min-side", type=int, default=300)
     ap.add_argument("--max-side", type=int, default=800)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader num_workers")
-    ap.add_argument("--skip", default="", help="comma list of variants to skip: a,b,b-thr,c,d,d-dec")
     args = ap.parse_args()
-    skip = set(filter(None, args.skip.split(",")))
+    also = set(filter(None, args.also.split(",")))
     threads = torch.get_num_threads()
     proc, env = start_s3(args.latency_ms)
     os.environ.update(env)
@@ -254,26 +258,19 @@ def main() -> None:
             f"model {args.model} @ {args.image_size}px, batch {args.batch_size}, torch threads {threads}, "
             f"{os.cpu_count()} CPUs, GET latency {args.latency_ms:g} ms, {args.rounds} rounds"
         )
+        m, size, batch, workers = args.model, args.image_size, args.batch_size, args.workers
         steps: list[tuple[str, Any]] = [
-            ("a", lambda: bench_model_only(args.model, args.image_size, args.batch_size, args.images)),
-            ("b", lambda: bench_pipeline(keys, args.model, args.image_size, args.batch_size, {})),
-            (
-                "b-thr",
-                lambda: bench_pipeline(
-                    keys, args.model, args.image_size, args.batch_size, {"SLUICE_WORKER_LOADERS": "0"}
-                ),
-            ),
-            ("c", lambda: bench_naive(naive_keys, args.model, args.image_size)),
-            ("d", lambda: bench_dataloader(keys, args.model, args.image_size, args.batch_size, args.workers, False)),
-            (
-                "d-dec",
-                lambda: bench_dataloader(keys, args.model, args.image_size, args.batch_size, args.workers, True),
-            ),
-            ("a'", lambda: bench_model_only(args.model, args.image_size, args.batch_size, args.images)),
+            ("a", lambda: bench_model_only(m, size, batch, args.images)),
+            ("b", lambda: bench_pipeline(keys, m, size, batch, {})),
+            ("b-thr", lambda: bench_pipeline(keys, m, size, batch, {"SLUICE_WORKER_LOADERS": "0"})),
+            ("c", lambda: bench_naive(naive_keys, m, size)),
+            ("d", lambda: bench_dataloader(keys, m, size, batch, workers, False)),
+            ("d-dec", lambda: bench_dataloader(keys, m, size, batch, workers, True)),
+            ("a'", lambda: bench_model_only(m, size, batch, args.images)),
         ]
         for r in range(args.rounds):
             for name, fn in steps:
-                if name.rstrip("'") in skip:
+                if name in ("b-thr", "d-dec") and name not in also:
                     continue
                 runs.setdefault(name, []).append(fn())
                 print(f"  round {r + 1} {name:6s} {runs[name][-1]:8.2f} images/s", flush=True)
@@ -281,45 +278,45 @@ def main() -> None:
         proc.terminate()
         proc.wait()
     print(f"\ncommand: python bench/worker.py {' '.join(sys.argv[1:])}".rstrip())
-    report(runs, args.workers)
+    report(runs, args.workers, args.drift)
 
 
-def report(runs: dict[str, list[float]], workers: int) -> None:
-    """Medians, and ratios taken within each round (this VM's speed drifts between rounds)."""
-    labels = {
-        "a": "model only (pre-decoded tensors), before the others",
-        "a'": "model only, after the others (drift check)",
-        "b": "our pipeline, end to end (loader processes)",
-        "b-thr": "our pipeline, loaders as threads (SLUICE_WORKER_LOADERS=0)",
-        "c": "naive sequential loop (GET, plain decode, forward 1 image)",
-        "d": f"torch DataLoader (map-style GET + plain decode, num_workers={workers})",
-        "d-dec": f"torch DataLoader with our decoder (num_workers={workers})",
-    }
-    print("\n| variant | images/s (median) | min | max |\n|---|---:|---:|---:|")
-    for name, values in runs.items():
-        med = statistics.median(values)
-        print(f"| {name}: {labels[name]} | {med:.2f} | {min(values):.2f} | {max(values):.2f} |")
-    if "b" not in runs:
-        return
-    model_only = runs.get("a")
-    if model_only and "a'" in runs:  # the round's model-only rate: mean of before and after
-        model_only = [(x + y) / 2 for x, y in zip(runs["a"], runs["a'"])]
-    print("\n| ratio | median over rounds | per round |\n|---|---:|---|")
-    bases = (
-        ("a", model_only),
-        ("b-thr", runs.get("b-thr")),
-        ("c", runs.get("c")),
-        ("d", runs.get("d")),
-        ("d-dec", runs.get("d-dec")),
+LABELS = {
+    "a": "model only (pre-decoded tensors)",
+    "b": "our pipeline, end to end (loader processes)",
+    "b-thr": "our pipeline, loaders as threads (SLUICE_WORKER_LOADERS=0)",
+    "c": "naive sequential loop (GET, plain decode, forward 1 image)",
+    "d": "torch DataLoader (map-style GET + plain decode, num_workers={w})",
+    "d-dec": "torch DataLoader with our decoder (num_workers={w})",
+}
+
+
+def report(runs: dict[str, list[float]], workers: int, drift: float) -> None:
+    """Per-round ratios over the rounds whose model-only rate held still (this VM's speed drifts)."""
+    n = len(runs["a"])
+    a = [(x + y) / 2 for x, y in zip(runs["a"], runs["a'"])]
+    stable = [i for i in range(n) if abs(runs["a"][i] - runs["a'"][i]) <= drift * a[i]]
+    print(
+        f"\nstable rounds (model-only rate before and after within {drift:.0%}): "
+        f"{len(stable)} of {n}" + ("" if stable else "; no stable round, all rounds used")
     )
-    for name, base in bases:
-        if base:
-            per = [b / o for b, o in zip(runs["b"], base)]
-            print(f"| b/{name} | {statistics.median(per):.2f} | {', '.join(f'{x:.2f}' for x in per)} |")
-    for name in ("d", "d-dec"):
-        if "a" in runs and name in runs:
-            per = [d / o for d, o in zip(runs[name], model_only or runs["a"])]
-            print(f"| {name}/a | {statistics.median(per):.2f} | {', '.join(f'{x:.2f}' for x in per)} |")
+    use = stable or list(range(n))
+    runs = {**runs, "a": a}
+    print("\n| variant | images/s (median, stable rounds) | per round |\n|---|---:|---|")
+    for name in ("a", "b", "b-thr", "c", "d", "d-dec"):
+        if name in runs:
+            vals = runs[name]
+            cells = ", ".join(f"{v:.1f}" + ("" if i in use else "*") for i, v in enumerate(vals))
+            label = LABELS[name].format(w=workers)
+            print(f"| {name}: {label} | {statistics.median(vals[i] for i in use):.2f} | {cells} |")
+    print("\n| ratio | median (stable rounds) | per round |\n|---|---:|---|")
+    pairs = [("b", "a"), ("b", "c"), ("b", "d"), ("b", "b-thr"), ("b", "d-dec"), ("d", "a"), ("d-dec", "a"), ("a", "c")]
+    for top, bottom in pairs:
+        if top in runs and bottom in runs:
+            per = [t / o for t, o in zip(runs[top], runs[bottom])]
+            cells = ", ".join(f"{v:.2f}" + ("" if i in use else "*") for i, v in enumerate(per))
+            print(f"| {top}/{bottom} | {statistics.median(per[i] for i in use):.2f} | {cells} |")
+    print("\n(* = round dropped: the model-only rate moved by more than the drift limit during it)")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,12 @@ class Fetcher:
             raise WorkerError(f"no AWS credentials for S3: {exc}") from exc
         except (ClientError, BotoCoreError, ConnectionError, TimeoutError) as exc:
             raise classify(exc) from None
+        except ObjectFailure:
+            raise
+        except Exception as exc:  # anything else the HTTP stack throws for one object: transient, not fatal
+            raise ObjectFailure(
+                FailureReason.S3_ERROR_TRANSIENT, f"{type(exc).__name__}: {exc}", transient=True
+            ) from None
         self._obs.incr("s3_gets")
         self._obs.incr("s3_bytes", len(data))
         return bytes(data)

@@ -140,3 +140,15 @@ def test_sigint_stops_everything_within_ten_seconds(tmp_path):
     assert "interrupted" in err
     time.sleep(0.5)
     assert [p for p in pids if _alive(p)] == []
+
+
+def test_endpoint_url_reuses_a_running_emulator_and_its_resources(tmp_path):
+    from sluice.local.server import MotoServer
+
+    with MotoServer() as server:
+        for _ in range(2):  # the second run finds the stack's resources already there
+            proc = _run("--demo", "12", "--endpoint-url", server.endpoint, "--no-prometheus", "--json",
+                        "--out", str(tmp_path / "out"))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert json.loads(proc.stdout)["processed"] == 12
+        assert server.pid is not None and _alive(server.pid)  # not ours to stop

@@ -51,20 +51,16 @@ def test_slowdown_on_a_fifth_of_all_gets_loses_nothing(moto_server, dataset):
 
 
 def test_slowdown_with_default_adaptive_mode(moto_server, dataset):
+    """Worker settings at their defaults but device=cpu: one rank in-process, one loader process,
+    16 concurrent GETs, adaptive mode, default backoffs."""
     shards = [dataset.keys[:12]]
     plan = make_run(moto_server, "throttle-adaptive", shards)
     moto_server.faults(slowdown_rate=0.2, seed=9)
     try:
-        rc, err = run_worker(
-            worker_env(
-                moto_server,
-                plan,
-                SLUICE_SHARD_INDEX="0",
-                SLUICE_WORKER_LOADERS="0",
-                SLUICE_WORKER_BACKOFF_BASE_S="0.02",
-                SLUICE_WORKER_FINAL_BACKOFF_BASE_S="0.1",
-            )
-        )
+        env = worker_env(moto_server, plan, SLUICE_SHARD_INDEX="0")
+        for name in ("SLUICE_WORKER_TORCH_THREADS", "SLUICE_WORKER_FETCH_CONCURRENCY"):
+            del env[name]
+        rc, err = run_worker(env)
         counts = moto_server.fault_counts()
     finally:
         moto_server.faults()

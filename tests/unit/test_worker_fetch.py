@@ -97,6 +97,17 @@ def test_too_large_objects_are_not_read():
     assert info.value.reason is FailureReason.TOO_LARGE
 
 
+def test_unexpected_http_stack_errors_are_transient_key_failures():
+    import http.client
+
+    f, client, _, _ = fetcher([http.client.IncompleteRead(b"partial"), b"data"], retries=1)
+    assert f.get("b", "k") == b"data" and client.calls == 2
+    f, _, _, _ = fetcher([ValueError("bad header")], retries=0)
+    with pytest.raises(ObjectFailure) as info:
+        f.get("b", "k")
+    assert info.value.transient and "ValueError" in info.value.detail
+
+
 def test_missing_credentials_are_fatal_not_a_key_failure():
     f, _, _, _ = fetcher([NoCredentialsError()])
     with pytest.raises(WorkerError, match="credentials"):

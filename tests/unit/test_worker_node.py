@@ -112,3 +112,12 @@ def test_crash_then_resume_redoes_only_uncommitted_work(run):
     assert len(keys) == len(set(keys)) == 60
     for name, stamp in stamps.items():
         assert os.stat(paths.parquet(name)).st_mtime_ns == stamp
+
+
+def test_empty_shard(run, tmp_path):
+    """An MNP run with fewer keys than nodes gives some nodes an empty shard: done at once, ok."""
+    plan, env = run
+    Path(plan.shards_prefix, "0.shard").write_bytes(encode_shard([]))
+    result = run_node(CFG, env, store=Store(), fetcher=Fetcher(crash_after=0))
+    assert (result["n_keys"], result["processed"], result["failed"], result["ok"]) == (0, 0, 0, True)
+    assert Path(plan.failures_prefix, "0.jsonl").read_text() == ""
