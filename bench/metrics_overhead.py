@@ -5,8 +5,9 @@
 Both arms run the real worker (`python -m gpu_worker`, 2 CPU ranks, builtin:reference-cnn at
 96 px) over the same images on a local moto server, alternating off/on to share any drift.
 "off": no remote write, no /metrics port. "on": the per-rank registry is served on /metrics
-and pushed by remote write every second (30x the production rate) to a real Prometheus when
-one is installed (else to a loopback sink that answers 204). images/s = keys / worker wall time.
+and pushed by remote write (--push-interval, default 30 s as in production; --push-interval 1
+--push-metrics all is a 30x stress) to a real Prometheus when one is installed (else to a
+loopback sink that answers 204). images/s = keys / worker wall time.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=600)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--push-interval", default="30", help="SLUICE_WORKER_PUSH_INTERVAL_S of the 'on' arm")
+    ap.add_argument("--push-metrics", default="", help="SLUICE_WORKER_PUSH_METRICS of the 'on' arm ('' = keep-list)")
     a = ap.parse_args()
     os.environ.update(FAKE_CREDENTIALS)
     with MotoServer() as server:
@@ -142,7 +145,8 @@ def main() -> None:
     print("|---|---:|---|")
     print(f"| metrics off | {off:.1f} | {', '.join(f'{x:.1f}' for x in results['off'])} |")
     runs_on = ", ".join(f"{x:.1f}" for x in results["on"])
-    print(f"| metrics on (/metrics + remote write every 1 s) | {on:.1f} | {runs_on} |")
+    label = f"metrics on (/metrics + remote write every {a.push_interval} s, keep={a.push_metrics or 'critical'})"
+    print(f"| {label} | {on:.1f} | {runs_on} |")
     print(f"ratio on/off: {on / off:.3f}  (overhead {100 * (1 - on / off):+.1f}%)")
 
 

@@ -20,10 +20,10 @@ torch thread count.
     d-dec  the same DataLoader with our decoder (gpu_worker.decode: JPEG draft mode): isolates
            what the pipeline's structure buys from what the cheaper decode buys
 
-Each round runs a, b, c, d and a' (model only again); this VM's CPU speed swings by up to 4x
-over minutes, so ratios are taken within a round and only over rounds whose a and a' agree
-(--drift). Prints images/s and the ratios b/a, b/c, b/d. No assertions: figures go in
-docs/performance.md.
+Each round runs a, b, a, c, a, d, a: this VM's CPU speed swings by up to 4x over minutes, so
+each variant is divided by the model-only rate measured right before and right after it, and
+pairs whose two model-only rates disagree by more than --drift are left out of the medians.
+Prints images/s and the ratios b/a, b/c, b/d. No assertions: figures go in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra
         raise SystemExit(f"worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
     result = json.loads(s3.get_object(Bucket=CONTROL, Key=f"runs/{run}/shards/0.result.json")["Body"].read())
     assert result["processed"] == len(keys), result
-    if os.environ.get("BENCH_STATS"):
+    if os.environ.get("BENCH_STATS"):  # the worker's own counters (wait, model, loader CPU seconds ...)
         print("STATS", json.dumps(result["stats"]))
     return result["processed"] / result["pipeline_seconds"]
 
@@ -238,8 +238,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--images", type=int, default=160)
     ap.add_argument("--naive-images", type=int, default=0, help="images per naive round (default: images / 4)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds a, b, c, d, a'")
-    ap.add_argument("--drift", type=float, default=0.15, help="drop rounds whose a and a' differ by more")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of a, b, a, c, a, d, a")
+    ap.add_argument("--drift", type=float, default=0.1, help="drop pairs whose two model-only rates differ more")
     ap.add_argument("--also", default="", help="extra variants per round, comma list: b-thr,d-dec")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--min-side", type=int, default=300)
@@ -266,14 +266,23 @@ def main() -> None:
             ("c", lambda: bench_naive(naive_keys, m, size)),
             ("d", lambda: bench_dataloader(keys, m, size, batch, workers, False)),
             ("d-dec", lambda: bench_dataloader(keys, m, size, batch, workers, True)),
-            ("a'", lambda: bench_model_only(m, size, batch, args.images)),
         ]
+        model_only = dict(steps)["a"]
         for r in range(args.rounds):
+            # Every variant is bracketed by model-only runs: its ratio uses the mean of the two.
+            runs.setdefault("a", []).append(model_only())
             for name, fn in steps:
-                if name in ("b-thr", "d-dec") and name not in also:
+                if name in ("a", "a'") or (name in ("b-thr", "d-dec") and name not in also):
                     continue
                 runs.setdefault(name, []).append(fn())
-                print(f"  round {r + 1} {name:6s} {runs[name][-1]:8.2f} images/s", flush=True)
+                runs.setdefault(f"a|{name}", []).append(runs["a"][-1])
+                runs["a"].append(model_only())
+                runs.setdefault(f"a'|{name}", []).append(runs["a"][-1])
+                print(
+                    f"  round {r + 1} {name:6s} {runs[name][-1]:8.2f} images/s "
+                    f"(model only before/after {runs[f'a|{name}'][-1]:.1f}/{runs['a'][-1]:.1f})",
+                    flush=True,
+                )
     finally:
         proc.terminate()
         proc.wait()
@@ -292,31 +301,44 @@ LABELS = {
 
 
 def report(runs: dict[str, list[float]], workers: int, drift: float) -> None:
-    """Per-round ratios over the rounds whose model-only rate held still (this VM's speed drifts)."""
-    n = len(runs["a"])
-    a = [(x + y) / 2 for x, y in zip(runs["a"], runs["a'"])]
-    stable = [i for i in range(n) if abs(runs["a"][i] - runs["a'"][i]) <= drift * a[i]]
+    """Ratios of each variant to the model-only rate measured just before and just after it.
+
+    This VM's CPU speed drifts (up to 4x over minutes); a pair whose before and after model-only
+    rates differ by more than `drift` is marked * and left out of the medians.
+    """
+    names = [n for n in ("b", "b-thr", "c", "d", "d-dec") if n in runs]
+    ok: dict[str, list[bool]] = {}
+    ref: dict[str, list[float]] = {}
+    for n in names:
+        before, after = runs[f"a|{n}"], runs[f"a'|{n}"]
+        ref[n] = [(x + y) / 2 for x, y in zip(before, after)]
+        ok[n] = [abs(x - y) <= drift * (x + y) / 2 for x, y in zip(before, after)]
+
+    def cells(vals: list[float], flags: list[bool], fmt: str) -> str:
+        return ", ".join(format(v, fmt) + ("" if f else "*") for v, f in zip(vals, flags))
+
+    def med(vals: list[float], flags: list[bool]) -> float:
+        kept = [v for v, f in zip(vals, flags) if f] or vals
+        return statistics.median(kept)
+
+    a = runs["a"]
+    print("\n| variant | images/s (median) | per round |\n|---|---:|---|")
+    print(f"| a: {LABELS['a']} | {statistics.median(a):.2f} | {cells(a, [True] * len(a), '.1f')} |")
+    for n in names:
+        print(f"| {n}: {LABELS[n].format(w=workers)} | {med(runs[n], ok[n]):.2f} | {cells(runs[n], ok[n], '.1f')} |")
+    ratio = {n: [v / r for v, r in zip(runs[n], ref[n])] for n in names}
+    print("\n| ratio | median | per round |\n|---|---:|---|")
+    for n in names:
+        print(f"| {n}/a | {med(ratio[n], ok[n]):.2f} | {cells(ratio[n], ok[n], '.2f')} |")
+    for n in ("c", "d", "b-thr", "d-dec"):
+        if n in names and "b" in names:
+            flags = [x and y for x, y in zip(ok["b"], ok[n])]
+            per = [x / y for x, y in zip(ratio["b"], ratio[n])]
+            print(f"| b/{n} | {med(per, flags):.2f} | {cells(per, flags, '.2f')} |")
     print(
-        f"\nstable rounds (model-only rate before and after within {drift:.0%}): "
-        f"{len(stable)} of {n}" + ("" if stable else "; no stable round, all rounds used")
+        f"\n(a is measured before and after every variant; * = that pair's two model-only rates differ by "
+        f"more than {drift:.0%}: left out of the medians)"
     )
-    use = stable or list(range(n))
-    runs = {**runs, "a": a}
-    print("\n| variant | images/s (median, stable rounds) | per round |\n|---|---:|---|")
-    for name in ("a", "b", "b-thr", "c", "d", "d-dec"):
-        if name in runs:
-            vals = runs[name]
-            cells = ", ".join(f"{v:.1f}" + ("" if i in use else "*") for i, v in enumerate(vals))
-            label = LABELS[name].format(w=workers)
-            print(f"| {name}: {label} | {statistics.median(vals[i] for i in use):.2f} | {cells} |")
-    print("\n| ratio | median (stable rounds) | per round |\n|---|---:|---|")
-    pairs = [("b", "a"), ("b", "c"), ("b", "d"), ("b", "b-thr"), ("b", "d-dec"), ("d", "a"), ("d-dec", "a"), ("a", "c")]
-    for top, bottom in pairs:
-        if top in runs and bottom in runs:
-            per = [t / o for t, o in zip(runs[top], runs[bottom])]
-            cells = ", ".join(f"{v:.2f}" + ("" if i in use else "*") for i, v in enumerate(per))
-            print(f"| {top}/{bottom} | {statistics.median(per[i] for i in use):.2f} | {cells} |")
-    print("\n(* = round dropped: the model-only rate moved by more than the drift limit during it)")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import glob
 import os
 import signal
 import time
+from pathlib import Path
 
 from tests.integration.conftest import (
     CONTROL_BUCKET,
@@ -16,6 +17,36 @@ from tests.integration.conftest import (
     start_worker,
     worker_env,
 )
+
+
+def _remove_orphaned_semaphores(since: float) -> None:
+    """SIGKILL of a whole process group leaves multiprocessing's named semaphores in /dev/shm (a
+    container's /dev/shm goes with it; a test machine's does not). Remove ours (this uid) created
+    since `since` that no live process of ours maps; touch nothing if a Python process is unreadable."""
+    shm, uid = Path("/dev/shm"), os.getuid()
+    if not shm.is_dir():
+        return
+    mapped: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if proc.stat().st_uid != uid:
+                continue
+            lines = (proc / "maps").read_text().splitlines()
+        except FileNotFoundError:
+            continue  # the process exited
+        except PermissionError:
+            comm = (proc / "comm").read_text().strip() if (proc / "comm").exists() else "?"
+            if comm.startswith(("python", "pytest", "?")):
+                return  # a Python process we cannot inspect might hold one: leave them all
+            continue  # e.g. a sandbox's init: it maps no multiprocessing semaphores
+        mapped.update(line.rsplit(None, 1)[-1] for line in lines if "/dev/shm/" in line)
+    for sem in shm.glob("sem.mp-*"):
+        try:
+            st = sem.stat()
+            if st.st_uid == uid and st.st_ctime >= since and str(sem) not in mapped:
+                sem.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def _committed(s3, run_id: str) -> int:
@@ -40,6 +71,7 @@ def test_sigkill_mid_shard_then_resume(moto_server, dataset):
         SLUICE_WORKER_FETCH_CONCURRENCY="2",
         SLUICE_WORKER_CHUNK_KEYS=str(chunk),
     )
+    started = time.time()
     proc = start_worker(env)
     try:
         deadline = time.monotonic() + 120
@@ -51,6 +83,8 @@ def test_sigkill_mid_shard_then_resume(moto_server, dataset):
         os.killpg(proc.pid, signal.SIGKILL)  # the whole container: node, ranks, loaders
         proc.communicate()
         moto_server.faults()
+        time.sleep(0.2)  # let the kernel finish tearing the group down
+        _remove_orphaned_semaphores(started)
     first = read_run(moto_server, plan)
     assert 3 <= len(first.markers) < windows_total, "the kill must land mid-shard"
     assert not first.results, "a killed attempt writes no result.json"
