@@ -332,3 +332,22 @@ def check_complete(dataset: Dataset, plan: Any, out: RunOutput, shards: list[lis
         assert res["failed"] == len(want)
         assert res["n_keys"] == len(keys)
         assert res["ok"] is True
+
+
+@pytest.fixture
+def prometheus() -> Iterator[Any]:
+    """A real Prometheus (Debian's package) with its remote-write receiver, on a free loopback port.
+
+    In CI it must run: .ci/run installs the package, and a missing binary fails instead of skipping.
+    """
+    import shutil
+
+    from sluice.local.prometheus import LocalPrometheus
+
+    if shutil.which("prometheus") is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus missing in CI: .ci/run installs Debian's prometheus package")
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    prom = LocalPrometheus().start()
+    yield prom
+    prom.stop()

@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 
-import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpu_worker.remote_write import RemoteWriter
 from sluice.cli import main
-from sluice.local.prometheus import LocalPrometheus
-
-
-@pytest.fixture
-def prometheus():
-    if shutil.which("prometheus") is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus missing in CI: .ci/run installs Debian's prometheus package")
-        pytest.skip("prometheus not installed")
-    prom = LocalPrometheus().start()
-    yield prom
-    prom.stop()
 
 
 def test_metrics_summary_and_plot(prometheus, tmp_path, capsys):

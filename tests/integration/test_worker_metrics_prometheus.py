@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 import urllib.parse
 import urllib.request
 
-import pytest
-
 from sluice.local.prometheus import LocalPrometheus
 from tests.integration.conftest import finish, make_run, read_run, start_worker, worker_env
-
-
-@pytest.fixture
-def prometheus():
-    if shutil.which("prometheus") is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus missing in CI: .ci/run installs Debian's prometheus package")
-        pytest.skip("prometheus not installed (apt-get install prometheus)")
-    prom = LocalPrometheus().start()
-    yield prom
-    prom.stop()
 
 
 def _query(prom: LocalPrometheus, expr: str) -> list[dict]:
