@@ -79,28 +79,9 @@ def main() -> None:
                 for arm in ("off", "on"):
                     run_id = f"bench-{arm}-{i}"
                     base = f"s3://{BUCKET}/runs/{run_id}/"
-                    plan = RunPlan(
-                        run_id=run_id,
-                        manifest_uri=base + "m.json",
-                        control_bucket=BUCKET,
-                        shards_prefix=base + "shards/",
-                        output_prefix=base + "output/",
-                        failures_prefix=base + "failures/",
-                        total_keys=len(keys),
-                        duplicates=0,
-                        n_shards=1,
-                        keys_per_shard=len(keys),
-                        mode="array",
-                        nodes=1,
-                        gpus_per_node=0,
-                        spot_allowed=True,
-                        model=ModelSpec(batch_size=32, image_size=96),
-                        output_dtype="float16",
-                        attempts=1,
-                        timeout_s=3600,
-                        max_failed_fraction=0.05,
-                        retry_failed=0,
-                        jobs=[],
+                    plan = RunPlan.standalone(
+                        run_id, base, n_shards=1, total_keys=len(keys), model=ModelSpec(batch_size=32, image_size=96),
+                        manifest_uri=base + "m.json", attempts=1, retry_failed=0,
                         created_at="2026-01-01T00:00:00+00:00",
                     )
                     s3.put_object(

@@ -129,28 +129,16 @@ def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra
 
     run = f"{RUN}-{len(extra_env)}-{time.time_ns()}"
     base = f"s3://{CONTROL}/runs/{run}/"
-    plan = RunPlan(
-        run_id=run,
-        manifest_uri=f"s3://{CONTROL}/m.json",
-        control_bucket=CONTROL,
-        shards_prefix=base + "shards/",
-        output_prefix=base + "output/",
-        failures_prefix=base + "failures/",
-        total_keys=len(keys),
-        duplicates=0,
+    plan = RunPlan.standalone(
+        run,
+        base,
         n_shards=1,
-        keys_per_shard=len(keys),
-        mode="array",
-        nodes=1,
-        gpus_per_node=0,
-        spot_allowed=True,
+        total_keys=len(keys),
         model=ModelSpec(uri=model_uri, batch_size=batch, image_size=size),
-        output_dtype="float16",
+        manifest_uri=f"s3://{CONTROL}/m.json",
         attempts=1,
-        timeout_s=3600,
         max_failed_fraction=0.0,
         retry_failed=0,
-        jobs=[],
         created_at="bench",
     )
     s3 = s3_client()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -125,6 +125,51 @@ class RunPlan(_Strict):
     jobs: list[ShardLayout]
     created_at: str
     remote_write_url: str | None = None  # AMP remote-write URL; SLUICE_REMOTE_WRITE_URL on the worker wins
+
+    @classmethod
+    def standalone(
+        cls,
+        run_id: str,
+        base: str,
+        *,
+        n_shards: int,
+        total_keys: int,
+        model: ModelSpec | None = None,
+        mode: Literal["array", "multinode"] = "array",
+        **overrides: Any,
+    ) -> RunPlan:
+        """A plan for running workers without the coordinator (benchmarks, tests, by hand).
+
+        `base` is the run's root (`s3://bucket/runs/<run>/` or a local directory ending in
+        "/"); shards, output and failures live under it as the coordinator lays them out.
+        Any other field can be given in `overrides`.
+        """
+        bucket = base[5:].split("/", 1)[0] if base.startswith("s3://") else "local"
+        values: dict[str, Any] = {
+            "run_id": run_id,
+            "manifest_uri": base + "manifest.json",
+            "control_bucket": bucket,
+            "shards_prefix": base + "shards/",
+            "output_prefix": base + "output/",
+            "failures_prefix": base + "failures/",
+            "total_keys": total_keys,
+            "duplicates": 0,
+            "n_shards": n_shards,
+            "keys_per_shard": max(1, -(-total_keys // max(1, n_shards))),
+            "mode": mode,
+            "nodes": n_shards if mode == "multinode" else 1,
+            "gpus_per_node": 0,
+            "spot_allowed": mode == "array",
+            "model": model or ModelSpec(),
+            "output_dtype": "float16",
+            "attempts": 3,
+            "timeout_s": 3600,
+            "max_failed_fraction": 0.05,
+            "retry_failed": 1,
+            "jobs": [],
+            "created_at": "standalone",
+        }
+        return cls(**{**values, **overrides})
 
     def shard_uri(self, index: int) -> str:
         """s3:// URI of shard `index`."""

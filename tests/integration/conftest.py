@@ -162,28 +162,17 @@ def make_run(
     from sluice.shards import encode_shard
 
     base = f"s3://{CONTROL_BUCKET}/runs/{run_id}/"
-    plan = RunPlan(
-        run_id=run_id,
-        manifest_uri=f"s3://{CONTROL_BUCKET}/manifests/{run_id}.json",
-        control_bucket=CONTROL_BUCKET,
-        shards_prefix=base + "shards/",
-        output_prefix=base + "output/",
-        failures_prefix=base + "failures/",
-        total_keys=sum(map(len, shards)),
-        duplicates=0,
+    plan = RunPlan.standalone(
+        run_id,
+        base,
         n_shards=len(shards),
-        keys_per_shard=max(map(len, shards)),
-        mode=mode,
-        nodes=len(shards) if mode == "multinode" else 1,
-        gpus_per_node=0,
-        spot_allowed=mode == "array",
+        total_keys=sum(map(len, shards)),
         model=ModelSpec(uri=model, batch_size=batch_size, image_size=image_size),
+        mode=mode,  # type: ignore[arg-type]
+        manifest_uri=f"s3://{CONTROL_BUCKET}/manifests/{run_id}.json",
+        keys_per_shard=max(map(len, shards)),
         output_dtype=output_dtype,
-        attempts=3,
-        timeout_s=3600,
         max_failed_fraction=max_failed_fraction,
-        retry_failed=1,
-        jobs=[],
         created_at="2024-01-01T00:00:00+00:00",
     )
     s3 = server.client()

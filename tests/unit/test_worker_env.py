@@ -7,32 +7,21 @@ import pytest
 from gpu_worker.config import WorkerConfig, settings_table
 from gpu_worker.env import plan_uri, select
 from gpu_worker.errors import ConfigError
-from sluice.models import ModelSpec, RunPlan
+from sluice.models import RunPlan
 
 
 def plan(mode: str = "array", n_shards: int = 4, run_id: str = "r1") -> RunPlan:
-    return RunPlan(
-        run_id=run_id,
-        manifest_uri="s3://c/m.json",
-        control_bucket="c",
-        shards_prefix="s3://c/runs/r1/shards/",
-        output_prefix="s3://c/runs/r1/output/",
-        failures_prefix="s3://c/runs/r1/failures/",
-        total_keys=10,
-        duplicates=0,
+    return RunPlan.standalone(
+        run_id,
+        "s3://c/runs/r1/",
         n_shards=n_shards,
+        total_keys=10,
+        mode=mode,  # type: ignore[arg-type]
+        manifest_uri="s3://c/m.json",
         keys_per_shard=3,
-        mode=mode,
         nodes=n_shards,
         gpus_per_node=1,
         spot_allowed=True,
-        model=ModelSpec(),
-        output_dtype="float16",
-        attempts=3,
-        timeout_s=3600,
-        max_failed_fraction=0.05,
-        retry_failed=1,
-        jobs=[],
         created_at="now",
     )
 

@@ -41,28 +41,15 @@ class Fetcher:
 @pytest.fixture
 def run(tmp_path: Path):
     base = f"{tmp_path}/runs/r/"
-    plan = RunPlan(
-        run_id="r",
+    plan = RunPlan.standalone(
+        "r",
+        base,
+        n_shards=1,
+        total_keys=len(KEYS),
+        model=ModelSpec(batch_size=4, image_size=32),
         manifest_uri="m",
         control_bucket="c",
-        shards_prefix=base + "shards/",
-        output_prefix=base + "output/",
-        failures_prefix=base + "failures/",
-        total_keys=len(KEYS),
-        duplicates=0,
-        n_shards=1,
-        keys_per_shard=len(KEYS),
-        mode="array",
-        nodes=1,
-        gpus_per_node=0,
-        spot_allowed=True,
-        model=ModelSpec(batch_size=4, image_size=32),
-        output_dtype="float16",
         attempts=2,
-        timeout_s=3600,
-        max_failed_fraction=0.05,
-        retry_failed=1,
-        jobs=[],
         created_at="now",
     )
     Path(base + "shards").mkdir(parents=True)
