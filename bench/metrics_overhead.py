@@ -80,8 +80,14 @@ def main() -> None:
                     run_id = f"bench-{arm}-{i}"
                     base = f"s3://{BUCKET}/runs/{run_id}/"
                     plan = RunPlan.standalone(
-                        run_id, base, n_shards=1, total_keys=len(keys), model=ModelSpec(batch_size=32, image_size=96),
-                        manifest_uri=base + "m.json", attempts=1, retry_failed=0,
+                        run_id,
+                        base,
+                        n_shards=1,
+                        total_keys=len(keys),
+                        model=ModelSpec(batch_size=32, image_size=96),
+                        manifest_uri=base + "m.json",
+                        attempts=1,
+                        retry_failed=0,
                         created_at="2026-01-01T00:00:00+00:00",
                     )
                     s3.put_object(
@@ -96,6 +102,7 @@ def main() -> None:
                         "SLUICE_SHARD_INDEX": "0",
                         "SLUICE_WORKER_DEVICE": "cpu",
                         "SLUICE_WORKER_CPU_RANKS": "2",
+                        "SLUICE_WORKER_LOADERS": "1",  # loader processes, as on a GPU node
                         "SLUICE_WORKER_METRICS_PORT": "0",
                         "PYTHONPATH": str(ROOT),
                     }

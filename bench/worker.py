@@ -1,8 +1,9 @@
 """Worker throughput on this machine: model-only vs our pipeline vs naive loop vs torch DataLoader.
 
     .venv/bin/python bench/worker.py                       # ResNet-50-shaped model, 224 px, 5 rounds
+    .venv/bin/python bench/worker.py --latency-ms 50       # a slower S3 (AWS: tens of ms for small GETs)
     .venv/bin/python bench/worker.py --model builtin:reference-cnn --images 400
-    .venv/bin/python bench/worker.py --also b-thr,d-dec     # two more variants per round
+    .venv/bin/python bench/worker.py --also b-proc,d-dec    # two more variants per round
 
 S3 is a local moto server (tests/worker_s3server.py) that sleeps --latency-ms (default 20 ms)
 before answering each image GET: a network round trip that costs no CPU (the server's own
@@ -11,10 +12,11 @@ the same model, batch size, output geometry (shorter side to --image-size, centr
 torch thread count.
 
     a      model only: pre-decoded uint8 batches, normalize + forward + L2 norm (gpu_worker.infer)
-    b      our pipeline end to end: `python -m gpu_worker` on a shard of the images, timed by its
-           own pipeline_seconds (first shard read to last chunk committed; excludes process
-           start and model load, as the others exclude model load)
-    b-thr  the same with SLUICE_WORKER_LOADERS=0 (loader threads in the rank, no processes)
+    b      our pipeline end to end: `python -m gpu_worker` on a shard of the images with its
+           default settings (on CPU: loader threads in the rank), timed by its own
+           pipeline_seconds (first shard read to last chunk committed; excludes process start
+           and model load, as the others exclude model load)
+    b-proc the same with SLUICE_WORKER_LOADERS=1 (a loader process, the GPU default's shape)
     c      naive: for each key, GET, plain Pillow decode, forward a batch of one
     d      torch DataLoader: map-style dataset doing GET + plain Pillow decode, num_workers=2
     d-dec  the same DataLoader with our decoder (gpu_worker.decode: JPEG draft mode): isolates
@@ -224,11 +226,11 @@ def main() -> None:
     ap.add_argument("--model", default="builtin:resnet50")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--images", type=int, default=160)
+    ap.add_argument("--images", type=int, default=320, help="images per variant (20 batches of 16: steady state)")
     ap.add_argument("--naive-images", type=int, default=0, help="images per naive round (default: images / 4)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of a, b, a, c, a, d, a")
     ap.add_argument("--drift", type=float, default=0.1, help="drop pairs whose two model-only rates differ more")
-    ap.add_argument("--also", default="", help="extra variants per round, comma list: b-thr,d-dec")
+    ap.add_argument("--also", default="", help="extra variants per round, comma list: b-proc,d-dec")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--min-side", type=int, default=300)
     ap.add_argument("--max-side", type=int, default=800)
@@ -250,7 +252,7 @@ def main() -> None:
         steps: list[tuple[str, Any]] = [
             ("a", lambda: bench_model_only(m, size, batch, args.images)),
             ("b", lambda: bench_pipeline(keys, m, size, batch, {})),
-            ("b-thr", lambda: bench_pipeline(keys, m, size, batch, {"SLUICE_WORKER_LOADERS": "0"})),
+            ("b-proc", lambda: bench_pipeline(keys, m, size, batch, {"SLUICE_WORKER_LOADERS": "1"})),
             ("c", lambda: bench_naive(naive_keys, m, size)),
             ("d", lambda: bench_dataloader(keys, m, size, batch, workers, False)),
             ("d-dec", lambda: bench_dataloader(keys, m, size, batch, workers, True)),
@@ -260,7 +262,7 @@ def main() -> None:
             # Every variant is bracketed by model-only runs: its ratio uses the mean of the two.
             runs.setdefault("a", []).append(model_only())
             for name, fn in steps:
-                if name in ("a", "a'") or (name in ("b-thr", "d-dec") and name not in also):
+                if name in ("a", "a'") or (name in ("b-proc", "d-dec") and name not in also):
                     continue
                 runs.setdefault(name, []).append(fn())
                 runs.setdefault(f"a|{name}", []).append(runs["a"][-1])
@@ -280,8 +282,8 @@ def main() -> None:
 
 LABELS = {
     "a": "model only (pre-decoded tensors)",
-    "b": "our pipeline, end to end (loader processes)",
-    "b-thr": "our pipeline, loaders as threads (SLUICE_WORKER_LOADERS=0)",
+    "b": "our pipeline, end to end (default settings)",
+    "b-proc": "our pipeline, a loader process (SLUICE_WORKER_LOADERS=1)",
     "c": "naive sequential loop (GET, plain decode, forward 1 image)",
     "d": "torch DataLoader (map-style GET + plain decode, num_workers={w})",
     "d-dec": "torch DataLoader with our decoder (num_workers={w})",
@@ -294,7 +296,7 @@ def report(runs: dict[str, list[float]], workers: int, drift: float) -> None:
     This VM's CPU speed drifts (up to 4x over minutes); a pair whose before and after model-only
     rates differ by more than `drift` is marked * and left out of the medians.
     """
-    names = [n for n in ("b", "b-thr", "c", "d", "d-dec") if n in runs]
+    names = [n for n in ("b", "b-proc", "c", "d", "d-dec") if n in runs]
     ok: dict[str, list[bool]] = {}
     ref: dict[str, list[float]] = {}
     for n in names:
@@ -318,7 +320,7 @@ def report(runs: dict[str, list[float]], workers: int, drift: float) -> None:
     print("\n| ratio | median | per round |\n|---|---:|---|")
     for n in names:
         print(f"| {n}/a | {med(ratio[n], ok[n]):.2f} | {cells(ratio[n], ok[n], '.2f')} |")
-    for n in ("c", "d", "b-thr", "d-dec"):
+    for n in ("c", "d", "b-proc", "d-dec"):
         if n in names and "b" in names:
             flags = [x and y for x, y in zip(ok["b"], ok[n])]
             per = [x / y for x, y in zip(ratio["b"], ratio[n])]

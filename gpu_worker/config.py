@@ -31,12 +31,12 @@ class WorkerConfig:
         default=-1,
         metadata={
             "doc": "loader processes per rank (fetch+decode); 0: threads in the rank; "
-            "-1: auto (GPU: CPUs/rank - 1, max 8; CPU: 1)"
+            "-1: auto (GPU: CPUs/rank - 1, max 8; CPU: 0)"
         },
     )
     fetch_concurrency: int = field(default=16, metadata={"doc": "concurrent GETs per loader"})
     decode_threads: int = field(
-        default=0, metadata={"doc": "concurrent decodes per loader; 0: (CPUs / ranks) / loaders"}
+        default=0, metadata={"doc": "concurrent decodes per loader; 0: (CPUs / ranks) / loader processes (threads: 1)"}
     )
     max_inflight_bytes: int = field(
         default=128 * 2**20, metadata={"doc": "fetched-but-undecoded bytes per loader before fetching pauses"}

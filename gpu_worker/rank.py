@@ -58,7 +58,9 @@ class RankSpec:
 def plan_loaders(cfg: WorkerConfig, device: str, world: int) -> tuple[int, int, int]:
     """(loader processes or 0 for threads, decode threads per loader, torch threads) for one rank."""
     per_rank = max(1, cpu_count() // world)
-    auto = max(1, min(8, per_rank - 1)) if device == "cuda" else 1
+    # GPU: decode needs more than one GIL, so loader processes. CPU: the model's threads already
+    # hold every core, and a second process costs more than the GIL (docs/performance.md).
+    auto = max(1, min(8, per_rank - 1)) if device == "cuda" else 0
     loaders = cfg.loaders if cfg.loaders >= 0 else auto
     decode = cfg.decode_threads or max(1, per_rank // max(1, loaders))
     torch_threads = cfg.torch_threads or (min(4, per_rank) if device == "cuda" else per_rank)

@@ -117,3 +117,25 @@ def test_docs_list_the_current_settings():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "worker.md"
     assert settings_table() in doc.read_text(), "docs/worker.md: paste gpu_worker.config.settings_table()"
+
+
+@pytest.mark.parametrize(
+    "device, cpus, world, cfg, expected",
+    [
+        # CPU: loader threads in the rank (no process), decode and torch share the rank's CPUs
+        ("cpu", 2, 1, WorkerConfig(), (0, 2, 2)),
+        ("cpu", 8, 2, WorkerConfig(), (0, 4, 4)),
+        # GPU: loader processes, CPUs per rank - 1 (at most 8); torch threads capped at 4
+        ("cuda", 16, 1, WorkerConfig(), (8, 2, 4)),
+        ("cuda", 96, 8, WorkerConfig(), (8, 1, 4)),
+        ("cuda", 4, 4, WorkerConfig(), (1, 1, 1)),
+        # explicit settings win
+        ("cpu", 2, 1, WorkerConfig(loaders=1, decode_threads=3, torch_threads=1), (1, 3, 1)),
+        ("cuda", 16, 1, WorkerConfig(loaders=0), (0, 16, 4)),
+    ],
+)
+def test_loader_plan_per_device(monkeypatch, device, cpus, world, cfg, expected):
+    import gpu_worker.rank as rank
+
+    monkeypatch.setattr(rank, "cpu_count", lambda: cpus)  # the machine's size, not our logic
+    assert rank.plan_loaders(cfg, device, world) == expected
