@@ -97,12 +97,9 @@ for _ in range(600):  # servers up (the image server generates its JPEGs first)
 s3 = boto3.client("s3")
 s3.create_bucket(Bucket="check-control")
 base = "s3://check-control/runs/gpu-check/"
-plan = RunPlan(run_id="gpu-check", manifest_uri=base + "manifest.json", control_bucket="check-control",
-               shards_prefix=base + "shards/", output_prefix=base + "output/", failures_prefix=base + "failures/",
-               total_keys=keys, duplicates=0, n_shards=1, keys_per_shard=keys, mode="array", nodes=1,
-               gpus_per_node=1, spot_allowed=True, model=ModelSpec(uri=model, batch_size=batch, image_size=size),
-               output_dtype="float16", attempts=1, timeout_s=3600, max_failed_fraction=0.0, retry_failed=0,
-               jobs=[], created_at="gpu-check")
+plan = RunPlan.standalone("gpu-check", base, n_shards=1, total_keys=keys,
+                          model=ModelSpec(uri=model, batch_size=batch, image_size=size), gpus_per_node=1,
+                          attempts=1, max_failed_fraction=0.0, retry_failed=0, created_at="gpu-check")
 names = [f"img-{i:07d}.jpg" for i in range(keys)]
 s3.put_object(Bucket="check-control", Key="runs/gpu-check/shards/0.shard",
               Body=encode_shard([("check-images", names)], sort=False))
