@@ -12,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpu_worker.errors import FailureReason
 from gpu_worker.metrics import (
     CRITICAL,
     FETCH_BUCKETS,
@@ -56,20 +57,7 @@ def registry(worst: bool):
         for code in ("SlowDown", "500", "RequestTimeout", "AccessDenied"):
             count_retry(s, code)
         s.incr("s3_retry:sdk", 3)
-        reasons = {
-            r: 2
-            for r in (
-                "missing",
-                "access_denied",
-                "s3_error",
-                "s3_error_transient",
-                "too_large",
-                "bomb",
-                "not_image",
-                "corrupt",
-                "unsupported",
-            )
-        }
+        reasons = {str(r): 2 for r in FailureReason}  # worst case: every failure reason present
     col = RankCollector(
         s.snapshot, LABELS, reasons=lambda: reasons, queue_depth=lambda: 3, gpu=Gpu(), started=0.0, clock=lambda: 600.0
     )
