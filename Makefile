@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sluice-installed
 
-.PHONY: venv demo test lint typecheck bench clean
+.PHONY: venv demo test lint typecheck bench clean schemas
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ typecheck: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check sluice functions gpu_worker tests bench
 	$(BIN)/mypy
+	$(BIN)/python .ci/check_sizes.py
+	$(BIN)/python -m sluice.schemas --check
 	$(BIN)/pytest -q
+
+# JSON Schemas of the event details in docs/schemas/ (make test fails when they are stale).
+schemas: $(STAMP)
+	$(BIN)/python -m sluice.schemas
 
 bench: $(STAMP)
 	$(BIN)/python bench/shards.py

@@ -6,7 +6,9 @@ Fails (exit 1, one line per problem) when an artifact
   dependencies (lambda/requirements.txt and what they pull in),
 - holds a native library that is not linux aarch64 (the functions run on arm64),
 - has a handler whose module-level import closure is not satisfied by the artifact, the
-  standard library or the runtime's boto3/botocore,
+  standard library or the runtime's boto3/botocore, or reaches a local-only module
+  (LOCAL_ONLY: sluice/local/ is the emulator mode; it needs PyYAML and moto, which the
+  artifact does not carry),
 - is bigger than MAX_MB unzipped.
 Prints the artifact's size and largest parts either way.
 
@@ -33,6 +35,7 @@ FORBIDDEN = {
 # The python3.12 Lambda runtime provides these (lambda/requirements.txt leaves them out).
 RUNTIME_PROVIDED = {"boto3", "botocore", "s3transfer", "dateutil", "jmespath", "urllib3", "six"}
 EM_AARCH64 = 183
+LOCAL_ONLY = ("sluice.local",)  # in the artifact (lambda/sluice is all of sluice/), never imported by a handler
 
 
 class _Loader(yaml.SafeLoader):
@@ -117,7 +120,10 @@ def check(root: Path, handler_map: dict[str, str]) -> list[str]:
             seen.add(path)
             for dotted in module_imports(path):
                 first = dotted.split(".")[0]
-                if first in ("sluice", "functions"):
+                if dotted == LOCAL_ONLY[0] or dotted.startswith(tuple(f"{m}." for m in LOCAL_ONLY)):
+                    where = next(m for m in LOCAL_ONLY if dotted == m or dotted.startswith(m + "."))
+                    problems.append(f"{root.name}: {path.relative_to(root)} imports {where}, which is local-only")
+                elif first in ("sluice", "functions"):
                     target = resolve(root, dotted)
                     if target is not None:
                         todo.append(target)
@@ -149,6 +155,9 @@ def size_report(root: Path) -> tuple[int, int]:
 
 
 def main() -> int:
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return 0
     build = Path(sys.argv[1] if len(sys.argv) > 1 else ".aws-sam/build")
     template = Path(sys.argv[2] if len(sys.argv) > 2 else "template.yaml")
     handler_map = handlers(template)

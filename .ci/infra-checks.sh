@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Infrastructure checks for template.yaml (issue #7), without AWS. Called by .ci/run after
+# Infrastructure checks for template.yaml, without AWS. Called by .ci/run after
 # `make test`, and by `make infra-check`. Installs its own tools on a fresh machine:
 #   .tools-venv    aws-sam-cli, cfn-lint, checkov (.ci/tools-requirements.txt); separate from
 #                  .venv because they pin boto3/botocore versions moto does not accept

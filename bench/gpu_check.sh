@@ -85,6 +85,8 @@ done
 import sys, time, urllib.request
 import boto3
 from sluice.models import ModelSpec, RunPlan
+from sluice.paths import RunPaths
+from sluice.s3uri import parse_s3_uri
 from sluice.shards import encode_shard
 keys, model, batch, size, img_port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 for _ in range(600):  # servers up (the image server generates its JPEGs first)
@@ -96,14 +98,14 @@ for _ in range(600):  # servers up (the image server generates its JPEGs first)
         time.sleep(0.1)
 s3 = boto3.client("s3")
 s3.create_bucket(Bucket="check-control")
-base = "s3://check-control/runs/gpu-check/"
-plan = RunPlan.standalone("gpu-check", base, n_shards=1, total_keys=keys,
+files = RunPaths.in_bucket("check-control", "gpu-check")
+plan = RunPlan.standalone("gpu-check", files.root, n_shards=1, total_keys=keys,
                           model=ModelSpec(uri=model, batch_size=batch, image_size=size), gpus_per_node=1,
                           attempts=1, max_failed_fraction=0.0, retry_failed=0, created_at="gpu-check")
 names = [f"img-{i:07d}.jpg" for i in range(keys)]
-s3.put_object(Bucket="check-control", Key="runs/gpu-check/shards/0.shard",
+s3.put_object(Bucket="check-control", Key=parse_s3_uri(files.shard(0))[1],
               Body=encode_shard([("check-images", names)], sort=False))
-s3.put_object(Bucket="check-control", Key="runs/gpu-check/plan.json", Body=plan.model_dump_json().encode())
+s3.put_object(Bucket="check-control", Key=parse_s3_uri(files.plan)[1], Body=plan.model_dump_json().encode())
 print(f"run ready: {keys} keys over the image server, model {model}, batch {batch}")
 EOF
 
@@ -131,11 +133,15 @@ SLUICE_WORKER_LOG_LEVEL=WARNING SLUICE_WORKER_CHUNK_KEYS=4096 \
   "$PY" -m gpu_worker
 [ "$DEVICE" = cuda ] && kill "$SMI" 2>/dev/null || true
 "$PY" - "$MODEL_ONLY" "$WORK/util.csv" <<'EOF'
-import csv, json, os, statistics, sys
+import csv, os, statistics, sys
 from datetime import datetime
 import boto3
-res = json.loads(boto3.client("s3").get_object(Bucket="check-control",
-                 Key="runs/gpu-check/shards/0.result.json")["Body"].read())
+from sluice.contracts import ShardResult
+from sluice.paths import RunPaths
+from sluice.s3uri import parse_s3_uri
+key = parse_s3_uri(RunPaths.in_bucket("check-control", "gpu-check").result(0))[1]
+res = ShardResult.model_validate_json(
+    boto3.client("s3").get_object(Bucket="check-control", Key=key)["Body"].read()).model_dump(mode="json")
 a = float(sys.argv[1])
 b = res["processed"] / res["pipeline_seconds"]
 t0, t1 = res["pipeline_window"]

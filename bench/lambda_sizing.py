@@ -149,7 +149,7 @@ def main() -> None:
 
     import boto3
 
-    from sluice.infra import create_local
+    from sluice.local.infra import create_local
     from sluice.local.server import FAKE_CREDENTIALS, MotoServer
 
     for k, v in FAKE_CREDENTIALS.items():

@@ -12,7 +12,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_worker.errors import FailureReason
 from gpu_worker.metrics import (
     CRITICAL,
     FETCH_BUCKETS,
@@ -25,6 +24,7 @@ from gpu_worker.metrics import (
 )
 from gpu_worker.remote_write import encode_write_request, registry_series, snappy_block
 from gpu_worker.stats import Stats
+from sluice.contracts import FailureReason
 
 AMP_ACTIVE_SERIES = 50_000_000  # per workspace (default quota)
 AMP_INGEST_SAMPLES_S = 70_000  # per workspace (default ingestion rate)

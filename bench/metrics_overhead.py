@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 from sluice.local.demo import demo_images  # noqa: E402
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
 from sluice.models import ModelSpec, RunPlan  # noqa: E402
+from sluice.paths import RunPaths  # noqa: E402
+from sluice.s3uri import parse_s3_uri  # noqa: E402
 from sluice.shards import encode_shard  # noqa: E402
 
 BUCKET = "bench-metrics"
@@ -78,27 +80,27 @@ def main() -> None:
             for i in range(a.repeat):
                 for arm in ("off", "on"):
                     run_id = f"bench-{arm}-{i}"
-                    base = f"s3://{BUCKET}/runs/{run_id}/"
+                    files = RunPaths.in_bucket(BUCKET, run_id)
                     plan = RunPlan.standalone(
                         run_id,
-                        base,
+                        files.root,
                         n_shards=1,
                         total_keys=len(keys),
                         model=ModelSpec(batch_size=32, image_size=96),
-                        manifest_uri=base + "m.json",
+                        manifest_uri=files.root + "m.json",
                         attempts=1,
                         retry_failed=0,
                         created_at="2026-01-01T00:00:00+00:00",
                     )
                     s3.put_object(
                         Bucket=BUCKET,
-                        Key=f"runs/{run_id}/shards/0.shard",
+                        Key=parse_s3_uri(files.shard(0))[1],
                         Body=encode_shard([(BUCKET, keys)], sort=False),
                     )
-                    s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/plan.json", Body=plan.model_dump_json().encode())
+                    s3.put_object(Bucket=BUCKET, Key=parse_s3_uri(files.plan)[1], Body=plan.model_dump_json().encode())
                     env = {
                         **os.environ,
-                        "SLUICE_PLAN_URI": base + "plan.json",
+                        "SLUICE_PLAN_URI": files.plan,
                         "SLUICE_SHARD_INDEX": "0",
                         "SLUICE_WORKER_DEVICE": "cpu",
                         "SLUICE_WORKER_CPU_RANKS": "2",

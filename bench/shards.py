@@ -122,7 +122,7 @@ def memory_child(mode: str, path: str) -> None:
     """Shard a key-list file like the coordinator does; print peak RSS (MiB) and seconds."""
     t0 = time.perf_counter()
     if mode == "sluice":
-        from sluice.manifest import _Problems, iter_keylist
+        from sluice.manifest import Problems, iter_keylist
         from sluice.models import Manifest
         from sluice.plan import layout, scan, write_shards
 
@@ -131,7 +131,7 @@ def memory_child(mode: str, path: str) -> None:
                 while data := fh.read(8 * 2**20):
                     yield data
 
-        problems = _Problems()
+        problems = Problems()
         m = Manifest.model_validate({"version": 1, "input": {"keys": ["x"]}, "job": {"keys_per_shard": 10_000}})
         total = [0]
 

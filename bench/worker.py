@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,37 +52,16 @@ from tests.worker_images import make_demo_images  # noqa: E402
 BUCKET, CONTROL, RUN = "bench-images", "bench-control", "bench"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_s3(latency_ms: float) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.worker_s3server", "-p", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "bench",
-        "AWS_SECRET_ACCESS_KEY": "bench",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+def start_s3(latency_ms: float) -> tuple[Any, dict[str, str]]:
+    """The fault-injecting moto wrapper (tests/worker_s3server.py) with `latency_ms` per image GET."""
     import urllib.request
 
+    from sluice.local.server import MotoServer
+
+    server = MotoServer(module="tests.worker_s3server", cwd=ROOT).start()
     body = json.dumps({"latency_ms": latency_ms, "latency_prefix": f"/{BUCKET}/"}).encode()
-    urllib.request.urlopen(urllib.request.Request(f"{env['AWS_ENDPOINT_URL']}/_faults", data=body, method="POST"))
-    return proc, env
+    urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/_faults", data=body, method="POST"))
+    return server, server.env
 
 
 def s3_client() -> Any:
@@ -126,14 +104,17 @@ def bench_model_only(model_uri: str, size: int, batch: int, n: int) -> float:
 
 
 def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra_env: dict[str, str]) -> float:
+    from sluice.contracts import ShardResult
     from sluice.models import ModelSpec, RunPlan
+    from sluice.paths import RunPaths
+    from sluice.s3uri import parse_s3_uri
     from sluice.shards import encode_shard
 
     run = f"{RUN}-{len(extra_env)}-{time.time_ns()}"
-    base = f"s3://{CONTROL}/runs/{run}/"
+    files = RunPaths.in_bucket(CONTROL, run)
     plan = RunPlan.standalone(
         run,
-        base,
+        files.root,
         n_shards=1,
         total_keys=len(keys),
         model=ModelSpec(uri=model_uri, batch_size=batch, image_size=size),
@@ -144,11 +125,11 @@ def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra
         created_at="bench",
     )
     s3 = s3_client()
-    s3.put_object(Bucket=CONTROL, Key=f"runs/{run}/shards/0.shard", Body=encode_shard([(BUCKET, keys)]))
-    s3.put_object(Bucket=CONTROL, Key=f"runs/{run}/plan.json", Body=plan.model_dump_json())
+    s3.put_object(Bucket=CONTROL, Key=parse_s3_uri(files.shard(0))[1], Body=encode_shard([(BUCKET, keys)]))
+    s3.put_object(Bucket=CONTROL, Key=parse_s3_uri(files.plan)[1], Body=plan.model_dump_json())
     env = {
         **os.environ,
-        "SLUICE_PLAN_URI": f"{base}plan.json",
+        "SLUICE_PLAN_URI": files.plan,
         "SLUICE_SHARD_INDEX": "0",
         "SLUICE_WORKER_DEVICE": "cpu",
         "SLUICE_WORKER_LOG_LEVEL": "WARNING",
@@ -157,11 +138,12 @@ def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra
     proc = subprocess.run([sys.executable, "-m", "gpu_worker"], env=env, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    result = json.loads(s3.get_object(Bucket=CONTROL, Key=f"runs/{run}/shards/0.result.json")["Body"].read())
-    assert result["processed"] == len(keys), result
+    body = s3.get_object(Bucket=CONTROL, Key=parse_s3_uri(files.result(0))[1])["Body"].read()
+    result = ShardResult.model_validate_json(body)
+    assert result.processed == len(keys), result
     if os.environ.get("BENCH_STATS"):  # the worker's own counters (wait, model, loader CPU seconds ...)
-        print("STATS", json.dumps(result["stats"]))
-    return result["processed"] / result["pipeline_seconds"]
+        print("STATS", json.dumps(result.stats))
+    return result.processed / result.pipeline_seconds
 
 
 def plain_decode(data: bytes, size: int) -> np.ndarray:
@@ -238,7 +220,7 @@ def main() -> None:
     args = ap.parse_args()
     also = set(filter(None, args.also.split(",")))
     threads = torch.get_num_threads()
-    proc, env = start_s3(args.latency_ms)
+    server, env = start_s3(args.latency_ms)
     os.environ.update(env)
     runs: dict[str, list[float]] = {}
     try:
@@ -274,8 +256,7 @@ def main() -> None:
                     flush=True,
                 )
     finally:
-        proc.terminate()
-        proc.wait()
+        server.stop()
     print(f"\ncommand: python bench/worker.py {' '.join(sys.argv[1:])}".rstrip())
     report(runs, args.workers, args.drift)
 

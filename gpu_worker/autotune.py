@@ -1,6 +1,6 @@
 """`python -m gpu_worker.autotune --model URI`: the largest batch that fits and the fastest one, on this device.
 
-Seed lesson 3: the best batch size depends on model and GPU, so measure before the big run.
+The best batch size depends on model and GPU, so measure it before the big run.
 Batch sizes double from --start until the device runs out of memory (GPU) or --max-batch;
 each size is timed for at least --seconds through the worker's own Engine (same
 normalisation, autocast, channels_last). Prints a table and a recommendation: the smallest

@@ -20,11 +20,11 @@ from typing import Any
 
 from gpu_worker import intervals
 from gpu_worker.errors import WorkerError
-from gpu_worker.intervals import Run
-from gpu_worker.store import Store, join
+from gpu_worker.intervals import Span
+from gpu_worker.store import Store
+from sluice.paths import COMMITS_DIR, failures_uri, is_commit_marker, join, result_uri, shard_output_dir
 
 MARKER_VERSION = 1
-COMMITS_DIR = "_commits/"
 
 
 @dataclass(frozen=True)
@@ -38,14 +38,14 @@ class Paths:
     @classmethod
     def for_shard(cls, output_prefix: str, failures_prefix: str, shards_prefix: str, shard: int) -> Paths:
         return cls(
-            join(output_prefix, f"shard={shard}/"),
-            join(failures_prefix, f"{shard}.jsonl"),
-            join(shards_prefix, f"{shard}.result.json"),
+            shard_output_dir(output_prefix, shard),
+            failures_uri(failures_prefix, shard),
+            result_uri(shards_prefix, shard),
         )
 
     @property
     def commits_dir(self) -> str:
-        return self.output_dir + COMMITS_DIR
+        return join(self.output_dir, COMMITS_DIR)
 
     def chunk_name(self, rank: int, first: int, retry_attempt: int | None = None) -> str:
         return f"part-{rank:04d}-{first:09d}" + (f"-r{retry_attempt}" if retry_attempt is not None else "")
@@ -62,7 +62,7 @@ class Marker:
     name: str
     kind: str  # range | retry
     rows: int
-    covers: list[Run]
+    covers: list[Span]
     deferred: list[tuple[int, str]]
     failed: list[dict[str, Any]]
     attempt: int
@@ -115,11 +115,11 @@ class ShardState:
     markers: list[Marker]
 
     @property
-    def covered(self) -> list[Run]:
+    def covered(self) -> list[Span]:
         return intervals.normalize(r for m in self.markers for r in m.covers)
 
     @property
-    def claimed(self) -> list[Run]:
+    def claimed(self) -> list[Span]:
         """Positions the main pass must not redo: settled, or waiting for the final pass."""
         deferred = intervals.from_points(p for m in self.markers for p, _ in m.deferred)
         return intervals.normalize([*self.covered, *deferred])
@@ -134,10 +134,10 @@ class ShardState:
                     seen[p] = uri
         return sorted(seen.items())
 
-    def overlaps(self) -> list[Run]:
+    def overlaps(self) -> list[Span]:
         """Positions settled by more than one marker (must be empty)."""
         runs = sorted(r for m in self.markers for r in m.covers)
-        bad: list[Run] = []
+        bad: list[Span] = []
         end = -1
         for a, b in runs:
             if a < end:
@@ -154,7 +154,7 @@ class ShardState:
 
 
 def load_state(store: Store, paths: Paths) -> ShardState:
-    markers = [Marker.from_json(store.get(uri)) for uri in store.list(paths.commits_dir) if uri.endswith(".json")]
+    markers = [Marker.from_json(store.get(uri)) for uri in store.list(paths.commits_dir) if is_commit_marker(uri)]
     return ShardState(sorted(markers, key=lambda m: m.name))
 
 

@@ -14,7 +14,8 @@ import warnings
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from gpu_worker.errors import FailureReason, ObjectFailure
+from gpu_worker.errors import ObjectFailure
+from sluice.contracts import FailureReason
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 # Magic numbers of formats we would call an image: a file that starts like one but does not

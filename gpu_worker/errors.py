@@ -1,15 +1,18 @@
-"""Worker exceptions and the fixed set of per-object failure reasons."""
+"""Worker exceptions, the per-object failure, and the one exception -> exit code ladder."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+import sys
+
+from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureReason
+from sluice.errors import SettingsError
 
 
 class WorkerError(Exception):
     """Base class for errors the worker raises on purpose (one-line messages)."""
 
 
-class ConfigError(WorkerError):
+class ConfigError(WorkerError, SettingsError):
     """The environment or the plan is missing something or is inconsistent (exit code 2)."""
 
 
@@ -17,28 +20,53 @@ class RankFailed(WorkerError):
     """A rank or loader process died or raised; the attempt fails and a retry resumes."""
 
 
-class FailureReason(StrEnum):
-    """Why one object produced no embedding. A small fixed set: issue #4 retries only TRANSIENT ones."""
-
-    MISSING = "missing"  # NoSuchKey / 404
-    ACCESS_DENIED = "access_denied"  # 403
-    S3_ERROR = "s3_error"  # any other non-retriable S3 error (400, InvalidObjectState, ...)
-    S3_ERROR_TRANSIENT = "s3_error_transient"  # 429/5xx/timeouts that outlived every retry and the final pass
-    TOO_LARGE = "too_large"  # object bigger than max_object_bytes
-    BOMB = "bomb"  # more pixels than max_image_pixels (decompression bomb guard)
-    NOT_IMAGE = "not_image"  # bytes no image decoder recognises
-    CORRUPT = "corrupt"  # looks like an image (magic bytes) but does not decode: truncated or damaged
-    UNSUPPORTED = "unsupported"  # an image Pillow cannot turn into RGB (missing codec, odd mode)
-
-
-TRANSIENT_REASONS = frozenset({FailureReason.S3_ERROR_TRANSIENT})
+class Terminated(Exception):
+    """SIGTERM (AWS Batch timeout or job termination)."""
 
 
 class ObjectFailure(Exception):
-    """One object failed; `transient` ones are retried, then deferred to the final pass."""
+    """One object failed; `transient` ones are retried, then deferred to the final pass.
 
-    def __init__(self, reason: FailureReason, detail: str = "", *, transient: bool = False) -> None:
+    `transient` defaults to whether the reason is one the run's retry pass retries
+    (sluice.contracts.TRANSIENT_FAILURE_REASONS).
+    """
+
+    def __init__(self, reason: FailureReason, detail: str = "", *, transient: bool | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else str(reason))
         self.reason = reason
         self.detail = detail[:300]
-        self.transient = transient
+        self.transient = reason in TRANSIENT_FAILURE_REASONS if transient is None else transient
+
+
+OK, FAILED, CONFIG, TERMINATED = 0, 1, 2, 143
+
+
+def exit_code(exc: BaseException) -> tuple[int, str]:
+    """The exit code of a worker process that `exc` ended, and its one-line reason.
+
+    1: a runtime failure (WorkerError) or a crash (anything else); 2: a configuration error;
+    143: SIGTERM. The node and each rank process both use this.
+    """
+    if isinstance(exc, ConfigError):
+        return CONFIG, f"configuration error: {exc}"
+    if isinstance(exc, Terminated):
+        return TERMINATED, "terminated (SIGTERM); committed chunks are kept for the next attempt"
+    if isinstance(exc, WorkerError):
+        return FAILED, f"failed: {exc}"
+    return FAILED, f"crashed: {type(exc).__name__}: {exc}"
+
+
+def crashed(exc: BaseException) -> bool:
+    """An exception the worker did not raise on purpose (its traceback is worth logging)."""
+    return not isinstance(exc, WorkerError | Terminated)
+
+
+def report(exc: BaseException, who: str, *, role: str = "worker") -> int:
+    """Say on stderr why `who` ends (`<who>: <reason>`, one line), log a crash's traceback; return the exit code."""
+    code, reason = exit_code(exc)
+    if crashed(exc):
+        from gpu_worker.log import logger
+
+        logger.error(f"{role} crashed", exc_info=exc)
+    print(f"{who}: {reason}", file=sys.stderr)
+    return code

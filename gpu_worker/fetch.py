@@ -4,7 +4,8 @@ Transient (429, 5xx, SlowDown, timeouts, dropped connections): botocore retries 
 (adaptive mode, `s3_max_attempts`), then we retry `retries` more times with exponential
 backoff and full jitter; a key that still fails is deferred (ObjectFailure transient=True)
 to the final pass at the end of the loader's stream, which uses longer backoffs.
-Everything else is permanent: missing, access_denied, s3_error, too_large.
+Everything else is permanent: missing, access_denied, s3_error, too_large. Which errors are
+transient is sluice.awserror's one classification, shared with the Lambdas.
 """
 
 from __future__ import annotations
@@ -17,42 +18,28 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import FailureReason, ObjectFailure, WorkerError
+from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.metrics import retry_class
 from gpu_worker.stats import Observer, Stats
+from sluice import awserror
+from sluice.contracts import FailureReason
 
-_TRANSIENT_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "TooManyRequestsException",
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestLimitExceeded",
-    "BandwidthLimitExceeded",
-    "PriorRequestNotComplete",
+_REASONS = {
+    awserror.Kind.NOT_FOUND: FailureReason.MISSING,
+    awserror.Kind.DENIED: FailureReason.ACCESS_DENIED,
+    awserror.Kind.TRANSIENT: FailureReason.S3_ERROR_TRANSIENT,
 }
-_MISSING_CODES = {"NoSuchKey", "NotFound", "404", "NoSuchBucket"}
-_DENIED_CODES = {"AccessDenied", "403", "AllAccessDisabled", "InvalidAccessKeyId"}
 
 
 def classify(exc: BaseException) -> ObjectFailure:
-    """The ObjectFailure an S3 exception means (transient or permanent)."""
+    """The ObjectFailure an S3 exception means (transient or permanent), by sluice.awserror's classification."""
+    failure = awserror.classify(exc)
+    reason = _REASONS.get(failure.kind, FailureReason.S3_ERROR)
     if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        detail = f"{code or status}: {err.get('Message', '')}".strip()
-        if code in _MISSING_CODES or status == 404:
-            return ObjectFailure(FailureReason.MISSING, detail)
-        if code in _DENIED_CODES or status == 403:
-            return ObjectFailure(FailureReason.ACCESS_DENIED, detail)
-        if code in _TRANSIENT_CODES or status == 429 or status >= 500:
-            return ObjectFailure(FailureReason.S3_ERROR_TRANSIENT, detail, transient=True)
-        return ObjectFailure(FailureReason.S3_ERROR, detail)
-    return ObjectFailure(FailureReason.S3_ERROR_TRANSIENT, f"{type(exc).__name__}: {exc}", transient=True)
+        detail = f"{failure.code}: {failure.message}".strip()
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    return ObjectFailure(reason, detail, transient=failure.retriable)
 
 
 class Fetcher:

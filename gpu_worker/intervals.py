@@ -1,17 +1,17 @@
-"""Half-open integer intervals [a, b): what a rank must still do, what a chunk covers."""
+"""Spans: half-open intervals [a, b) of shard positions (what a rank must still do, what a chunk covers)."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable
 
-Run = tuple[int, int]
+Span = tuple[int, int]
 
 
-def normalize(runs: Iterable[Run]) -> list[Run]:
-    """Sorted, merged, non-empty runs."""
-    out: list[Run] = []
-    for a, b in sorted(r for r in runs if r[1] > r[0]):
+def normalize(spans: Iterable[Span]) -> list[Span]:
+    """Sorted, merged, non-empty spans."""
+    out: list[Span] = []
+    for a, b in sorted(r for r in spans if r[1] > r[0]):
         if out and a <= out[-1][1]:
             if b > out[-1][1]:
                 out[-1] = (out[-1][0], b)
@@ -20,16 +20,16 @@ def normalize(runs: Iterable[Run]) -> list[Run]:
     return out
 
 
-def from_points(points: Iterable[int]) -> list[Run]:
-    """Runs covering exactly the given positions."""
+def from_points(points: Iterable[int]) -> list[Span]:
+    """Spans covering exactly the given positions."""
     return normalize((p, p + 1) for p in points)
 
 
-def subtract(runs: Iterable[Run], removed: Iterable[Run]) -> list[Run]:
-    """Positions of `runs` that are not in `removed`."""
+def subtract(spans: Iterable[Span], removed: Iterable[Span]) -> list[Span]:
+    """Positions of `spans` that are not in `removed`."""
     cut = normalize(removed)
-    out: list[Run] = []
-    for a, b in normalize(runs):
+    out: list[Span] = []
+    for a, b in normalize(spans):
         i = max(bisect_right(cut, (a, a)) - 1, 0)
         pos = a
         while i < len(cut) and cut[i][0] < b:
@@ -44,23 +44,23 @@ def subtract(runs: Iterable[Run], removed: Iterable[Run]) -> list[Run]:
     return out
 
 
-def count(runs: Iterable[Run]) -> int:
-    return sum(b - a for a, b in runs)
+def count(spans: Iterable[Span]) -> int:
+    return sum(b - a for a, b in spans)
 
 
-def positions(runs: Iterable[Run]) -> Iterable[int]:
-    for a, b in runs:
+def positions(spans: Iterable[Span]) -> Iterable[int]:
+    for a, b in spans:
         yield from range(a, b)
 
 
-def cut(runs: Iterable[Run], size: int) -> list[list[Run]]:
-    """Split runs into consecutive windows of `size` positions (the last may be smaller)."""
+def cut(spans: Iterable[Span], size: int) -> list[list[Span]]:
+    """Split spans into consecutive windows of `size` positions (the last may be smaller)."""
     if size < 1:
         raise ValueError("window size must be >= 1")
-    windows: list[list[Run]] = []
-    cur: list[Run] = []
+    windows: list[list[Span]] = []
+    cur: list[Span] = []
     room = size
-    for a, b in normalize(runs):
+    for a, b in normalize(spans):
         while a < b:
             take = min(room, b - a)
             cur.append((a, a + take))
@@ -74,7 +74,7 @@ def cut(runs: Iterable[Run], size: int) -> list[list[Run]]:
     return windows
 
 
-def contains(runs: list[Run], p: int) -> bool:
-    """True when p is in the (normalized) runs."""
-    i = bisect_right(runs, (p, float("inf"))) - 1  # type: ignore[arg-type]
-    return i >= 0 and runs[i][0] <= p < runs[i][1]
+def contains(spans: list[Span], p: int) -> bool:
+    """True when p is in the (normalized) spans."""
+    i = bisect_right(spans, (p, float("inf"))) - 1  # type: ignore[arg-type]
+    return i >= 0 and spans[i][0] <= p < spans[i][1]

@@ -24,18 +24,64 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
 from gpu_worker.decode import decode_image
-from gpu_worker.errors import FailureReason, ObjectFailure, WorkerError
+from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.metrics import MetricsObserver
 from gpu_worker.stats import Stats
+from sluice.contracts import FailureReason
 
 Item = tuple[int, str, str, int]  # (shard position, bucket, key, phase 0=main 1=retry)
 MAIN, RETRY = 0, 1
 POLL_S = 0.5
+
+
+# ---- messages from a loader to its rank (they cross multiprocessing queues: plain, picklable) ----
+
+
+class BatchMsg(NamedTuple):
+    """Buffer `buffer` of loader `loader` holds `n` images, for these positions, uris and phases."""
+
+    loader: int
+    buffer: int
+    n: int
+    positions: list[int]
+    uris: list[str]
+    phases: list[int]
+    stats: dict[str, float]  # the loader's counters since its previous message
+
+
+class FailMsg(NamedTuple):
+    """One key produced no image; `deferred` ones go to the final pass and are not final yet."""
+
+    loader: int
+    pos: int
+    uri: str
+    phase: int
+    reason: str
+    detail: str
+    deferred: bool
+
+
+class DoneMsg(NamedTuple):
+    """The loader's stream ended and every batch was sent."""
+
+    loader: int
+    stats: dict[str, float]
+
+
+class ErrorMsg(NamedTuple):
+    """The loader hit something fatal (credentials, a bug); the rank fails."""
+
+    loader: int
+    message: str
+    traceback: str
+
+
+LoaderMsg = BatchMsg | FailMsg | DoneMsg | ErrorMsg
 
 
 class Queue(Protocol):
@@ -104,12 +150,12 @@ class Loader:
                 if not self._alive():
                     raise Stopped("rank is gone") from None
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, msg: LoaderMsg) -> None:
         self._out_q.put(msg)
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> None:
-        """Process tasks until the stream ends; always ends with a 'done' or 'error' message."""
+        """Process tasks until the stream ends; always ends with a DoneMsg or an ErrorMsg."""
         try:
             warm = getattr(self._fetcher, "warm", None)
             if warm is not None:
@@ -124,13 +170,13 @@ class Loader:
             self._flush()
             if self._own_process:  # report the loader process's CPU time
                 self._stats.incr("loader_cpu_seconds", time.process_time())
-            self._send(("done", self.id, self._stats.take_delta()))
+            self._send(DoneMsg(self.id, self._stats.take_delta()))
         except Stopped:
             if self._fatal:  # a fetch thread hit something fatal (credentials, a bug): tell the rank
-                self._send(("error", self.id, self._fatal, ""))
+                self._send(ErrorMsg(self.id, self._fatal, ""))
         except BaseException as exc:
             msg = self._fatal or f"loader {self.id}: {type(exc).__name__}: {exc}"
-            self._send(("error", self.id, msg, traceback.format_exc()))
+            self._send(ErrorMsg(self.id, msg, traceback.format_exc()))
 
     def _stream(self, pool: ThreadPoolExecutor) -> None:
         while True:
@@ -180,7 +226,7 @@ class Loader:
                     with self._cond:
                         self._deferred.append((pos, bucket, key, phase))
                     self._stats.incr("s3_deferred")
-                self._send(("fail", self.id, pos, uri, phase, str(f.reason), f.detail, deferred))
+                self._send(FailMsg(self.id, pos, uri, phase, str(f.reason), f.detail, deferred))
                 return
             if final:
                 self._stats.incr("s3_recovered")
@@ -192,21 +238,11 @@ class Loader:
                 with self._decode_sem:
                     arr = decode_image(data, self._size, self._cfg.max_image_pixels)
             except ObjectFailure as f:
-                self._send(("fail", self.id, pos, uri, phase, str(f.reason), f.detail, False))
+                self._send(FailMsg(self.id, pos, uri, phase, str(f.reason), f.detail, False))
                 return
             except Exception as exc:  # a decoder bug must not take the node down: the key fails
-                self._send(
-                    (
-                        "fail",
-                        self.id,
-                        pos,
-                        uri,
-                        phase,
-                        str(FailureReason.CORRUPT),
-                        f"{type(exc).__name__}: {exc}"[:300],
-                        False,
-                    )
-                )
+                detail = f"{type(exc).__name__}: {exc}"[:300]
+                self._send(FailMsg(self.id, pos, uri, phase, str(FailureReason.CORRUPT), detail, False))
                 return
             finally:
                 del data
@@ -256,7 +292,7 @@ class Loader:
     def _emit(self) -> None:
         assert self._cur is not None
         positions, uris, phases = self._meta
-        self._send(("batch", self.id, self._cur, self._fill, positions, uris, phases, self._stats.take_delta()))
+        self._send(BatchMsg(self.id, self._cur, self._fill, positions, uris, phases, self._stats.take_delta()))
         self._cur, self._fill, self._meta = None, 0, ([], [], [])
 
     def _flush(self) -> None:

@@ -1,46 +1,34 @@
-"""Structured JSON log lines (one object a line) carrying the worker's labels."""
+"""Structured JSON log lines on stderr, in the Lambdas' schema (Powertools), carrying the worker's labels.
+
+Every line has `timestamp`, `level`, `message`, `location` and `service` ("sluice-worker"),
+the labels set with `set_labels` (run, shard, node, attempt, rank ...) and the call's extra
+keys, like sluice.log's lines: one CloudWatch Logs Insights query reads both.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import time
 from typing import Any
 
-_LABELS: dict[str, Any] = {}
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+from aws_lambda_powertools import Logger
+
+SERVICE = "sluice-worker"
+
+logger = Logger(service=SERVICE, logger_handler=logging.StreamHandler(sys.stderr))
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "msg": record.getMessage(),
-            **_LABELS,
-        }
-        out.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")})
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+def child(name: str) -> logging.Logger:
+    """A module's logger: its records go out through `logger`'s handler, in the same schema."""
+    return logging.getLogger(f"{SERVICE}.{name}")
 
 
-def setup(level: str = "INFO", **labels: Any) -> logging.Logger:
-    """Configure the 'sluice.worker' logger once per process; labels go on every line."""
+def setup(level: str = "INFO", **labels: Any) -> Logger:
+    """Set the level (once per process is enough); labels go on every line."""
     set_labels(**labels)
-    log = logging.getLogger("sluice.worker")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonFormatter())
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(level.upper())
-    return log
+    logger.setLevel(level.upper())
+    return logger
 
 
 def set_labels(**labels: Any) -> None:
-    _LABELS.update({k: v for k, v in labels.items() if v is not None})
-
-
-logger = logging.getLogger("sluice.worker")
+    logger.append_keys(**{k: v for k, v in labels.items() if v is not None})

@@ -19,29 +19,24 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from gpu_worker import env as envmod
 from gpu_worker import intervals
-from gpu_worker.commits import Paths, load_state, remove_orphans
+from gpu_worker.commits import Paths, ShardState, load_state, remove_orphans
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import ConfigError, RankFailed, WorkerError
+from gpu_worker.errors import OK, ConfigError, RankFailed, Terminated, WorkerError, report
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.rank import RankSpec, run_rank, spec_json
 from gpu_worker.stats import Stats
 from gpu_worker.store import Store
-from sluice.errors import ShardFormatError
+from sluice.contracts import ShardResult
+from sluice.errors import PlanError, ShardFormatError
 from sluice.models import RunPlan
+from sluice.plan import load_plan
 from sluice.shards import ShardReader
-
-
-class Terminated(Exception):
-    """SIGTERM (AWS Batch timeout or job termination)."""
 
 
 def detect_device(cfg: WorkerConfig) -> tuple[str, int]:
@@ -62,43 +57,28 @@ def detect_device(cfg: WorkerConfig) -> tuple[str, int]:
 
 
 def read_plan(store: Store, uri: str) -> RunPlan:
+    """The run's plan (sluice.plan.load_plan); a missing or invalid plan is a configuration error."""
     try:
-        raw = store.get(uri)
-    except Exception as exc:
-        raise ConfigError(f"cannot read the plan {uri}: {type(exc).__name__}: {exc}") from None
-    try:
-        return RunPlan.model_validate_json(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "plan"
-        raise ConfigError(
-            f"{uri} is not a valid plan.json: {where}: {first.get('msg')} ({exc.error_count()} problem(s))"
-        ) from None
+        return load_plan(store.get, uri)
+    except PlanError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def run_node(
     cfg: WorkerConfig, environ: Mapping[str, str], *, store: Store | None = None, fetcher: Any = None
-) -> dict[str, Any]:
-    """Everything `python -m gpu_worker` does; returns result.json's content.
+) -> ShardResult:
+    """Everything `python -m gpu_worker` does; returns what it wrote to result.json.
 
     `fetcher` replaces S3 image GETs (tests; single rank with SLUICE_WORKER_LOADERS=0 only).
     """
     started = time.time()
     store = store or Store()
-    plan_uri = envmod.plan_uri(environ)
-    plan = read_plan(store, plan_uri)
+    plan = read_plan(store, envmod.plan_uri(environ))
     asg = envmod.select(plan, environ)
     set_labels(run=plan.run_id, shard=asg.shard, node=asg.node, attempt=asg.attempt)
     paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, asg.shard)
-    shard_uri = plan.shard_uri(asg.shard)
-    try:
-        n_keys = ShardReader(store.range_source(shard_uri)).n_keys
-    except ShardFormatError as exc:
-        raise WorkerError(f"shard {shard_uri} is unreadable: {exc}") from None
-    except Exception as exc:
-        raise WorkerError(f"cannot read shard {shard_uri}: {type(exc).__name__}: {exc}") from None
+    n_keys = _count_keys(store, plan.shard_uri(asg.shard))
     device, world = detect_device(cfg)
-    threshold = cfg.max_failed_fraction if cfg.max_failed_fraction >= 0 else plan.max_failed_fraction
     state = load_state(store, paths)
     orphans = remove_orphans(store, paths, state)
     todo = intervals.count(intervals.subtract([(0, n_keys)], state.claimed)) + len(state.pending_retry())
@@ -120,53 +100,93 @@ def run_node(
     work = tempfile.mkdtemp(prefix="sluice-worker-") if own_dir else cfg.work_dir
     try:
         if todo:
-            from gpu_worker.model import resolve_uri
-
-            model_path = resolve_uri(plan.model.uri, work, store)
-            state_path = os.path.join(work, f"state-{asg.shard}.json")
-            Path(state_path).write_bytes(state.to_json())
-            specs = [
-                RankSpec(
-                    plan_json=plan.model_dump_json(),
-                    shard=asg.shard,
-                    node=asg.node,
-                    attempt=asg.attempt,
-                    local_rank=r,
-                    world=world,
-                    device=device,
-                    model_path=model_path,
-                    state_path=state_path,
-                    n_keys=n_keys,
-                    summary_path=os.path.join(work, f"rank-{r}.summary.json"),
-                )
-                for r in range(world)
-            ]
+            specs = _rank_specs(plan, asg, state, store, work, device=device, world=world, n_keys=n_keys)
             summaries = _run_ranks(specs, cfg, store, fetcher)
         state = load_state(store, paths)
         remove_orphans(store, paths, state)
-        from gpu_worker.sink import finalize
+        from gpu_worker.sink import write_shard_result
 
-        totals = Stats()
-        for s in summaries:
-            totals.add(s.get("stats", {}))
-        info = {
-            "run_id": plan.run_id,
-            "shard": asg.shard,
-            "node": asg.node,
-            "attempt": asg.attempt,
-            "kind": asg.kind,
-            "device": device,
-            "world": world,
-            "seconds": round(time.time() - started, 3),
-            "pipeline_seconds": max((s.get("pipeline_seconds", 0.0) for s in summaries), default=0.0),
-            "pipeline_window": _window(summaries),
-            "resumed_chunks": len([m for m in state.markers if m.attempt < asg.attempt]),
-            "stats": totals.snapshot(),
-        }
-        return finalize(store, paths, state, n_keys, threshold=threshold, info=info)
+        threshold = cfg.max_failed_fraction if cfg.max_failed_fraction >= 0 else plan.max_failed_fraction
+        info = _node_info(plan, asg, state, summaries, device=device, world=world, started=started)
+        return write_shard_result(store, paths, state, n_keys, threshold=threshold, info=info)
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _count_keys(store: Store, shard_uri: str) -> int:
+    """Keys in the shard (its header and index only); an unreadable shard fails the attempt."""
+    try:
+        return ShardReader(store.range_source(shard_uri)).n_keys
+    except ShardFormatError as exc:
+        raise WorkerError(f"shard {shard_uri} is unreadable: {exc}") from None
+    except Exception as exc:
+        raise WorkerError(f"cannot read shard {shard_uri}: {type(exc).__name__}: {exc}") from None
+
+
+def _rank_specs(
+    plan: RunPlan,
+    asg: envmod.Assignment,
+    state: ShardState,
+    store: Store,
+    work: str,
+    *,
+    device: str,
+    world: int,
+    n_keys: int,
+) -> list[RankSpec]:
+    """One spec per rank; fetches the model and writes the resume state into `work` for them."""
+    from gpu_worker.model import resolve_uri
+
+    model_path = resolve_uri(plan.model.uri, work, store)
+    state_path = os.path.join(work, f"state-{asg.shard}.json")
+    Path(state_path).write_bytes(state.to_json())
+    return [
+        RankSpec(
+            plan_json=plan.model_dump_json(),
+            shard=asg.shard,
+            node=asg.node,
+            attempt=asg.attempt,
+            local_rank=r,
+            world=world,
+            device=device,
+            model_path=model_path,
+            state_path=state_path,
+            n_keys=n_keys,
+            summary_path=os.path.join(work, f"rank-{r}.summary.json"),
+        )
+        for r in range(world)
+    ]
+
+
+def _node_info(
+    plan: RunPlan,
+    asg: envmod.Assignment,
+    state: ShardState,
+    summaries: list[dict[str, Any]],
+    *,
+    device: str,
+    world: int,
+    started: float,
+) -> dict[str, Any]:
+    """The ShardResult fields only the node knows: who ran the shard, where, how long, its ranks' counters."""
+    totals = Stats()
+    for s in summaries:
+        totals.add(s.get("stats", {}))
+    return {
+        "run_id": plan.run_id,
+        "shard": asg.shard,
+        "node": asg.node,
+        "attempt": asg.attempt,
+        "kind": asg.kind,
+        "device": device,
+        "world": world,
+        "seconds": round(time.time() - started, 3),
+        "pipeline_seconds": max((s.get("pipeline_seconds", 0.0) for s in summaries), default=0.0),
+        "pipeline_window": _window(summaries),
+        "resumed_chunks": len([m for m in state.markers if m.attempt < asg.attempt]),
+        "stats": totals.snapshot(),
+    }
 
 
 def _window(summaries: list[dict[str, Any]]) -> list[float]:
@@ -223,33 +243,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = WorkerConfig.from_env()
     except ConfigError as exc:
-        print(f"sluice-worker: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return report(exc, "sluice-worker")
     setup(cfg.log_level)
     with contextlib.suppress(ValueError):  # not the main thread (embedded use)
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = run_node(cfg, os.environ)
-    except ConfigError as exc:
-        print(f"sluice-worker: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except Terminated:
-        print("sluice-worker: terminated (SIGTERM); committed chunks are kept for the next attempt", file=sys.stderr)
-        return 143
-    except WorkerError as exc:
-        print(f"sluice-worker: failed: {exc}", file=sys.stderr)
-        return 1
     except Exception as exc:
-        logger.error("worker crashed", extra={"exception": traceback.format_exc()})
-        print(f"sluice-worker: crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    logger.info("shard done", extra={k: result[k] for k in ("processed", "failed", "failed_fraction", "seconds")})
-    if not result["ok"]:
-        print(
-            f"sluice-worker: shard {result['shard']}: {result['failed']} of {result['n_keys']} keys failed "
-            f"({result['failed_fraction']:.2%} > {result['max_failed_fraction']:.2%}); "
-            f"reasons {result['failed_by_reason']}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+        return report(exc, "sluice-worker")
+    logger.info(
+        "shard done",
+        extra={
+            "processed": result.processed,
+            "failed": result.failed,
+            "failed_fraction": result.failed_fraction,
+            "seconds": result.seconds,
+        },
+    )
+    if not result.ok:
+        return report(WorkerError(_over_threshold(result)), "sluice-worker")
+    return OK
+
+
+def _over_threshold(result: ShardResult) -> str:
+    reasons = {str(k): v for k, v in result.failed_by_reason.items()}
+    return (
+        f"shard {result.shard}: {result.failed} of {result.n_keys} keys failed "
+        f"({result.failed_fraction:.2%} > {result.max_failed_fraction:.2%}); reasons {reasons}"
+    )

@@ -12,7 +12,6 @@ them to their rank with the same deltas as every other counter.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +21,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-log = logging.getLogger("sluice.worker.metrics")
+from gpu_worker.log import child
+
+log = child("metrics")
 
 LABELS = ("run_id", "shard", "node", "rank", "gpu", "attempt", "instance_type")
 INFER_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)  # seconds per batch (copy + forward + normalize)
@@ -222,13 +223,11 @@ def series_count(registry: CollectorRegistry) -> int:
     return sum(1 for fam in registry.collect() for s in fam.samples if not s.name.endswith("_created"))
 
 
-def instance_type() -> str:
-    """The EC2 instance type (Nitro exposes it via DMI), else SLUICE_INSTANCE_TYPE, else "local"."""
-    import os
-
-    env = os.environ.get("SLUICE_INSTANCE_TYPE", "").strip()
-    if env:
-        return env
+def instance_type(configured: str = "") -> str:
+    """`configured` (SLUICE_INSTANCE_TYPE, gpu_worker.env.ContainerEnv) when set, else the EC2 instance
+    type (Nitro exposes it via DMI), else "local"."""
+    if configured:
+        return configured
     try:
         with open("/sys/devices/virtual/dmi/id/product_name", encoding="ascii") as fh:
             name = fh.read().strip()

@@ -14,7 +14,6 @@ import queue
 import sys
 import threading
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,7 +21,9 @@ from gpu_worker import intervals
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.commits import Paths, ShardState
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import ConfigError, RankFailed, WorkerError
+from gpu_worker.env import ContainerEnv
+from gpu_worker.errors import RankFailed, WorkerError, report
+from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.metrics import GpuProbe, MetricsObserver, RankCollector, RankMetrics, instance_type, keep_list
 from gpu_worker.procs import cpu_count, die_with_parent, shm_prefix
@@ -149,7 +150,7 @@ class _Loaders:
 def _feed(
     loaders: _Loaders,
     reader_factory: Any,
-    remaining: list[intervals.Run],
+    remaining: list[intervals.Span],
     retry: list[tuple[int, str]],
     errors: list[BaseException],
 ) -> None:
@@ -200,12 +201,7 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
         world=spec.world,
     )
     store = store or Store()
-    paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, spec.shard)
-    with open(spec.state_path, "rb") as fh:
-        state = ShardState.from_json(fh.read())
-    lo, hi = rank_slice(spec.n_keys, spec.world, spec.local_rank)
-    remaining = intervals.subtract([(lo, hi)], state.claimed)
-    retry = [(p, u) for p, u in state.pending_retry() if lo <= p < hi]
+    (lo, hi), remaining, retry = _todo(spec)
     summary: dict[str, Any] = {
         "global_rank": spec.global_rank,
         "local_rank": spec.local_rank,
@@ -217,7 +213,60 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
     if not remaining and not retry:
         summary.update(seconds=0.0, stats={}, chunks=0)
         return summary
+    stats = Stats()
+    pipe = _build_pipeline(spec, cfg, plan, store, remaining, stats, fetcher)
+    metrics = _start_metrics(cfg, plan, spec, stats, pipe.sink, pipe.loaders, started)
+    reader_factory = lambda: ShardReader(store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
+    t_pipe, window_start = time.perf_counter(), time.time()
+    try:
+        _stream(pipe, stats, reader_factory, remaining, retry)
+    finally:
+        summary["metrics_series"] = metrics.series()
+        metrics.stop()
+    pipeline_s = time.perf_counter() - t_pipe
+    stats.incr("rank_cpu_seconds", time.process_time())
+    summary.update(
+        seconds=round(time.perf_counter() - started, 3),
+        pipeline_seconds=round(pipeline_s, 3),
+        pipeline_window=[round(window_start, 3), round(window_start + pipeline_s, 3)],
+        chunks=pipe.sink.committed,
+        stats=stats.snapshot(),
+        reasons=dict(pipe.sink.reasons),
+    )
+    logger.info("rank done", extra={k: v for k, v in summary.items() if k != "stats"} | {"stats": summary["stats"]})
+    return summary
 
+
+def _todo(spec: RankSpec) -> tuple[tuple[int, int], list[intervals.Span], list[tuple[int, str]]]:
+    """This rank's slice, the spans of it no commit claims yet, and its deferred (position, uri) to retry."""
+    with open(spec.state_path, "rb") as fh:
+        state = ShardState.from_json(fh.read())
+    lo, hi = rank_slice(spec.n_keys, spec.world, spec.local_rank)
+    remaining = intervals.subtract([(lo, hi)], state.claimed)
+    retry = [(p, u) for p, u in state.pending_retry() if lo <= p < hi]
+    return (lo, hi), remaining, retry
+
+
+@dataclass
+class _Pipeline:
+    """One rank's running parts: loaders fill batches, the engine embeds them, the sink commits chunks."""
+
+    loaders: _Loaders
+    engine: Any
+    sink: Any
+    batch: int
+
+
+def _build_pipeline(
+    spec: RankSpec,
+    cfg: WorkerConfig,
+    plan: RunPlan,
+    store: Any,
+    remaining: list[intervals.Span],
+    stats: Stats,
+    fetcher: Any,
+) -> _Pipeline:
+    """Pin the device, load the model, start the loaders and open the sink."""
     n_loaders, decode_threads, torch_threads = plan_loaders(cfg, spec.device, spec.world)
     cfg = cfg.replace(decode_threads=decode_threads)
     import torch
@@ -232,7 +281,6 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
         torch.cuda.set_device(spec.local_rank)
         device = f"cuda:{spec.local_rank}"
     batch = cfg.batch_size or plan.model.batch_size
-    stats = Stats()
     model, info = load_model(spec.model_path, plan.model.image_size)
     # Loaders start now: their imports and S3 client setup overlap the model's trace and dry run.
     loaders = _Loaders(spec, cfg, plan, n_loaders, batch, info.image_size, fetcher)
@@ -241,15 +289,14 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
     except BaseException:
         loaders.close()
         raise
-    dtype = cfg.output_dtype or plan.output_dtype
     sink = ChunkSink(
         store,
-        paths,
+        Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, spec.shard),
         rank=spec.global_rank,
         attempt=spec.attempt,
         windows=intervals.cut(remaining, cfg.chunk_keys),
         chunk_keys=cfg.chunk_keys,
-        dtype=dtype,
+        dtype=cfg.output_dtype or plan.output_dtype,
         metadata={"model": plan.model.uri, "dim": str(engine.output_dim), "run": plan.run_id, "shard": str(spec.shard)},
         observer=stats,
     )
@@ -266,45 +313,43 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
             "torch_threads": torch_threads,
         },
     )
-    metrics = _start_metrics(cfg, plan, spec, stats, sink, loaders, started)
+    return _Pipeline(loaders, engine, sink, batch)
+
+
+def _stream(
+    pipe: _Pipeline,
+    stats: Stats,
+    reader_factory: Any,
+    remaining: list[intervals.Span],
+    retry: list[tuple[int, str]],
+) -> None:
+    """Feed the loaders, run every batch through the model into the sink, commit the last chunks.
+
+    On any failure the sink commits nothing more; the loaders are stopped either way.
+    """
     feed_errors: list[BaseException] = []
-    reader_factory = lambda: ShardReader(store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
     feeder = threading.Thread(
-        target=_feed, args=(loaders, reader_factory, remaining, retry, feed_errors), name="feeder", daemon=True
+        target=_feed, args=(pipe.loaders, reader_factory, remaining, retry, feed_errors), name="feeder", daemon=True
     )
-    t_pipe, window_start = time.perf_counter(), time.time()
     feeder.start()
     ok = False
     try:
-        _consume(loaders, engine, sink, stats, batch, feed_errors)
-        for tag, emb in engine.drain():
-            sink.add_rows(tag[0], tag[1], tag[2], emb[: tag[3]])
-        sink.close()
+        _consume(pipe, stats, feed_errors)
+        for msg, emb in pipe.engine.drain():
+            pipe.sink.add_rows(msg.positions, msg.uris, msg.phases, emb[: msg.n])
+        pipe.sink.close()
         ok = True
     finally:
         if not ok:
-            sink.abort()
-        loaders.close(finished=ok)
-        summary["metrics_series"] = metrics.series()
-        metrics.stop()
-    pipeline_s = time.perf_counter() - t_pipe
-    stats.incr("rank_cpu_seconds", time.process_time())
-    summary.update(
-        seconds=round(time.perf_counter() - started, 3),
-        pipeline_seconds=round(pipeline_s, 3),
-        pipeline_window=[round(window_start, 3), round(window_start + pipeline_s, 3)],
-        chunks=sink.committed,
-        stats=stats.snapshot(),
-        reasons=dict(sink.reasons),
-    )
-    logger.info("rank done", extra={k: v for k, v in summary.items() if k != "stats"} | {"stats": summary["stats"]})
-    return summary
+            pipe.sink.abort()
+        pipe.loaders.close(finished=ok)
 
 
 def _start_metrics(
     cfg: WorkerConfig, plan: RunPlan, spec: RankSpec, stats: Stats, sink: Any, loaders: _Loaders, started: float
 ) -> RankMetrics:
     """This rank's registry: served on /metrics (port + local rank) and pushed to AMP when configured."""
+    env = ContainerEnv.from_env()
     labels = {
         "run_id": plan.run_id,
         "shard": str(spec.shard),
@@ -312,7 +357,7 @@ def _start_metrics(
         "rank": str(spec.global_rank),
         "gpu": str(spec.local_rank) if spec.device == "cuda" else "",
         "attempt": str(spec.attempt),
-        "instance_type": instance_type(),
+        "instance_type": instance_type(env.instance_type),
     }
     collector = RankCollector(
         stats.snapshot,
@@ -322,64 +367,65 @@ def _start_metrics(
         gpu=GpuProbe(spec.local_rank if spec.device == "cuda" else None),
         started=time.monotonic() - (time.perf_counter() - started),
     )
-    url = os.environ.get("SLUICE_REMOTE_WRITE_URL", "").strip() or (plan.remote_write_url or "")
     return RankMetrics(
         collector,
         port=cfg.metrics_port + spec.local_rank if cfg.metrics_port else 0,
-        remote_write_url=url,
+        remote_write_url=env.remote_write_url or (plan.remote_write_url or ""),
         push_interval_s=cfg.push_interval_s,
         keep=keep_list(cfg.push_metrics),
     )
 
 
-def _consume(
-    loaders: _Loaders, engine: Any, sink: Any, stats: Stats, batch: int, feed_errors: list[BaseException]
-) -> None:
+def _next_message(loaders: _Loaders, stats: Stats, done: set[int], feed_errors: list[BaseException]) -> Any:
+    """The next loader message, or None after a quiet poll (which checks the feeder and the loaders)."""
+    t0 = time.perf_counter()
+    try:
+        return loaders.out_q.get(timeout=0.5)
+    except queue.Empty:
+        if feed_errors:
+            raise WorkerError(f"reading the shard failed: {feed_errors[0]}") from feed_errors[0]
+        dead = loaders.dead(done)
+        if dead:
+            raise RankFailed(f"loader process {dead[0]} died (exit code {loaders.procs[dead[0]].exitcode})") from None
+        return None
+    finally:
+        stats.incr("wait_seconds", time.perf_counter() - t0)
+
+
+def _consume(pipe: _Pipeline, stats: Stats, feed_errors: list[BaseException]) -> None:
+    """Handle loader messages until every loader is done: batches to the model, failures to the sink."""
     import torch
 
+    loaders, sink = pipe.loaders, pipe.sink
     done: set[int] = set()
     started = time.perf_counter()
     first = True
     while len(done) < loaders.n:
-        t0 = time.perf_counter()
-        try:
-            msg = loaders.out_q.get(timeout=0.5)
-        except queue.Empty:
-            stats.incr("wait_seconds", time.perf_counter() - t0)
-            if feed_errors:
-                raise WorkerError(f"reading the shard failed: {feed_errors[0]}") from feed_errors[0]
-            dead = loaders.dead(done)
-            if dead:
-                raise RankFailed(
-                    f"loader process {dead[0]} died (exit code {loaders.procs[dead[0]].exitcode})"
-                ) from None
+        msg = _next_message(loaders, stats, done, feed_errors)
+        if msg is None:
             continue
-        stats.incr("wait_seconds", time.perf_counter() - t0)
-        kind = msg[0]
-        if kind == "batch":
+        if isinstance(msg, BatchMsg):
             if first:
                 stats.incr("first_batch_seconds", time.perf_counter() - started)
                 first = False
-            _, lid, buf, n, positions, uris, phases, delta = msg
-            stats.add(delta)
-            host = torch.from_numpy(loaders.buffers[lid].array(buf))
-            finished = engine.submit(host, (positions, uris, phases, n))
+            stats.add(msg.stats)
+            host = torch.from_numpy(loaders.buffers[msg.loader].array(msg.buffer))
+            finished = pipe.engine.submit(host, msg)
             del host
-            loaders.free_qs[lid].put(buf)
+            loaders.free_qs[msg.loader].put(msg.buffer)
             stats.incr("batches")
-            stats.incr("padded_slots", batch - n)
-            for tag, emb in finished:
-                sink.add_rows(tag[0], tag[1], tag[2], emb[: tag[3]])
-        elif kind == "fail":
-            _, lid, pos, uri, phase, reason, detail, deferred = msg
-            sink.add_failure(pos, uri, phase, reason, detail, deferred)
-        elif kind == "done":
-            done.add(msg[1])
-            stats.add(msg[2])
-        elif kind == "error":
-            raise RankFailed(msg[2])
+            stats.incr("padded_slots", pipe.batch - msg.n)
+            for m, emb in finished:
+                sink.add_rows(m.positions, m.uris, m.phases, emb[: m.n])
+        elif isinstance(msg, FailMsg):
+            sink.add_failure(msg.pos, msg.uri, msg.phase, msg.reason, msg.detail, msg.deferred)
+        elif isinstance(msg, DoneMsg):
+            done.add(msg.loader)
+            stats.add(msg.stats)
+        elif isinstance(msg, ErrorMsg):
+            raise RankFailed(msg.message)
         else:  # pragma: no cover
-            raise WorkerError(f"unknown loader message {kind!r}")
+            raise WorkerError(f"unknown loader message {type(msg).__name__}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,16 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = WorkerConfig.from_env()
         setup(cfg.log_level)
         summary = run_rank(spec, cfg)
-    except ConfigError as exc:
-        print(f"sluice-worker rank {spec.global_rank}: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except WorkerError as exc:
-        print(f"sluice-worker rank {spec.global_rank}: {exc}", file=sys.stderr)
-        return 1
     except Exception as exc:
-        logger.error("rank crashed", extra={"exception": traceback.format_exc()})
-        print(f"sluice-worker rank {spec.global_rank}: crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return report(exc, f"sluice-worker rank {spec.global_rank}", role="rank")
     with open(spec.summary_path, "w") as fh:
         json.dump(summary, fh)
     return 0

@@ -10,7 +10,6 @@ out-of-order samples) drop that batch and count it. Nothing here ever raises int
 
 from __future__ import annotations
 
-import logging
 import random
 import struct
 import threading
@@ -22,9 +21,10 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
+from gpu_worker.log import child
 from sluice.sigv4 import region_of, sign_aps
 
-log = logging.getLogger("sluice.worker.remote_write")
+log = child("remote_write")
 
 HEADERS = {
     "Content-Encoding": "snappy",

@@ -9,13 +9,12 @@ writer thread so the model loop never waits on a PUT. Final-pass results form re
 from __future__ import annotations
 
 import io
-import json
 import queue
 import threading
 import time
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +25,9 @@ import pyarrow.parquet as pq
 from gpu_worker import intervals
 from gpu_worker.commits import Marker, Paths, ShardState
 from gpu_worker.errors import WorkerError
-from gpu_worker.intervals import Run
+from gpu_worker.intervals import Span
 from gpu_worker.stats import Observer, Stats
+from sluice.contracts import FailureLine, ShardResult
 
 RETRY = 1
 
@@ -48,7 +48,7 @@ def parquet_bytes(uris: Sequence[str], emb: np.ndarray, dtype: str, metadata: di
 @dataclass
 class _Chunk:
     expected: int  # positions to settle (windows); -1 for retry chunks (size-bounded)
-    runs: list[Run]
+    spans: list[Span]
     rows: list[tuple[int, str, np.ndarray]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     deferred: list[tuple[int, str]] = field(default_factory=list)
@@ -69,7 +69,7 @@ class ChunkSink:
         *,
         rank: int,
         attempt: int,
-        windows: list[list[Run]],
+        windows: list[list[Span]],
         chunk_keys: int,
         dtype: str,
         metadata: dict[str, str],
@@ -133,12 +133,12 @@ class ChunkSink:
     def _commit_retry(self) -> None:
         chunk, self._retry = self._retry, _Chunk(-1, [])
         if chunk.settled:
-            chunk.runs = intervals.from_points([p for p, _, _ in chunk.rows] + [f["pos"] for f in chunk.failed])
+            chunk.spans = intervals.from_points([p for p, _, _ in chunk.rows] + [f["pos"] for f in chunk.failed])
             self._commit(chunk, "retry")
 
     def _commit(self, chunk: _Chunk, kind: str) -> None:
         chunk.committed = True
-        first = chunk.runs[0][0]
+        first = chunk.spans[0][0]
         name = self._paths.chunk_name(self._rank, first, self._attempt if kind == "retry" else None)
         while True:
             self._check()
@@ -163,7 +163,7 @@ class ChunkSink:
     def _write(self, name: str, chunk: _Chunk, kind: str) -> None:
         rows = sorted(chunk.rows, key=lambda r: r[0])
         deferred = {p for p, _ in chunk.deferred}
-        covers = intervals.subtract(chunk.runs, intervals.from_points(deferred)) if kind == "range" else chunk.runs
+        covers = intervals.subtract(chunk.spans, intervals.from_points(deferred)) if kind == "range" else chunk.spans
         file = None
         if rows:
             emb = np.stack([r[2] for r in rows])
@@ -197,7 +197,7 @@ class ChunkSink:
         if open_windows:
             w = open_windows[0]
             raise WorkerError(
-                f"{len(open_windows)} chunks never completed (first: {w.runs[0]}, {w.settled}/{w.expected} settled)"
+                f"{len(open_windows)} chunks never completed (first: {w.spans[0]}, {w.settled}/{w.expected} settled)"
             )
 
     def abort(self) -> None:
@@ -207,41 +207,43 @@ class ChunkSink:
         self._writer.join(timeout=60)
 
 
-def finalize(
+def write_shard_result(
     store: Any,
     paths: Paths,
     state: ShardState,
     n_keys: int,
     *,
     threshold: float,
-    info: dict[str, Any],
-) -> dict[str, Any]:
-    """Check the shard is settled exactly once, write failures/<i>.jsonl and result.json; return the result."""
+    info: Mapping[str, Any],
+) -> ShardResult:
+    """Check the shard is settled exactly once, write failures/<i>.jsonl and result.json; return the result.
+
+    `info` holds the ShardResult fields only the node knows (who ran it, where, how long);
+    the counts come from the commit markers.
+    """
     overlaps = state.overlaps()
     if overlaps:
         raise WorkerError(f"{intervals.count(overlaps)} keys are covered by two chunks (first {overlaps[0]})")
     unsettled = intervals.subtract([(0, n_keys)], state.covered)
     if unsettled:
         raise WorkerError(f"{intervals.count(unsettled)} of {n_keys} keys were never settled (first {unsettled[0]})")
-    failures = sorted((f for m in state.markers for f in m.failed), key=lambda f: f["pos"])
-    lines = "".join(
-        json.dumps({"key": f["key"], "reason": f["reason"], "attempt": f["attempt"], "detail": f.get("detail", "")})
-        + "\n"
-        for f in failures
-    )
+    failures = [
+        FailureLine(key=f["key"], reason=f["reason"], attempt=f["attempt"], detail=f.get("detail", ""))
+        for f in sorted((f for m in state.markers for f in m.failed), key=lambda f: f["pos"])
+    ]
+    lines = "".join(line.model_dump_json() + "\n" for line in failures)
     store.put(paths.failures, lines.encode(), "application/x-ndjson")
-    processed = sum(m.rows for m in state.markers)
     fraction = len(failures) / n_keys if n_keys else 0.0
-    result = {
+    result = ShardResult(
         **info,
-        "n_keys": n_keys,
-        "processed": processed,
-        "failed": len(failures),
-        "failed_fraction": round(fraction, 6),
-        "max_failed_fraction": threshold,
-        "ok": fraction <= threshold,
-        "failed_by_reason": dict(sorted(Counter(f["reason"] for f in failures).items())),
-        "chunks": len(state.markers),
-    }
-    store.put(paths.result, json.dumps(result, indent=1).encode(), "application/json")
+        n_keys=n_keys,
+        processed=sum(m.rows for m in state.markers),
+        failed=len(failures),
+        failed_fraction=round(fraction, 6),
+        max_failed_fraction=threshold,
+        ok=fraction <= threshold,
+        failed_by_reason=dict(sorted(Counter(f.reason for f in failures).items())),
+        chunks=len(state.markers),
+    )
+    store.put(paths.result, result.model_dump_json(indent=1).encode(), "application/json")
     return result

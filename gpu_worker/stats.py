@@ -1,4 +1,4 @@
-"""Counters the pipeline reports, behind a tiny Observer seam (issue #6 adds a Prometheus observer).
+"""Counters the pipeline reports, behind a tiny Observer seam (gpu_worker.metrics adds a Prometheus observer).
 
 Names are a fixed set (no per-object labels): see COUNTERS. Loaders send deltas to their rank
 with every batch, so a rank's Stats is live; the node sums its ranks into result.json.

@@ -77,8 +77,3 @@ class Store:
             b, k = parse_s3_uri(uri)
             return S3RangeSource(self.client, b, k)
         return FileSource(uri)
-
-
-def join(prefix: str, name: str) -> str:
-    """prefix + name with exactly one separator (prefixes are s3:// or local directories)."""
-    return prefix if not name else (prefix if prefix.endswith("/") else prefix + "/") + name

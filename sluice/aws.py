@@ -1,28 +1,38 @@
-"""Lazy, injectable boto3 clients (one set per process; tests pass their own)."""
+"""Lazy, injectable boto3 clients: one cache per process, shared by the Lambdas, the CLI and the worker."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Hashable
 from typing import Any
 
 from botocore.config import Config
 
-_CONFIG = Config(retries={"max_attempts": 8, "mode": "adaptive"}, user_agent_extra="sluice")
+DEFAULT_CONFIG = Config(retries={"max_attempts": 8, "mode": "adaptive"}, user_agent_extra="sluice")
 _lock = threading.Lock()
-_clients: dict[str, Any] = {}
+_clients: dict[tuple[Hashable, ...], Any] = {}
 
 
-def client(service: str) -> Any:
-    """A cached boto3 client; created on first use so importing sluice needs no AWS."""
-    cached = _clients.get(service)
+def client(
+    service: str, *, config: Config | None = None, endpoint_url: str | None = None, name: Hashable = "default"
+) -> Any:
+    """A cached boto3 client, created on first use so importing sluice needs no AWS.
+
+    Callers that need a differently tuned client (the worker's image GETs) pass their own
+    `config` and a `name` that identifies it: one client per (service, name, endpoint).
+    """
+    key = (service, name, endpoint_url)
+    cached = _clients.get(key)
     if cached is not None:
         return cached
     with _lock:
-        if service not in _clients:
+        if key not in _clients:
             import boto3
 
-            _clients[service] = boto3.session.Session().client(service, config=_CONFIG)
-        return _clients[service]
+            _clients[key] = boto3.session.Session().client(
+                service, config=config or DEFAULT_CONFIG, endpoint_url=endpoint_url
+            )
+        return _clients[key]
 
 
 def reset_clients() -> None:

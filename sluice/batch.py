@@ -1,8 +1,8 @@
 """AWS Batch adapter: submits a run's array, single or multi-node parallel jobs.
 
-Retriable-vs-fatal is decided here, at the AWS boundary: throttling and 5xx become
-RetriableError (the Lambda invocation is retried); anything else is a SubmissionError
-whose message says what to fix.
+Retriable-vs-fatal is decided here, at the AWS boundary (sluice.awserror): throttling and
+5xx become RetriableError (the Lambda invocation is retried); anything else is a
+SubmissionError whose message says what to fix. The retry strategy is sluice.policy's.
 """
 
 from __future__ import annotations
@@ -11,23 +11,13 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from sluice.awserror import Kind, classify
 from sluice.errors import RetriableError, SubmissionError
-from sluice.models import RunPlan, ShardLayout
+from sluice.models import JobLayout, RunPlan
+from sluice.policy import retry_strategy
 from sluice.settings import Settings
 
 RUN_TAG = "sluice:run-id"
-_RETRIABLE = {"ThrottlingException", "TooManyRequestsException", "ServerException", "ServiceUnavailable"}
-
-
-def retry_strategy(attempts: int) -> dict[str, Any]:
-    """Retry Spot reclaims ("Host EC2 (instance ...) terminated."); exit on everything else."""
-    return {
-        "attempts": attempts,
-        "evaluateOnExit": [
-            {"onStatusReason": "Host EC2*", "action": "RETRY"},
-            {"onReason": "*", "action": "EXIT"},
-        ],
-    }
 
 
 def job_name(run_id: str, index: int) -> str:
@@ -35,8 +25,8 @@ def job_name(run_id: str, index: int) -> str:
     return f"sluice-{run_id}-{index}"[:128]
 
 
-def job_request(plan: RunPlan, plan_uri: str, job: ShardLayout, index: int, settings: Settings) -> dict[str, Any]:
-    """The SubmitJob request for one ShardLayout of the plan."""
+def job_request(plan: RunPlan, plan_uri: str, job: JobLayout, index: int, settings: Settings) -> dict[str, Any]:
+    """The SubmitJob request for one JobLayout of the plan."""
     env = [
         {"name": "SLUICE_PLAN_URI", "value": plan_uri},
         {"name": "SLUICE_RUN_ID", "value": plan.run_id},
@@ -84,18 +74,21 @@ class BatchAdapter:
                 req["jobQueue"] = queue
             try:
                 resp = self._client.submit_job(**req)
-            except ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code", "")
-                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-                if code in _RETRIABLE or status >= 500 or status == 429:
-                    raise RetriableError(f"AWS Batch {code or status} submitting {req['jobName']}") from exc
+            except (ClientError, BotoCoreError) as exc:
+                failure = classify(exc)
+                if failure.retriable:
+                    what = f"AWS Batch SubmitJob {req['jobName']}"
+                    raise RetriableError(f"{failure.describe(what)}; will retry") from exc
                 raise SubmissionError(
                     f"AWS Batch refused {req['jobName']} on queue {req['jobQueue']!r} with definition "
-                    f"{req['jobDefinition']!r}: {exc.response.get('Error', {}).get('Message', code)}. "
+                    f"{req['jobDefinition']!r}: {failure.message or failure.code}. "
                     "Check that the queue and job definition exist and are ENABLED "
-                    "(SLUICE_JOB_QUEUE / SLUICE_ARRAY_JOB_DEFINITION / SLUICE_MNP_*)."
+                    "(SLUICE_JOB_QUEUE / SLUICE_ARRAY_JOB_DEFINITION / SLUICE_MNP_*)"
+                    + (
+                        " and that the function's role may call batch:SubmitJob."
+                        if failure.kind is Kind.DENIED
+                        else "."
+                    )
                 ) from exc
-            except BotoCoreError as exc:
-                raise RetriableError(f"AWS Batch unreachable submitting {req['jobName']}: {exc}") from exc
             ids.append(resp["jobId"])
         return ids

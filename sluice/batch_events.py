@@ -3,17 +3,14 @@ and what Sluice derives from one: which run, which shard, which attempt, how it 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.batch import RUN_TAG
-
-Status = Literal["SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED"]
-TERMINAL = ("SUCCEEDED", "FAILED")
-# Monotonic order within one attempt; a new attempt outranks everything of the previous one.
-RANK = {"SUBMITTED": 0, "PENDING": 1, "RUNNABLE": 2, "STARTING": 3, "RUNNING": 4, "SUCCEEDED": 5, "FAILED": 5}
+from sluice.contracts import JobStatus
+from sluice.policy import is_host_lost
 
 
 class _Open(BaseModel):
@@ -36,7 +33,7 @@ class BatchJobStateChangeDetail(_Open):
     job_id: str = Field(alias="jobId")
     job_name: str = Field(alias="jobName")
     job_queue: str = Field(alias="jobQueue")
-    status: Status
+    status: JobStatus
     status_reason: str | None = Field(default=None, alias="statusReason")
     attempts: list[dict[str, Any]] = Field(default_factory=list)
     container: dict[str, Any] | None = None
@@ -78,16 +75,16 @@ class BatchJobStateChangeDetail(_Open):
     def attempt(self) -> int:
         """1-based attempt this event describes (attempts[] lists finished and running attempts)."""
         n = len(self.attempts)
-        if self.status in TERMINAL:
+        if self.status.terminal:
             return max(n, 1)
         if n and "stoppedAt" not in self.attempts[-1]:
             return n
-        return n + 1 if self.status in ("RUNNABLE", "STARTING", "RUNNING") else max(n, 1)
+        return n + 1 if self.status in (JobStatus.RUNNABLE, JobStatus.STARTING, JobStatus.RUNNING) else max(n, 1)
 
     @property
     def seq(self) -> int:
         """Total order of this shard's events: later attempts first, then the state rank."""
-        return self.attempt * 10 + RANK[self.status]
+        return self.attempt * 10 + self.status.rank
 
     @property
     def exit_code(self) -> int | None:
@@ -120,7 +117,7 @@ class BatchJobStateChangeDetail(_Open):
     def spot_reclaimed(self) -> bool:
         """True when an attempt ended because its instance went away (Spot reclaim)."""
         reasons = [self.status_reason or ""] + [str(a.get("statusReason", "")) for a in self.attempts]
-        return any(r.startswith("Host EC2") for r in reasons)
+        return any(is_host_lost(r) for r in reasons)
 
 
 class BatchJobStateChangeEvent(EventBridgeModel):

@@ -31,7 +31,7 @@ def _s3() -> Any:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Dry run: resolve and count the keys, show the layout; writes nothing to AWS."""
-    from sluice.manifest import KEYLIST_SUFFIXES, ManifestSource, _Problems, iter_keylist, iter_keys, parse_manifest
+    from sluice.manifest import KEYLIST_SUFFIXES, ManifestSource, Problems, iter_keylist, iter_keys, parse_manifest
     from sluice.plan import layout, scan
     from sluice.s3uri import parse_s3_uri
     from sluice.settings import Settings
@@ -50,7 +50,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if manifest.input.key_list and not src_uri.startswith("s3://") and key.lower().endswith(KEYLIST_SUFFIXES):
         kind = next(s for s in KEYLIST_SUFFIXES if key.lower().endswith(s))
         default_bucket = args.bucket or settings.default_input_bucket
-        problems = _Problems()
+        problems = Problems()
         batches = iter_keylist(_read_chunks(src_uri), src_uri, kind, default_bucket, problems)
 
         def checked() -> Iterator[tuple[str, list[str]]]:
@@ -78,28 +78,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"manifest        {summary['manifest']}")
-        print(
-            f"unique keys     {summary['unique_keys']:,}  "
-            f"(seen {sc.total_keys:,}, duplicates removed {sc.duplicates:,})"
-        )
-        print(f"buckets         {', '.join(summary['buckets'])}")
-        print(
-            f"mode            {summary['mode']}"
-            + ("" if summary["spot_allowed"] else "  (On-Demand: MNP cannot use Spot)")
-        )
-        print(f"shards          {lay.n_shards:,} x <= {lay.keys_per_shard:,} keys")
-        for i, j in enumerate(lay.jobs):
-            print(f"job {i:<11} {j.kind}: shards {j.shard_offset}..{j.shard_offset + j.shard_count - 1}")
+        _print_plan(summary)
     return EXIT_OK
+
+
+def _print_plan(summary: dict[str, Any]) -> None:
+    print(f"manifest        {summary['manifest']}")
+    print(
+        f"unique keys     {summary['unique_keys']:,}  "
+        f"(seen {summary['keys_seen']:,}, duplicates removed {summary['duplicates_removed']:,})"
+    )
+    print(f"buckets         {', '.join(summary['buckets'])}")
+    print(
+        f"mode            {summary['mode']}" + ("" if summary["spot_allowed"] else "  (On-Demand: MNP cannot use Spot)")
+    )
+    print(f"shards          {summary['shards']:,} x <= {summary['keys_per_shard']:,} keys")
+    for i, j in enumerate(summary["jobs"]):
+        print(f"job {i:<11} {j['kind']}: shards {j['shard_offset']}..{j['shard_offset'] + j['shard_count'] - 1}")
 
 
 def cmd_shard_pack(args: argparse.Namespace) -> int:
     """Key-list file (one key or s3:// URI a line) -> one shard file, keys exactly as given."""
-    from sluice.manifest import _Problems, iter_keylist
+    from sluice.manifest import Problems, iter_keylist
     from sluice.shards import ShardWriter
 
-    problems = _Problems()
+    problems = Problems()
     n = 0
     with open(args.out, "wb") as fh:
         writer = ShardWriter(fh, sort=args.sort)
@@ -136,9 +139,10 @@ def cmd_shard_cat(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     """Upload a manifest or key list to manifests/ of the control bucket; print its run id."""
     from sluice.coordinator import run_id_for
+    from sluice.paths import MANIFESTS_PREFIX
 
     path = Path(args.manifest)
-    key = f"manifests/{args.name or path.name}"
+    key = f"{MANIFESTS_PREFIX}{args.name or path.name}"
     resp = _s3().put_object(Bucket=args.bucket, Key=key, Body=path.read_bytes())
     version = resp.get("VersionId") or f"{resp['ETag'].strip(chr(34))}:"
     run_id = run_id_for(args.bucket, key, version)
@@ -183,8 +187,11 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     url = args.url or os.environ.get("SLUICE_PROMETHEUS_URL")
     if not url:
-        print("sluice: give --url (AMP: https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>/, "
-              "local: the URL `sluice local run` printed) or set SLUICE_PROMETHEUS_URL", file=sys.stderr)
+        print(
+            "sluice: give --url (AMP: https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>/, "
+            "local: the URL `sluice local run` printed) or set SLUICE_PROMETHEUS_URL",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     m = fetch(PromClient(url), args.run_id, since_s=args.since_minutes * 60)
     if args.json:

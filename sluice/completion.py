@@ -3,35 +3,51 @@
 Every update is idempotent and order-insensitive (sluice.ledger): a shard keeps the state
 with the highest (attempt, state rank), a terminal state is final, and counters move in
 the same DynamoDB transaction as the state they count. When every submitted job of the
-run is terminal, one invocation wins a conditional claim (FINALIZING) and decides the
-outcome from what the workers wrote (shards/<i>.result.json and failures/<i>.jsonl):
-a final retry pass for transient failures, or exactly one outcome event.
+run is terminal, one invocation wins a conditional claim (FINALIZING) and concludes the
+run from what the workers wrote (shards/<i>.result.json and failures/<i>.jsonl): a final
+retry pass for transient failures, or exactly one outcome event.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
 from sluice.aws import Clients
 from sluice.batch import BatchAdapter
-from sluice.batch_events import TERMINAL, BatchJobStateChangeDetail
-from sluice.coordinator import SCRATCH_TAG, load_plan
+from sluice.batch_events import BatchJobStateChangeDetail
+from sluice.contracts import (
+    TRANSIENT_FAILURE_REASONS,
+    FailureLine,
+    FailureReason,
+    JobLayoutItem,
+    JobStatus,
+    PassItem,
+    RunFailed,
+    RunItem,
+    RunProgress,
+    RunStatus,
+    RunSucceeded,
+    ShardItem,
+    ShardResult,
+)
 from sluice.ledger import Ledger
 from sluice.log import logger
-from sluice.models import TRANSIENT_FAILURE_REASONS, RunPlan, ShardLayout
+from sluice.models import JobLayout, RunPlan
 from sluice.notify import EventPublisher
+from sluice.paths import RunPaths
+from sluice.plan import SCRATCH_TAG, load_plan
+from sluice.s3io import put_object, read_if_exists, read_uri
 from sluice.s3uri import parse_s3_uri
 from sluice.settings import Settings
 from sluice.shards import encode_shard
 
-ACTIVE = ("SUBMITTED", "RUNNING", "RETRYING")
+NO_RESULT = "no result.json: the worker did not finish"
 
 
 @dataclass
@@ -48,6 +64,27 @@ class JobEventOutcome:
         return asdict(self)
 
 
+@dataclass
+class _Context:
+    """One event's view of its run: settings, clients and the adapters built from them."""
+
+    settings: Settings
+    clients: Clients
+    ledger: Ledger
+    events: EventPublisher
+
+    @classmethod
+    def build(cls, settings: Settings | None, clients: Clients | None) -> _Context:
+        settings = settings or Settings.from_env()
+        clients = clients or Clients()
+        return cls(
+            settings,
+            clients,
+            Ledger(clients.dynamodb, settings.runs_table),
+            EventPublisher(clients.events, settings.event_bus),
+        )
+
+
 def _queue_name(arn_or_name: str) -> str:
     return arn_or_name.rsplit("/", 1)[-1]
 
@@ -55,221 +92,228 @@ def _queue_name(arn_or_name: str) -> str:
 def handle_job_event(
     detail: BatchJobStateChangeDetail, *, settings: Settings | None = None, clients: Clients | None = None
 ) -> JobEventOutcome:
-    """Record one job state change and, when the run's jobs are all terminal, decide the outcome."""
-    settings = settings or Settings.from_env()
-    clients = clients or Clients()
+    """Record one job state change and, when the run's jobs are all terminal, conclude the run."""
+    ctx = _Context.build(settings, clients)
     run_id = detail.run_id
-    ours = {_queue_name(settings.job_queue), _queue_name(settings.mnp_job_queue)}
+    ours = {_queue_name(ctx.settings.job_queue), _queue_name(ctx.settings.mnp_job_queue)}
     if run_id is None or _queue_name(detail.job_queue) not in ours:
         return JobEventOutcome("ignored", reason="not a Sluice job")
-    ledger = Ledger(clients.dynamodb, settings.runs_table)
-    run = ledger.get(run_id)
-    if run is None or "jobs" not in run:
+    run = ctx.ledger.get(run_id)
+    if run is None or run.jobs is None:
         logger.warning("event for an unknown or unsubmitted run", extra={"run_id": run_id, "job_id": detail.job_id})
         return JobEventOutcome("ignored", run_id, reason="unknown run")
-    jobs = {j["id"]: j for j in run["jobs"]}
-    job = jobs.get(detail.parent_id)
+    job = next((j for j in run.jobs if j.id == detail.parent_id), None)
     if job is None:
         return JobEventOutcome("ignored", run_id, reason=f"job {detail.parent_id} is not one of the run's jobs")
 
     out = JobEventOutcome("recorded", run_id)
-    events = EventPublisher(clients.events, settings.event_bus)
-    idx = detail.child_index
-    kind = job["kind"]
-    is_shard_event = idx is not None or kind == "single"
-    is_job_event = idx is None
+    is_shard_event = detail.child_index is not None or job.kind == "single"
     if is_shard_event:
-        shard = int(job["shard_offset"]) + (idx or 0)
-        if not 0 <= shard < int(run.get("shards", 0)) + _retry_shards(run):
+        shard = job.shard_offset + (detail.child_index or 0)
+        if not 0 <= shard < run.total_shards:
             return JobEventOutcome("ignored", run_id, reason=f"shard {shard} outside the run")
-        out.shard = shard
-        terminal = detail.status in TERMINAL
-        res = (
-            _read_json(clients.s3, _control_bucket(run), f"runs/{run_id}/shards/{shard}.result.json")
-            if terminal
-            else None
-        )
-        applied = ledger.record_shard(
-            run_id,
-            shard,
-            {
-                "status": detail.status,
-                "attempt": detail.attempt,
-                "exit_code": detail.exit_code,
-                "reason": detail.reason,
-                "job_id": detail.job_id,
-                "spot_reclaimed": detail.spot_reclaimed or None,
-            },
-            seq=detail.seq,
-            terminal=terminal,
-            failed=detail.status == "FAILED",
-            keys_processed=int(res.get("processed", 0)) if res else 0,
-            keys_failed=int(res.get("failed", 0)) if res else 0,
-        )
-        if not applied:
-            out.status = "stale"
-        elif detail.status == "RUNNING" and run["status"] == "SUBMITTED":
-            ledger.mark_running(run_id)
-        if applied and terminal and run["status"] in ACTIVE:
-            fresh = ledger.get(run_id) or run
-            events.publish(
-                "Run Progress",
-                {
-                    "run_id": run_id,
-                    "shards_done": int(fresh.get("shards_succeeded", 0)) + int(fresh.get("shards_failed", 0)),
-                    "shards_failed": int(fresh.get("shards_failed", 0)),
-                    "shards_total": int(fresh.get("shards", 0)) + _retry_shards(fresh),
-                },
-            )
-            out.published.append("Run Progress")
-    if is_job_event and detail.status in TERMINAL:
-        first_time = ledger.record_job_terminal(run_id, detail.parent_id, detail.status, detail.reason)
+        _record_shard(ctx, run, detail, shard, out)
+    if detail.child_index is None and detail.status.terminal:
+        first_time = ctx.ledger.record_job_terminal(run_id, detail.parent_id, detail.status, detail.reason)
         if not first_time and not is_shard_event:
             out.status = "stale"
-    fresh = ledger.get(run_id) or run
-    if fresh["status"] in ACTIVE and int(fresh.get("jobs_done", 0)) >= len(fresh["jobs"]):
-        decided = finalize(run_id, settings=settings, clients=clients)
-        if decided:
-            out.status = "retrying" if decided == "Retry Pass" else "finalized"
-            out.published.append(decided)
+    fresh = ctx.ledger.get(run_id) or run
+    if fresh.status.active and fresh.jobs_done >= len(fresh.jobs or []):
+        concluded = conclude_run(run_id, settings=ctx.settings, clients=ctx.clients)
+        if concluded:
+            out.status = "retrying" if concluded == "Retry Pass" else "finalized"
+            out.published.append(concluded)
     return out
 
 
-def _control_bucket(run: dict[str, Any]) -> str:
-    return parse_s3_uri(str(run["plan_uri"]))[0]
+def _record_shard(
+    ctx: _Context, run: RunItem, detail: BatchJobStateChangeDetail, shard: int, out: JobEventOutcome
+) -> None:
+    """Apply the event to the shard's item (monotonic) and announce a shard that became terminal."""
+    out.shard = shard
+    terminal = detail.status.terminal
+    res = read_result(ctx.clients.s3, _paths(run), shard) if terminal else None
+    applied = ctx.ledger.record_shard(
+        run.run_id,
+        shard,
+        {
+            "status": detail.status,
+            "attempt": detail.attempt,
+            "exit_code": detail.exit_code,
+            "reason": detail.reason,
+            "job_id": detail.job_id,
+            "spot_reclaimed": detail.spot_reclaimed or None,
+        },
+        seq=detail.seq,
+        terminal=terminal,
+        failed=detail.status == JobStatus.FAILED,
+        keys_processed=res.processed if res else 0,
+        keys_failed=res.failed if res else 0,
+    )
+    if not applied:
+        out.status = "stale"
+        return
+    if detail.status == JobStatus.RUNNING and run.status == RunStatus.SUBMITTED:
+        ctx.ledger.mark_running(run.run_id)
+    if terminal and run.status.active:
+        fresh = ctx.ledger.get(run.run_id) or run
+        ctx.events.publish(
+            RunProgress(
+                run_id=run.run_id,
+                shards_done=fresh.shards_done,
+                shards_failed=fresh.shards_failed,
+                shards_total=fresh.total_shards,
+            )
+        )
+        out.published.append(RunProgress.detail_type)
 
 
-def _retry_shards(run: dict[str, Any]) -> int:
-    return sum(int(p["n_shards"]) for p in run.get("passes", [])[1:])
+def _paths(run: RunItem) -> RunPaths:
+    return RunPaths.in_bucket(parse_s3_uri(str(run.plan_uri))[0], run.run_id)
 
 
-def _read_json(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
+def read_result(s3: Any, paths: RunPaths, shard: int) -> ShardResult | None:
+    """The worker's result.json for a shard; None if it is missing or unreadable (the shard then fails)."""
+    raw = read_if_exists(s3, paths.result(shard))
+    if raw is None:
+        return None
     try:
-        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())  # type: ignore[no-any-return]
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-            return None
-        raise
+        return ShardResult.model_validate_json(raw)
+    except ValidationError as exc:
+        logger.warning("unreadable result.json", extra={"uri": paths.result(shard), "error": str(exc)[:500]})
+        return None
 
 
-def _failure_lines(s3: Any, bucket: str, key: str) -> list[dict[str, Any]]:
-    try:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"]
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-            return []
-        raise
+def read_failures(s3: Any, paths: RunPaths, shard: int) -> list[FailureLine]:
+    """The lines of failures/<i>.jsonl (empty when the file is missing); unreadable lines are logged and skipped."""
+    raw = read_if_exists(s3, paths.failures(shard))
     out = []
-    for line in body.iter_lines():
+    for line in (raw or b"").splitlines():
         if line.strip():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("unreadable failures line", extra={"key": key})
+                out.append(FailureLine.model_validate_json(line))
+            except ValidationError:
+                logger.warning("unreadable failures line", extra={"uri": paths.failures(shard)})
     return out
 
 
-def finalize(run_id: str, *, settings: Settings, clients: Clients) -> str | None:
+def conclude_run(run_id: str, *, settings: Settings, clients: Clients) -> str | None:
     """Decide the run: a retry pass, or exactly one outcome event. None if another invocation has it."""
     ledger = Ledger(clients.dynamodb, settings.runs_table)
     run = ledger.begin_finalize(run_id)
     if run is None:
         return None
     try:
-        return _decide(run, ledger, settings, clients)
+        return _conclude(run, ledger, settings, clients)
     except BaseException:
         logger.exception("finalizing failed; releasing for the retried event", extra={"run_id": run_id})
-        ledger.release_finalize(run_id, str(run.get("finalize_from", "RUNNING")))
+        ledger.release_finalize(run_id, run.finalize_from or RunStatus.RUNNING)
         raise
 
 
-def _decide(run: dict[str, Any], ledger: Ledger, settings: Settings, clients: Clients) -> str:
-    s3 = clients.s3
-    run_id = run["run_id"]
-    plan = load_plan(s3, run["plan_uri"])
-    control = plan.control_bucket
-    passes = run.get("passes") or [{"first_shard": 0, "n_shards": plan.n_shards}]
-    n_total = sum(int(p["n_shards"]) for p in passes)
-    items = {int(i["shard"]): i for i in ledger.shard_items(run_id)}
-    processed = failed = 0
-    by_reason: Counter[str] = Counter()
-    failed_shards: list[tuple[int, str]] = []
+@dataclass
+class _Tally:
+    """What the workers' result.json files and the shard items say about every shard so far."""
+
+    n_total: int
+    processed: int = 0
+    failed: int = 0
+    by_reason: Counter[FailureReason] = field(default_factory=Counter)
+    failed_shards: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _tally(s3: Any, paths: RunPaths, n_total: int, items: dict[int, ShardItem]) -> _Tally:
+    t = _Tally(n_total)
     for i in range(n_total):
-        res = _read_json(s3, control, f"runs/{run_id}/shards/{i}.result.json")
-        item = items.get(i, {})
-        if item.get("status") == "FAILED" or res is None:
-            why = item.get("reason") or "no result.json: the worker did not finish"
-            code = item.get("exit_code")
-            failed_shards.append((i, f"exit code {code}: {why}" if code is not None else why))
+        res = read_result(s3, paths, i)
+        item = items.get(i)
+        if (item is not None and item.status == JobStatus.FAILED) or res is None:
+            why = (item.reason if item else None) or NO_RESULT
+            code = item.exit_code if item else None
+            t.failed_shards.append((i, f"exit code {code}: {why}" if code is not None else why))
         if res is not None:
-            processed += int(res.get("processed", 0))
-            failed += int(res.get("failed", 0))
-            by_reason.update({str(k): int(v) for k, v in (res.get("failed_by_reason") or {}).items()})
-    retried = int(run.get("retried_keys", 0))
-    failed -= retried  # keys re-run by a retry pass are counted by that pass's shards
-    duration = round(time.time() - float(run.get("created_at", time.time())), 1)
-    events = EventPublisher(clients.events, settings.event_bus)
-    failures_uri = plan.failures_prefix
+            t.processed += res.processed
+            t.failed += res.failed
+            t.by_reason.update(res.failed_by_reason)
+    return t
 
+
+def _conclude(run: RunItem, ledger: Ledger, settings: Settings, clients: Clients) -> str:
+    s3 = clients.s3
+    plan = load_plan(lambda uri: read_uri(s3, uri), str(run.plan_uri))
+    paths = RunPaths.in_bucket(plan.control_bucket, run.run_id)
+    passes = run.passes or [PassItem(first_shard=0, n_shards=plan.n_shards)]
+    items = {i.shard: i for i in ledger.shard_items(run.run_id)}
+    t = _tally(s3, paths, sum(p.n_shards for p in passes), items)
+    t.failed -= run.retried_keys  # keys re-run by a retry pass are counted by that pass's shards
     last = passes[-1]
-    if not failed_shards and len(passes) - 1 < plan.retry_failed:
-        keys = _transient_keys(
-            s3, control, run_id, range(int(last["first_shard"]), int(last["first_shard"]) + int(last["n_shards"]))
-        )
+    if not t.failed_shards and len(passes) - 1 < plan.retry_failed:
+        keys = _transient_keys(s3, paths, range(last.first_shard, last.first_shard + last.n_shards))
         if keys:
-            _start_retry_pass(run, plan, keys, n_total, ledger, settings, clients)
+            _start_retry_pass(run, plan, keys, t.n_total, ledger, settings, clients)
             return "Retry Pass"
+    events = EventPublisher(clients.events, settings.event_bus)
+    duration = round(time.time() - float(run.created_at), 1)
+    if t.failed_shards:
+        return _announce_failure(run, plan, t, duration, ledger, events)
+    detail = RunSucceeded(
+        run_id=run.run_id,
+        processed=t.processed,
+        failed=t.failed,
+        output_prefix=plan.output_prefix,
+        duration_s=duration,
+        failed_by_reason=dict(t.by_reason),
+        failed_keys_uri=plan.failures_prefix,
+        retry_passes=len(passes) - 1,
+    )
+    events.publish(detail)
+    ledger.leave_finalizing(
+        run.run_id,
+        RunStatus.SUCCEEDED,
+        {"processed": t.processed, "failed_keys": t.failed, "finished_at": int(time.time())},
+    )
+    logger.info("run succeeded", extra={"run_id": run.run_id, "processed": t.processed, "failed": t.failed})
+    return detail.detail_type
 
-    if failed_shards:
-        names = ", ".join(f"shard {i} ({why})" for i, why in failed_shards[:10])
-        more = f" and {len(failed_shards) - 10} more" if len(failed_shards) > 10 else ""
-        reason = f"{len(failed_shards)} of {n_total} shards failed: {names}{more}"
-        detail = {
-            "run_id": run_id,
+
+def _announce_failure(
+    run: RunItem, plan: RunPlan, t: _Tally, duration: float, ledger: Ledger, events: EventPublisher
+) -> str:
+    names = ", ".join(f"shard {i} ({why})" for i, why in t.failed_shards[:10])
+    more = f" and {len(t.failed_shards) - 10} more" if len(t.failed_shards) > 10 else ""
+    reason = f"{len(t.failed_shards)} of {t.n_total} shards failed: {names}{more}"
+    shards = [i for i, _ in t.failed_shards]
+    detail = RunFailed(
+        run_id=run.run_id,
+        reason=reason,
+        shards_failed=shards,
+        failed_keys_uri=plan.failures_prefix,
+        processed=t.processed,
+        failed=t.failed,
+        duration_s=duration,
+    )
+    events.publish(detail)
+    ledger.leave_finalizing(
+        run.run_id,
+        RunStatus.FAILED,
+        {
             "reason": reason,
-            "shards_failed": [i for i, _ in failed_shards],
-            "failed_keys_uri": failures_uri,
-            "processed": processed,
-            "failed": failed,
-            "duration_s": duration,
-        }
-        events.publish("Run Failed", detail)
-        ledger.finish(
-            run_id,
-            "FAILED",
-            {
-                "reason": reason,
-                "processed": processed,
-                "failed_keys": failed,
-                "shards_failed_list": [i for i, _ in failed_shards],
-                "finished_at": int(time.time()),
-            },
-        )
-        logger.info("run failed", extra={"run_id": run_id, "reason": reason})
-        return "Run Failed"
-    detail = {
-        "run_id": run_id,
-        "processed": processed,
-        "failed": failed,
-        "output_prefix": plan.output_prefix,
-        "duration_s": duration,
-        "failed_by_reason": dict(by_reason),
-        "failed_keys_uri": failures_uri,
-        "retry_passes": len(passes) - 1,
-    }
-    events.publish("Run Succeeded", detail)
-    ledger.finish(run_id, "SUCCEEDED", {"processed": processed, "failed_keys": failed, "finished_at": int(time.time())})
-    logger.info("run succeeded", extra={"run_id": run_id, "processed": processed, "failed": failed})
-    return "Run Succeeded"
+            "processed": t.processed,
+            "failed_keys": t.failed,
+            "shards_failed_list": shards,
+            "finished_at": int(time.time()),
+        },
+    )
+    logger.info("run failed", extra={"run_id": run.run_id, "reason": reason})
+    return detail.detail_type
 
 
-def _transient_keys(s3: Any, bucket: str, run_id: str, shards: range) -> dict[str, list[str]]:
+def _transient_keys(s3: Any, paths: RunPaths, shards: range) -> dict[str, list[str]]:
     """bucket -> keys whose last recorded failure in these shards is transient."""
-    last: dict[str, str] = {}
+    last: dict[str, FailureReason] = {}
     for i in shards:
-        for line in _failure_lines(s3, bucket, f"runs/{run_id}/failures/{i}.jsonl"):
-            if isinstance(line.get("key"), str):
-                last[line["key"]] = str(line.get("reason"))
+        for line in read_failures(s3, paths, i):
+            last[line.key] = line.reason
     out: dict[str, list[str]] = {}
     for uri, reason in last.items():
         if reason in TRANSIENT_FAILURE_REASONS:
@@ -278,8 +322,18 @@ def _transient_keys(s3: Any, bucket: str, run_id: str, shards: range) -> dict[st
     return out
 
 
+def _write_retry_shards(s3: Any, plan: RunPlan, keys: dict[str, list[str]], first: int, n: int) -> None:
+    """The transient failures, cut into n shards numbered from `first`."""
+    flat = [(b, k) for b, ks in sorted(keys.items()) for k in ks]
+    for j in range(n):
+        groups: dict[str, list[str]] = {}
+        for b, k in flat[j * len(flat) // n : (j + 1) * len(flat) // n]:
+            groups.setdefault(b, []).append(k)
+        put_object(s3, plan.shard_uri(first + j), encode_shard(sorted(groups.items())), tagging=SCRATCH_TAG)
+
+
 def _start_retry_pass(
-    run: dict[str, Any],
+    run: RunItem,
     plan: RunPlan,
     keys: dict[str, list[str]],
     first: int,
@@ -288,60 +342,41 @@ def _start_retry_pass(
     clients: Clients,
 ) -> None:
     """Write the transient failures as new shards after the existing ones and submit them."""
-    run_id = run["run_id"]
     n_keys = sum(len(v) for v in keys.values())
     n = max(1, min(math.ceil(n_keys / plan.keys_per_shard), settings.max_array_size))
-    flat = [(b, k) for b, ks in sorted(keys.items()) for k in ks]
-    for j in range(n):
-        part = flat[j * len(flat) // n : (j + 1) * len(flat) // n]
-        groups: dict[str, list[str]] = {}
-        for b, k in part:
-            groups.setdefault(b, []).append(k)
-        s3_put(
-            clients.s3,
-            plan.control_bucket,
-            f"runs/{run_id}/shards/{first + j}.shard",
-            encode_shard(sorted(groups.items())),
-            tagging=SCRATCH_TAG,
-        )
-    pass_no = len(run.get("passes", [])) if run.get("passes") else 1
-    layout = ShardLayout(kind="array" if n >= 2 else "single", shard_offset=first, shard_count=n)
+    _write_retry_shards(clients.s3, plan, keys, first, n)
+    pass_no = len(run.passes) if run.passes else 1
+    layout = JobLayout(kind="array" if n >= 2 else "single", shard_offset=first, shard_count=n)
     retry_plan = plan.model_copy(
         update={"n_shards": first + n, "jobs": [layout], "mode": "array", "spot_allowed": True}
     )
-    plan_key = f"runs/{run_id}/plan-retry-{pass_no}.json"
-    s3_put(clients.s3, plan.control_bucket, plan_key, retry_plan.model_dump_json(indent=2).encode())
-    plan_uri = f"s3://{plan.control_bucket}/{plan_key}"
+    plan_uri = RunPaths.in_bucket(plan.control_bucket, run.run_id).retry_plan(pass_no)
+    put_object(clients.s3, plan_uri, retry_plan.model_dump_json(indent=2).encode(), "application/json")
     # Job names continue the run's numbering (sluice-<run>-<n>) so events map back to the run.
-    ids = BatchAdapter(clients.batch).submit(retry_plan, plan_uri, settings, start_index=len(run["jobs"]))
-    ledger.finish(
-        run_id,
-        "RETRYING",
+    jobs = run.jobs or []
+    ids = BatchAdapter(clients.batch).submit(retry_plan, plan_uri, settings, start_index=len(jobs))
+    ledger.leave_finalizing(
+        run.run_id,
+        RunStatus.RETRYING,
         {
-            "jobs": [*run["jobs"], {"id": ids[0], **layout.model_dump()}],
-            "job_ids": [*run.get("job_ids", []), *ids],
+            "jobs": [*jobs, JobLayoutItem(id=ids[0], **layout.model_dump())],
+            "job_ids": [*run.job_ids, *ids],
             "passes": [
-                *run.get("passes", [{"first_shard": 0, "n_shards": plan.n_shards}]),
-                {"first_shard": first, "n_shards": n},
+                *(run.passes or [PassItem(first_shard=0, n_shards=plan.n_shards)]),
+                PassItem(first_shard=first, n_shards=n),
             ],
-            "retried_keys": int(run.get("retried_keys", 0)) + n_keys,
+            "retried_keys": run.retried_keys + n_keys,
         },
     )
     EventPublisher(clients.events, settings.event_bus).publish(
-        "Run Progress",
-        {
-            "run_id": run_id,
-            "retry_pass": pass_no,
-            "retry_keys": n_keys,
-            "retry_shards": n,
-            "shards_done": first,
-            "shards_failed": 0,
-            "shards_total": first + n,
-        },
+        RunProgress(
+            run_id=run.run_id,
+            retry_pass=pass_no,
+            retry_keys=n_keys,
+            retry_shards=n,
+            shards_done=first,
+            shards_failed=0,
+            shards_total=first + n,
+        )
     )
-    logger.info("retry pass submitted", extra={"run_id": run_id, "keys": n_keys, "shards": n, "jobs": ids})
-
-
-def s3_put(s3: Any, bucket: str, key: str, data: bytes, tagging: str = "") -> None:
-    """put_object; errors propagate (the finalizer releases its claim and the event is retried)."""
-    s3.put_object(Bucket=bucket, Key=key, Body=data, **({"Tagging": tagging} if tagging else {}))
+    logger.info("retry pass submitted", extra={"run_id": run.run_id, "keys": n_keys, "shards": n, "jobs": ids})

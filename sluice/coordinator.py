@@ -4,7 +4,6 @@ manifest Lambda calls (and `sluice local` reuses)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,16 +14,18 @@ from botocore.exceptions import ClientError
 
 from sluice.aws import Clients
 from sluice.batch import BatchAdapter
-from sluice.errors import ManifestRejected, RetriableError, SubmissionError
+from sluice.contracts import JobLayoutItem, ManifestRejected, PassItem, RunFailed, RunSubmitted
+from sluice.errors import ManifestRejected as Rejection
+from sluice.errors import SubmissionError
 from sluice.ledger import Ledger
 from sluice.log import logger
 from sluice.manifest import iter_keys, parse_manifest, read_manifest_object
-from sluice.models import ManifestRejectedDetail, RunPlan, RunSubmitted
+from sluice.models import Manifest, RunPlan
 from sluice.notify import EventPublisher
-from sluice.plan import build_plan, layout, scan, write_shards
+from sluice.paths import MANIFESTS_PREFIX, RunPaths
+from sluice.plan import SCRATCH_TAG, build_plan, layout, scan, write_shards
+from sluice.s3io import put_object
 from sluice.settings import Settings
-
-MANIFEST_PREFIX = "manifests/"
 
 
 @dataclass
@@ -69,7 +70,7 @@ def handle_upload(
     """Plan, shard and submit the run an upload under manifests/ asks for."""
     settings = settings or Settings.from_env()
     clients = clients or Clients()
-    if not key.startswith(MANIFEST_PREFIX):
+    if not key.startswith(MANIFESTS_PREFIX):
         logger.info("ignoring object outside manifests/", extra={"bucket": bucket, "key": key})
         return Outcome("ignored")
     key = _existing_key(clients.s3, bucket, key)
@@ -84,19 +85,16 @@ def handle_upload(
         return Outcome("duplicate", run_id)
     try:
         return _plan_and_submit(run_id, bucket, key, settings, clients, ledger, events)
-    except ManifestRejected as exc:
+    except Rejection as exc:
         logger.warning("manifest rejected", extra={"manifest": manifest_uri, "reasons": exc.reasons})
         ledger.mark_rejected(run_id, exc.reasons)
-        events.publish(
-            "Manifest Rejected", ManifestRejectedDetail(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons)
-        )
+        events.publish(ManifestRejected(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons))
         return Outcome("rejected", run_id, reasons=exc.reasons)
     except SubmissionError as exc:
         logger.error("submission refused", extra={"reason": str(exc)})
         ledger.mark_failed(run_id, str(exc))
         events.publish(
-            "Run Failed",
-            {"run_id": run_id, "reason": str(exc), "shards_failed": 0, "failed_keys_uri": None, "stage": "submit"},
+            RunFailed(run_id=run_id, reason=str(exc), shards_failed=[], failed_keys_uri=None, stage="submit")
         )
         return Outcome("failed", run_id, reasons=[str(exc)])
     except BaseException as exc:
@@ -128,20 +126,10 @@ def _plan_and_submit(
     events: EventPublisher,
 ) -> Outcome:
     started = time.perf_counter()
-    s3 = clients.s3
-    src = read_manifest_object(s3, bucket, key, settings)
+    src = read_manifest_object(clients.s3, bucket, key, settings)
     manifest = parse_manifest(src, settings)
-    control = settings.control_bucket or bucket
-    with scan(iter_keys(manifest, s3, settings), max_keys=settings.max_keys, spill_dir=settings.spill_dir) as sc:
-        lay = layout(sc.unique_keys, manifest, settings.max_array_size)
-        plan = build_plan(
-            run_id=run_id, manifest=manifest, manifest_uri=src.uri, control_bucket=control, sc=sc, lay=lay
-        )
-        prefix = f"runs/{run_id}/shards/"
-        write_shards(sc, lay, lambda i, data: _put(s3, control, f"{prefix}{i}.shard", data, tagging=SCRATCH_TAG))
-    plan_key = f"runs/{run_id}/plan.json"
-    plan_uri = f"s3://{control}/{plan_key}"
-    _put(s3, control, plan_key, plan.model_dump_json(indent=2).encode(), "application/json")
+    plan = _write_plan(run_id, src.uri, manifest, settings.control_bucket or bucket, settings, clients.s3)
+    plan_uri = RunPaths.in_bucket(plan.control_bucket, run_id).plan
     job_ids = BatchAdapter(clients.batch).submit(plan, plan_uri, settings, queue=manifest.job.queue)
     ledger.mark_submitted(
         run_id,
@@ -151,8 +139,8 @@ def _plan_and_submit(
             "shards": plan.n_shards,
             "mode": plan.mode,
             "job_ids": job_ids,
-            "jobs": [{"id": i, **j.model_dump()} for i, j in zip(job_ids, plan.jobs)],
-            "passes": [{"first_shard": 0, "n_shards": plan.n_shards}],
+            "jobs": [JobLayoutItem(id=i, **j.model_dump()) for i, j in zip(job_ids, plan.jobs)],
+            "passes": [PassItem(first_shard=0, n_shards=plan.n_shards)],
             "plan_uri": plan_uri,
             "output_prefix": plan.output_prefix,
             "jobs_done": 0,
@@ -160,26 +148,21 @@ def _plan_and_submit(
             "shards_failed": 0,
         },
     )
-    events.publish(
-        "Run Submitted",
-        RunSubmitted(
-            run_id=run_id,
-            manifest=src.uri,
-            total_keys=plan.total_keys,
-            duplicates=plan.duplicates,
-            shards=plan.n_shards,
-            mode=plan.mode,
-            job_ids=job_ids,
-            plan_uri=plan_uri,
-        ),
+    submitted = RunSubmitted(
+        run_id=run_id,
+        manifest=src.uri,
+        total_keys=plan.total_keys,
+        duplicates=plan.duplicates,
+        shards=plan.n_shards,
+        mode=plan.mode,
+        job_ids=job_ids,
+        plan_uri=plan_uri,
     )
+    events.publish(submitted)
     logger.info(
         "run submitted",
         extra={
-            "keys": plan.total_keys,
-            "duplicates": plan.duplicates,
-            "shards": plan.n_shards,
-            "jobs": job_ids,
+            **submitted.model_dump(include={"total_keys", "duplicates", "shards", "job_ids"}),
             "seconds": round(time.perf_counter() - started, 3),
         },
     )
@@ -194,27 +177,17 @@ def _plan_and_submit(
     )
 
 
-SCRATCH_TAG = "sluice-scratch=true"  # the bucket's lifecycle rule expires tagged shards (template.yaml)
-
-
-def _put(
-    s3: Any, bucket: str, key: str, data: bytes, content_type: str = "application/octet-stream", tagging: str = ""
-) -> None:
-    try:
-        extra = {"Tagging": tagging} if tagging else {}
-        s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type, **extra)
-    except ClientError as exc:
-        raise RetriableError(f"writing s3://{bucket}/{key} failed: {exc}") from exc
-
-
-def load_plan(s3: Any, uri: str) -> RunPlan:
-    """Read a plan.json from s3:// or a local path."""
-    if uri.startswith("s3://"):
-        from sluice.s3uri import parse_s3_uri
-
-        b, k = parse_s3_uri(uri)
-        body = s3.get_object(Bucket=b, Key=k)["Body"].read()
-    else:
-        with open(uri, "rb") as fh:
-            body = fh.read()
-    return RunPlan.model_validate(json.loads(body))
+def _write_plan(
+    run_id: str, manifest_uri: str, manifest: Manifest, control: str, settings: Settings, s3: Any
+) -> RunPlan:
+    """Pass 1 and 2 over the keys: shards under runs/<run>/shards/, then plan.json (written last)."""
+    with scan(iter_keys(manifest, s3, settings), max_keys=settings.max_keys, spill_dir=settings.spill_dir) as sc:
+        lay = layout(sc.unique_keys, manifest, settings.max_array_size)
+        plan = build_plan(
+            run_id=run_id, manifest=manifest, manifest_uri=manifest_uri, control_bucket=control, sc=sc, lay=lay
+        )
+        write_shards(sc, lay, lambda i, data: put_object(s3, plan.shard_uri(i), data, tagging=SCRATCH_TAG))
+    put_object(
+        s3, RunPaths.in_bucket(control, run_id).plan, plan.model_dump_json(indent=2).encode(), "application/json"
+    )
+    return plan

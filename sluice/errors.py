@@ -7,6 +7,14 @@ class SluiceError(Exception):
     """Base class for every error Sluice raises on purpose."""
 
 
+class SettingsError(SluiceError):
+    """An environment variable holds a value Sluice cannot use; the message names it."""
+
+
+class PlanError(SluiceError):
+    """A plan.json cannot be read or is not a valid plan."""
+
+
 class ShardFormatError(SluiceError):
     """A shard file is truncated, corrupt, or of an unknown version."""
 
@@ -21,6 +29,14 @@ class ManifestRejected(SluiceError):
 
 class RetriableError(SluiceError):
     """A transient AWS failure (throttling, 5xx): the caller should retry later."""
+
+
+class AwsFatalError(SluiceError):
+    """An AWS call failed for a reason a retry will not fix; the message says what to check."""
+
+    def __init__(self, message: str, failure: object = None) -> None:
+        super().__init__(message)
+        self.failure = failure  # the sluice.awserror.AwsFailure it came from
 
 
 class SubmissionError(SluiceError):

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from sluice.awserror import Kind, classify
 from sluice.errors import ManifestRejected, RetriableError
 from sluice.models import InputSpec, Manifest
 from sluice.s3uri import MAX_KEY_BYTES, is_bucket_name, key_problem, parse_s3_uri
@@ -30,7 +31,6 @@ BATCH_KEYS = 8192
 MAX_REASONS = 20
 KEYLIST_SUFFIXES = (".txt", ".csv", ".jsonl")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_RETRIABLE_CODES = {"SlowDown", "ThrottlingException", "RequestTimeout", "InternalError", "503", "500"}
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def parse_manifest(src: ManifestSource, settings: Settings) -> Manifest:
         raise ManifestRejected(_pydantic_reasons(exc)) from exc
 
 
-class _Problems:
+class Problems:
     """Collects up to MAX_REASONS problems, then stops the scan."""
 
     def __init__(self) -> None:
@@ -111,29 +111,21 @@ class _Problems:
             raise ManifestRejected(self.reasons + ([f"... and {extra} more problems"] if extra > 0 else []))
 
 
-class _Batcher:
-    """Groups consecutive same-bucket keys into KeyBatch lists of at most BATCH_KEYS."""
-
-    def __init__(self) -> None:
-        self.bucket: str | None = None
-        self.keys: list[str] = []
-
-    def add(self, bucket: str, key: str) -> KeyBatch | None:
-        out = None
-        if bucket != self.bucket or len(self.keys) >= BATCH_KEYS:
-            out = self.flush()
-            self.bucket = bucket
-        self.keys.append(key)
-        return out
-
-    def flush(self) -> KeyBatch | None:
-        if self.bucket is None or not self.keys:
-            return None
-        out, self.keys = (self.bucket, self.keys), []
-        return out
+def batched(pairs: Iterable[tuple[str, str]]) -> Iterator[KeyBatch]:
+    """Group consecutive same-bucket (bucket, key) pairs into KeyBatch lists of at most BATCH_KEYS."""
+    bucket = ""
+    keys: list[str] = []
+    for b, k in pairs:
+        if keys and (b != bucket or len(keys) >= BATCH_KEYS):
+            yield bucket, keys
+            keys = []
+        bucket = b
+        keys.append(k)
+    if keys:
+        yield bucket, keys
 
 
-def _entry_to_pair(entry: str, default_bucket: str | None, where: str, problems: _Problems) -> tuple[str, str] | None:
+def _entry_to_pair(entry: str, default_bucket: str | None, where: str, problems: Problems) -> tuple[str, str] | None:
     """One key-list entry (bare key or s3:// URI) -> (bucket, key), or None after noting why not."""
     if entry.startswith("s3://"):
         try:
@@ -241,10 +233,15 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
 
 
 def iter_keylist(
-    chunks: Iterable[bytes], uri: str, kind: str, default_bucket: str | None, problems: _Problems
+    chunks: Iterable[bytes], uri: str, kind: str, default_bucket: str | None, problems: Problems
 ) -> Iterator[KeyBatch]:
     """Stream a key-list object as batches; problems name the line."""
-    batcher = _Batcher()
+    return batched(_keylist_pairs(chunks, uri, kind, default_bucket, problems))
+
+
+def _keylist_pairs(
+    chunks: Iterable[bytes], uri: str, kind: str, default_bucket: str | None, problems: Problems
+) -> Iterator[tuple[str, str]]:
     name = uri.rsplit("/", 1)[-1]
     for n, bucket, entry in _keylist_entries(_lines(chunks, uri), uri, kind):
         where = f"{name} line {n}"
@@ -259,26 +256,21 @@ def iter_keylist(
         else:
             pair = _entry_to_pair(entry, default_bucket, where, problems)
         if pair is not None:
-            out = batcher.add(*pair)
-            if out:
-                yield out
-    last = batcher.flush()
-    if last:
-        yield last
+            yield pair
 
 
-def _s3_error(exc: ClientError, what: str) -> Exception:
-    """Translate an S3 error at the boundary: retriable (raise) or a rejection reason."""
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    if code in _RETRIABLE_CODES:
-        return RetriableError(f"{what}: S3 {code}; will retry")
-    if code in ("NoSuchKey", "404", "NotFound"):
+def _s3_error(exc: ClientError | BotoCoreError, what: str) -> Exception:
+    """Translate an S3 error at the boundary (sluice.awserror): retriable (raise) or a rejection reason."""
+    failure = classify(exc)
+    if failure.retriable:
+        return RetriableError(f"{what}: S3 {failure.code}; will retry")
+    if failure.kind is Kind.NOT_FOUND:
+        if failure.code == "NoSuchBucket":
+            return ManifestRejected(f"{what}: the bucket does not exist")
         return ManifestRejected(f"{what} does not exist")
-    if code == "NoSuchBucket":
-        return ManifestRejected(f"{what}: the bucket does not exist")
-    if code in ("AccessDenied", "403", "AllAccessDisabled"):
+    if failure.kind is Kind.DENIED:
         return ManifestRejected(f"{what} cannot be read: access denied (grant the coordinator role read access)")
-    return ManifestRejected(f"{what} cannot be read: S3 {code or 'error'}: {exc}")
+    return ManifestRejected(f"{what} cannot be read: S3 {failure.code}: {failure.message or exc}")
 
 
 def _get_chunks(
@@ -287,7 +279,7 @@ def _get_chunks(
     what = f"s3://{bucket}/{key}"
     try:
         resp = s3.get_object(Bucket=bucket, Key=key)
-    except ClientError as exc:
+    except (ClientError, BotoCoreError) as exc:
         raise _s3_error(exc, what) from exc
     size = int(resp.get("ContentLength") or 0)
     if size > max_bytes:
@@ -313,13 +305,13 @@ def iter_prefix(s3: Any, uri: str, suffixes: tuple[str, ...] | None) -> Iterator
             if keys:
                 seen_any = True
                 yield bucket, keys
-    except ClientError as exc:
+    except (ClientError, BotoCoreError) as exc:
         raise _s3_error(exc, f"prefix {uri}") from exc
     if not seen_any:
         raise ManifestRejected(f"prefix {uri} matched no objects" + (f" ending in {suffixes}" if suffixes else ""))
 
 
-def iter_inventory(s3: Any, uri: str, settings: Settings, problems: _Problems) -> Iterator[KeyBatch]:
+def iter_inventory(s3: Any, uri: str, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
     """Read an S3 Inventory manifest.json and stream the keys of its data files."""
     bucket, key = parse_s3_uri(uri)
     raw = b"".join(_get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES"))
@@ -340,30 +332,27 @@ def iter_inventory(s3: Any, uri: str, settings: Settings, problems: _Problems) -
         yield from (_inventory_csv if fmt == "CSV" else _inventory_parquet)(data, schema, data_key, problems)
 
 
-def _inventory_csv(data: bytes, schema: list[str], name: str, problems: _Problems) -> Iterator[KeyBatch]:
+def _inventory_csv(data: bytes, schema: list[str], name: str, problems: Problems) -> Iterator[KeyBatch]:
     try:
         text = gzip.decompress(data).decode("utf-8")
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise ManifestRejected(f"inventory file {name}: not gzip CSV ({exc})") from exc
     lower = [c.lower() for c in schema]
     bi, ki = lower.index("bucket"), lower.index("key")
-    batcher = _Batcher()
-    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
-        if len(row) <= max(bi, ki):
-            problems.add(f"inventory file {name} line {n}: row has {len(row)} columns, schema has {len(schema)}")
-            continue
-        k = unquote_plus(row[ki])  # inventory CSV keys are URL-encoded
-        if k.endswith("/"):
-            continue  # folder marker
-        out = batcher.add(row[bi], k)
-        if out:
-            yield out
-    last = batcher.flush()
-    if last:
-        yield last
+
+    def pairs() -> Iterator[tuple[str, str]]:
+        for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+            if len(row) <= max(bi, ki):
+                problems.add(f"inventory file {name} line {n}: row has {len(row)} columns, schema has {len(schema)}")
+                continue
+            k = unquote_plus(row[ki])  # inventory CSV keys are URL-encoded
+            if not k.endswith("/"):  # folder markers are skipped
+                yield row[bi], k
+
+    return batched(pairs())
 
 
-def _inventory_parquet(data: bytes, schema: list[str], name: str, problems: _Problems) -> Iterator[KeyBatch]:
+def _inventory_parquet(data: bytes, schema: list[str], name: str, problems: Problems) -> Iterator[KeyBatch]:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
@@ -374,9 +363,9 @@ def _inventory_parquet(data: bytes, schema: list[str], name: str, problems: _Pro
             yield bucket, [key]
 
 
-def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: _Problems | None = None) -> Iterator[KeyBatch]:
+def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: Problems | None = None) -> Iterator[KeyBatch]:
     """All keys the manifest names, as validated batches; raises ManifestRejected at the end if any problem."""
-    problems = problems or _Problems()
+    problems = problems or Problems()
     spec = manifest.input
     default_bucket = spec.bucket or settings.default_input_bucket
     suffixes = tuple(s.lower() for s in spec.suffixes) if spec.suffixes else None
@@ -421,24 +410,21 @@ def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: _Proble
     problems.raise_if_any()
 
 
-def _inline(entries: list[str], default_bucket: str | None, problems: _Problems) -> Iterator[KeyBatch]:
-    batcher = _Batcher()
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, str) or not entry:
-            problems.add(f"input.keys[{i}]: not a key: empty")
-            continue
-        pair = _entry_to_pair(entry, default_bucket, f"input.keys[{i}]", problems)
-        if pair is not None:
-            why = key_problem(pair[1]) if len(pair[1]) > MAX_KEY_BYTES // 4 or not pair[1].isascii() else None
-            if why:
-                problems.add(f"input.keys[{i}]: {why}")
+def _inline(entries: list[str], default_bucket: str | None, problems: Problems) -> Iterator[KeyBatch]:
+    def pairs() -> Iterator[tuple[str, str]]:
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, str) or not entry:
+                problems.add(f"input.keys[{i}]: not a key: empty")
                 continue
-            out = batcher.add(*pair)
-            if out:
-                yield out
-    last = batcher.flush()
-    if last:
-        yield last
+            pair = _entry_to_pair(entry, default_bucket, f"input.keys[{i}]", problems)
+            if pair is not None:
+                why = key_problem(pair[1]) if len(pair[1]) > MAX_KEY_BYTES // 4 or not pair[1].isascii() else None
+                if why:
+                    problems.add(f"input.keys[{i}]: {why}")
+                    continue
+                yield pair
+
+    return batched(pairs())
 
 
 def read_manifest_object(s3: Any, bucket: str, key: str, settings: Settings) -> ManifestSource:
@@ -448,7 +434,7 @@ def read_manifest_object(s3: Any, bucket: str, key: str, settings: Settings) -> 
         # Key lists are streamed later by iter_keylist; only their size matters here.
         try:
             head = s3.head_object(Bucket=bucket, Key=key)
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
             raise _s3_error(exc, what) from exc
         limit = settings.max_keylist_bytes
         if int(head.get("ContentLength", 0)) > limit:

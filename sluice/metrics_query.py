@@ -62,8 +62,9 @@ class PromClient:
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[tuple[float, float]]:
         """(t, value) points of a range query's first series."""
-        data = self._get("api/v1/query_range",
-                         {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"})
+        data = self._get(
+            "api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+        )
         result = data["result"]
         return [(float(t), float(v)) for t, v in result[0]["values"]] if result else []
 
@@ -83,8 +84,11 @@ class RunMetrics:
                 return None
             return {"mean": round(sum(vals) / len(vals), 4), "min": round(min(vals), 4), "max": round(max(vals), 4)}
 
-        return {"run_id": self.run_id, **{k: v for k, v in self.totals.items()},
-                **{k: stats(v) for k, v in self.series.items()}}
+        return {
+            "run_id": self.run_id,
+            **{k: v for k, v in self.totals.items()},
+            **{k: stats(v) for k, v in self.series.items()},
+        }
 
 
 def _rate(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -116,10 +120,16 @@ def render(m: RunMetrics, out: TextIO = sys.stdout) -> None:
     s = m.summary()
     w = out.write
     w(f"run            {m.run_id}\n")
-    w(f"processed      {_num(s['processed'])}   failed {_num(s['failed'])}   ranks {_num(s['ranks'])}"
-      f"   series now {_num(s['series'])}\n")
-    for key, label, pct in (("images_per_s", "images/s", False), ("gpu_util", "GPU util", True),
-                            ("gpu_util_p10", "GPU util p10", True), ("data_wait", "data-wait", True)):
+    w(
+        f"processed      {_num(s['processed'])}   failed {_num(s['failed'])}   ranks {_num(s['ranks'])}"
+        f"   series now {_num(s['series'])}\n"
+    )
+    for key, label, pct in (
+        ("images_per_s", "images/s", False),
+        ("gpu_util", "GPU util", True),
+        ("gpu_util_p10", "GPU util p10", True),
+        ("data_wait", "data-wait", True),
+    ):
         st = s[key]
         if st is None:
             w(f"{label:<14} n/a" + ("  (no GPU metrics: CPU ranks)\n" if key.startswith("gpu") else "\n"))
@@ -144,8 +154,9 @@ def plot(m: RunMetrics, path: str) -> None:
     t0 = min(firsts) if firsts else m.start
     span = max((pts[-1][0] for pts in m.series.values() if pts), default=m.end) - t0
     scale, unit = (60.0, "minutes") if span > 600 else (1.0, "seconds")
-    for ax, (key, title) in zip(axes, (("images_per_s", "images/s"), ("gpu_util", "GPU utilization"),
-                                       ("data_wait", "data-wait ratio"))):
+    for ax, (key, title) in zip(
+        axes, (("images_per_s", "images/s"), ("gpu_util", "GPU utilization"), ("data_wait", "data-wait ratio"))
+    ):
         pts = m.series[key]
         if pts:
             ax.plot([(t - t0) / scale for t, _ in pts], [v for _, v in pts], "o-", lw=1.5, ms=3)

@@ -1,4 +1,8 @@
-"""Pydantic models: the run manifest, the plan a worker reads, and event details."""
+"""Pydantic models: the run manifest a user uploads and the plan every worker reads.
+
+The other contracts between processes (result.json, failure lines, ledger items, event
+details) are in sluice.contracts.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sluice import paths
+from sluice.paths import RunPaths
+
 MANIFEST_VERSION = 1
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)
-# Worker failure reasons worth a final retry pass (gpu_worker.errors.TRANSIENT_REASONS; a test
-# keeps the two in step). Permanent ones (missing, corrupt, not_image, ...) are never retried.
-TRANSIENT_FAILURE_REASONS = frozenset({"s3_error_transient"})
 
 
 class _Strict(BaseModel):
@@ -90,8 +94,8 @@ class Manifest(_Strict):
         return v
 
 
-class ShardLayout(_Strict):
-    """One AWS Batch job of a run: which shards it covers."""
+class JobLayout(_Strict):
+    """One AWS Batch job of a run: its kind and the shards it covers."""
 
     kind: Literal["array", "single", "multinode"]
     shard_offset: int
@@ -122,7 +126,7 @@ class RunPlan(_Strict):
     timeout_s: int
     max_failed_fraction: float
     retry_failed: int
-    jobs: list[ShardLayout]
+    jobs: list[JobLayout]
     created_at: str
     remote_write_url: str | None = None  # AMP remote-write URL; SLUICE_REMOTE_WRITE_URL on the worker wins
 
@@ -145,13 +149,14 @@ class RunPlan(_Strict):
         Any other field can be given in `overrides`.
         """
         bucket = base[5:].split("/", 1)[0] if base.startswith("s3://") else "local"
+        root = RunPaths(base)
         values: dict[str, Any] = {
             "run_id": run_id,
             "manifest_uri": base + "manifest.json",
             "control_bucket": bucket,
-            "shards_prefix": base + "shards/",
-            "output_prefix": base + "output/",
-            "failures_prefix": base + "failures/",
+            "shards_prefix": root.shards_prefix,
+            "output_prefix": root.output_prefix,
+            "failures_prefix": root.failures_prefix,
             "total_keys": total_keys,
             "duplicates": 0,
             "n_shards": n_shards,
@@ -172,26 +177,17 @@ class RunPlan(_Strict):
         return cls(**{**values, **overrides})
 
     def shard_uri(self, index: int) -> str:
-        """s3:// URI of shard `index`."""
-        return f"{self.shards_prefix}{index}.shard"
+        """URI of shard `index`."""
+        return paths.shard_uri(self.shards_prefix, index)
 
+    def result_uri(self, index: int) -> str:
+        """URI of shard `index`'s result.json."""
+        return paths.result_uri(self.shards_prefix, index)
 
-class RunSubmitted(BaseModel):
-    """Detail of the "Run Submitted" event."""
+    def failures_uri(self, index: int) -> str:
+        """URI of shard `index`'s failures/<i>.jsonl."""
+        return paths.failures_uri(self.failures_prefix, index)
 
-    run_id: str
-    manifest: str
-    total_keys: int
-    duplicates: int
-    shards: int
-    mode: str
-    job_ids: list[str]
-    plan_uri: str
-
-
-class ManifestRejectedDetail(BaseModel):
-    """Detail of the "Manifest Rejected" event."""
-
-    run_id: str
-    manifest: str
-    reasons: list[str]
+    def output_dir(self, index: int) -> str:
+        """Where shard `index`'s Parquet chunks and commit markers go."""
+        return paths.shard_output_dir(self.output_prefix, index)

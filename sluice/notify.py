@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import BaseModel
 
+from sluice.awserror import translate
+from sluice.contracts import EventDetail
 from sluice.errors import RetriableError
 
 SOURCE = "sluice"
@@ -20,16 +20,26 @@ class EventPublisher:
         self._client = client
         self._bus = bus
 
-    def publish(self, detail_type: str, detail: BaseModel | dict[str, Any]) -> None:
-        """Publish one event; raises RetriableError when EventBridge did not take it."""
-        body = detail.model_dump(mode="json") if isinstance(detail, BaseModel) else detail
-        entry = {"Source": SOURCE, "DetailType": detail_type, "Detail": json.dumps(body), "EventBusName": self._bus}
+    def publish(self, detail: EventDetail) -> str:
+        """Publish one event (detail-type from the model); returns the detail-type.
+
+        Raises RetriableError when EventBridge did not take it, AwsFatalError when it never will
+        (a missing bus, a missing permission).
+        """
+        detail_type = detail.detail_type
+        entry = {
+            "Source": SOURCE,
+            "DetailType": detail_type,
+            "Detail": detail.model_dump_json(),
+            "EventBusName": self._bus,
+        }
         try:
             resp = self._client.put_events(Entries=[entry])
         except (ClientError, BotoCoreError) as exc:
-            raise RetriableError(f"EventBridge put_events on bus {self._bus!r} failed: {exc}") from exc
+            raise translate(exc, f"EventBridge PutEvents on bus {self._bus!r}") from exc
         if resp.get("FailedEntryCount"):
             err = resp["Entries"][0]
             raise RetriableError(
                 f"EventBridge refused {detail_type!r}: {err.get('ErrorCode')} {err.get('ErrorMessage')}"
             )
+        return detail_type

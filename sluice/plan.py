@@ -18,13 +18,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from pydantic import ValidationError
+
 from sluice.dedup import DuplicateFinder
-from sluice.errors import ManifestRejected
-from sluice.models import Manifest, RunPlan, ShardLayout
+from sluice.errors import ManifestRejected, PlanError
+from sluice.models import JobLayout, Manifest, RunPlan
+from sluice.paths import RunPaths
 from sluice.shards import FileSource, ShardReader, ShardWriter, encode_shard
 
 KeyBatch = tuple[str, list[str]]
 SORT_LIMIT = 2_000_000  # shards bigger than this keep manifest order (sorting needs them in memory)
+SCRATCH_TAG = "sluice-scratch=true"  # the bucket's lifecycle rule expires tagged shards (template.yaml)
 
 
 @dataclass
@@ -99,7 +103,7 @@ class Layout:
 
     n_shards: int
     keys_per_shard: int
-    jobs: list[ShardLayout]
+    jobs: list[JobLayout]
 
 
 def layout(unique_keys: int, manifest: Manifest, max_array_size: int) -> Layout:
@@ -107,14 +111,14 @@ def layout(unique_keys: int, manifest: Manifest, max_array_size: int) -> Layout:
     job = manifest.job
     if job.mode == "multinode":
         kps = max(1, math.ceil(unique_keys / job.nodes))
-        return Layout(job.nodes, kps, [ShardLayout(kind="multinode", shard_offset=0, shard_count=job.nodes)])
+        return Layout(job.nodes, kps, [JobLayout(kind="multinode", shard_offset=0, shard_count=job.nodes)])
     kps = job.keys_per_shard
     n = max(1, math.ceil(unique_keys / kps))
     jobs = []
     for off in range(0, n, max_array_size):
         count = min(max_array_size, n - off)
         # Batch array jobs need >= 2 children: a lone shard becomes a plain job.
-        jobs.append(ShardLayout(kind="array" if count >= 2 else "single", shard_offset=off, shard_count=count))
+        jobs.append(JobLayout(kind="array" if count >= 2 else "single", shard_offset=off, shard_count=count))
     return Layout(n, kps, jobs)
 
 
@@ -156,14 +160,14 @@ def build_plan(
     lay: Layout,
 ) -> RunPlan:
     """The plan.json a worker reads."""
-    base = f"s3://{control_bucket}/runs/{run_id}/"
+    root = RunPaths.in_bucket(control_bucket, run_id)
     return RunPlan(
         run_id=run_id,
         manifest_uri=manifest_uri,
         control_bucket=control_bucket,
-        shards_prefix=base + "shards/",
-        output_prefix=manifest.output.prefix or base + "output/",
-        failures_prefix=base + "failures/",
+        shards_prefix=root.shards_prefix,
+        output_prefix=manifest.output.prefix or root.output_prefix,
+        failures_prefix=root.failures_prefix,
         total_keys=sc.unique_keys,
         duplicates=sc.duplicates,
         n_shards=lay.n_shards,
@@ -181,3 +185,19 @@ def build_plan(
         jobs=lay.jobs,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+
+
+def load_plan(read: Callable[[str], bytes], uri: str) -> RunPlan:
+    """Read and validate a plan.json; `read` fetches a URI (S3 or a local path). PlanError says what is wrong."""
+    try:
+        raw = read(uri)
+    except Exception as exc:
+        raise PlanError(f"cannot read the plan {uri}: {type(exc).__name__}: {exc}") from exc
+    try:
+        return RunPlan.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "plan"
+        raise PlanError(
+            f"{uri} is not a valid plan.json: {where}: {first.get('msg')} ({exc.error_count()} problem(s))"
+        ) from None

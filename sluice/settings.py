@@ -4,18 +4,71 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any, ClassVar, Self, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sluice.errors import SettingsError
 
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-class Settings(BaseModel):
-    """Coordinator settings; the template sets each one as a function environment variable."""
+class EnvSettings(BaseModel):
+    """Frozen settings read from <env_prefix><FIELD> variables; an empty variable keeps the default.
+
+    The one way Sluice reads its environment: the Lambdas' Settings and the worker's
+    WorkerConfig both derive from it, so both parse, validate and report a bad value alike.
+    """
 
     model_config = ConfigDict(frozen=True)
+    env_prefix: ClassVar[str] = "SLUICE_"
+
+    @classmethod
+    def variable(cls, name: str) -> str:
+        """The environment variable that sets field `name`."""
+        return f"{cls.env_prefix}{name.upper()}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
+        """Build from the environment; a bad value raises SettingsError naming the variable."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name, info in cls.model_fields.items():
+            raw = env.get(cls.variable(name), "").strip()
+            if raw:
+                values[name] = _split(raw) if get_origin(info.annotation) is tuple else raw
+        return cls.from_values(values)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> Self:
+        """Validate field values (raw strings or typed); a bad one raises SettingsError naming its variable."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                field = str(err["loc"][0]) if err["loc"] else ""
+                var = cls.variable(field) if field in cls.model_fields else field or "settings"
+                shown = f"={values[field]!r}" if field in values else ""
+                problems.append(f"{var}{shown}: {err['msg'].removeprefix('Value error, ')}")
+            raise SettingsError("; ".join(problems)) from None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that recreate these settings in a child process."""
+        out = {}
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            if v is None:
+                continue
+            text = ("1" if v else "0") if isinstance(v, bool) else ",".join(v) if isinstance(v, tuple) else str(v)
+            out[self.variable(name)] = text
+        return out
+
+
+class Settings(EnvSettings):
+    """Coordinator settings; the template sets each one as a function environment variable."""
 
     control_bucket: str | None = Field(None, description="SLUICE_CONTROL_BUCKET; default: the event's bucket.")
     runs_table: str = Field("sluice-runs", description="SLUICE_RUNS_TABLE: the run ledger table.")
@@ -35,15 +88,3 @@ class Settings(BaseModel):
     max_keys: int = Field(100_000_000, description="SLUICE_MAX_KEYS: unique keys per run.")
     max_array_size: int = Field(10_000, ge=2, le=10_000, description="SLUICE_MAX_ARRAY_SIZE: children per array job.")
     spill_dir: str | None = Field(None, description="SLUICE_SPILL_DIR: temp files (Lambda: /tmp).")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Build settings from SLUICE_<FIELD> variables."""
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        for name in cls.model_fields:
-            raw = env.get(f"SLUICE_{name.upper()}")
-            if raw is None or raw == "":
-                continue
-            values[name] = _split(raw) if name == "allowed_buckets" else raw
-        return cls.model_validate(values)

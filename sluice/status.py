@@ -6,22 +6,12 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any, TextIO
 
+from sluice.contracts import RunStatus
 from sluice.ledger import Ledger
 
-FINAL = ("SUCCEEDED", "FAILED", "REJECTED")
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, Decimal):
-        return int(v) if v == int(v) else float(v)
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    return v
+SHOWN = ("run_id", "status", "manifest_uri", "mode", "total_keys", "duplicates", "output_prefix", "reason", "reasons")
 
 
 def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
@@ -29,36 +19,19 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
     row = ledger.get(run_id)
     if row is None:
         return None
-    row = _plain(row)
-    passes = row.get("passes") or [{"n_shards": row.get("shards", 0)}]
-    total_shards = sum(int(p["n_shards"]) for p in passes)
-    done = int(row.get("shards_succeeded", 0)) + int(row.get("shards_failed", 0))
-    out = {
-        k: row.get(k)
-        for k in (
-            "run_id",
-            "status",
-            "manifest_uri",
-            "mode",
-            "total_keys",
-            "duplicates",
-            "output_prefix",
-            "reason",
-            "reasons",
-            "job_ids",
-        )
-        if row.get(k) is not None
-    }
-    out.update(
-        shards_total=total_shards,
-        shards_done=done,
-        shards_failed=int(row.get("shards_failed", 0)),
-        keys_processed=int(row.get("keys_processed", 0)),
-        keys_failed=int(row.get("keys_failed", 0)),
-        created_at=_iso(row.get("created_at")),
-        finished_at=_iso(row.get("finished_at")),
+    plain = row.model_dump(mode="json", include=set(SHOWN), exclude_none=True)
+    if row.job_ids:
+        plain["job_ids"] = row.job_ids
+    plain.update(
+        shards_total=row.total_shards,
+        shards_done=row.shards_done,
+        shards_failed=row.shards_failed,
+        keys_processed=row.keys_processed,
+        keys_failed=row.keys_failed,
+        created_at=_iso(row.created_at),
+        finished_at=_iso(row.finished_at),
     )
-    return out
+    return plain
 
 
 def _iso(ts: Any) -> str | None:
@@ -103,27 +76,18 @@ def cmd_status(
                 out.write("\033[2J\033[H")  # clear the screen between refreshes
             render(s, out)
         out.flush()
-        if not watch or s["status"] in FINAL:
-            return 1 if s["status"] in ("FAILED", "REJECTED") else 0
+        status = RunStatus(s["status"])
+        if not watch or status.final:
+            return 1 if status in (RunStatus.FAILED, RunStatus.REJECTED) else 0
         time.sleep(interval)
 
 
 def cmd_runs(ledger: Ledger, *, limit: int, as_json: bool, out: TextIO = sys.stdout) -> int:
     """List recent runs, newest first."""
-    rows = [_plain(r) for r in ledger.recent_runs(limit)]
+    listed = {"run_id", "status", "created_at", "total_keys", "shards", "mode", "manifest_uri"}
+    rows = [r.model_dump(mode="json", include=listed) for r in ledger.recent_runs(limit)]
     if as_json:
-        out.write(
-            json.dumps(
-                [
-                    {
-                        k: r.get(k)
-                        for k in ("run_id", "status", "created_at", "total_keys", "shards", "mode", "manifest_uri")
-                    }
-                    for r in rows
-                ]
-            )
-            + "\n"
-        )
+        out.write(json.dumps(rows) + "\n")
         return 0
     out.write(f"{'RUN ID':<40} {'STATUS':<11} {'CREATED (UTC)':<20} {'KEYS':>10} {'SHARDS':>6}  MANIFEST\n")
     for r in rows:

@@ -11,6 +11,8 @@ from typing import Any
 import boto3
 import pytest
 
+from sluice.aws import Clients
+
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
 
@@ -25,13 +27,13 @@ def load_event(name: str) -> dict[str, Any]:
     return json.loads((EVENTS / name).read_text())
 
 
-class AwsClients:
-    """boto3 clients bound to moto; attribute access like sluice.aws.Clients."""
+class AwsClients(Clients):
+    """sluice.aws.Clients with plain boto3 clients bound to moto injected (boto3's own retries,
+    not the shared cache's), so a test's clients are not the code under test's."""
 
     def __init__(self) -> None:
         session = boto3.session.Session(region_name="us-east-1")
-        for svc in ("s3", "dynamodb", "events", "sqs", "batch", "iam"):
-            setattr(self, svc, session.client(svc))
+        super().__init__(**{svc: session.client(svc) for svc in ("s3", "dynamodb", "events", "sqs", "batch", "iam")})
 
 
 @pytest.fixture
@@ -47,7 +49,7 @@ def aws() -> Iterator[AwsClients]:
 def stack(aws: AwsClients) -> Any:
     """The template's resources on moto, plus the manifest function's settings."""
     from sluice import aws as sluice_aws
-    from sluice.infra import create_local
+    from sluice.local.infra import create_local
 
     sluice_aws.reset_clients()
     return create_local(aws)

@@ -6,7 +6,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sluice.infra import ACCOUNT
+from sluice.contracts import JobStatus
+from sluice.local.infra import ACCOUNT
+from sluice.policy import retry_strategy
 
 
 def s3_object_created(
@@ -16,24 +18,39 @@ def s3_object_created(
     obj: dict[str, Any] = {"key": key, "size": size, "etag": etag.strip('"'), "sequencer": sequencer}
     if version_id:
         obj["version-id"] = version_id
+    detail = {
+        "version": "0",
+        "bucket": {"name": bucket},
+        "object": obj,
+        "request-id": uuid.uuid4().hex[:16].upper(),
+        "requester": ACCOUNT,
+        "source-ip-address": "127.0.0.1",
+        "reason": "PutObject",
+    }
+    return envelope("Object Created", "aws.s3", detail, resources=[f"arn:aws:s3:::{bucket}"], region=region)
+
+
+def envelope(
+    detail_type: str,
+    source: str,
+    detail: dict[str, Any],
+    *,
+    resources: list[str],
+    region: str,
+    time_ms: int | None = None,
+) -> dict[str, Any]:
+    """The EventBridge envelope AWS wraps every event in."""
+    when = datetime.fromtimestamp(time_ms / 1000, UTC) if time_ms is not None else datetime.now(UTC)
     return {
         "version": "0",
         "id": str(uuid.uuid4()),
-        "detail-type": "Object Created",
-        "source": "aws.s3",
+        "detail-type": detail_type,
+        "source": source,
         "account": ACCOUNT,
-        "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "region": region,
-        "resources": [f"arn:aws:s3:::{bucket}"],
-        "detail": {
-            "version": "0",
-            "bucket": {"name": bucket},
-            "object": obj,
-            "request-id": uuid.uuid4().hex[:16].upper(),
-            "requester": ACCOUNT,
-            "source-ip-address": "127.0.0.1",
-            "reason": "PutObject",
-        },
+        "resources": resources,
+        "detail": detail,
     }
 
 
@@ -68,7 +85,7 @@ def batch_job_state_change(
     job_id: str,
     job_name: str,
     job_queue: str,
-    status: str,
+    status: JobStatus,
     run_id: str | None,
     attempts: list[dict[str, Any]] | None = None,
     status_reason: str | None = None,
@@ -77,10 +94,12 @@ def batch_job_state_change(
     array_size: int | None = None,
     node_index: int | None = None,
     num_nodes: int | None = None,
+    max_attempts: int = 3,
     region: str = "us-east-1",
     now_ms: int | None = None,
 ) -> dict[str, Any]:
     """A "Batch Job State Change" event in the shape AWS Batch emits (container jobs)."""
+    status = JobStatus(status)
     now_ms = now_ms or int(datetime.now(UTC).timestamp() * 1000)
     arn = f"arn:aws:batch:{region}:{ACCOUNT}:job/{job_id}"
     detail: dict[str, Any] = {
@@ -88,13 +107,10 @@ def batch_job_state_change(
         "jobName": job_name,
         "jobId": job_id,
         "jobQueue": job_queue,
-        "status": status,
+        "status": status.value,
         "attempts": attempts or [],
         "createdAt": now_ms - 60_000,
-        "retryStrategy": {
-            "attempts": 3,
-            "evaluateOnExit": [{"onStatusReason": "Host EC2*", "action": "RETRY"}, {"onReason": "*", "action": "EXIT"}],
-        },
+        "retryStrategy": retry_strategy(max_attempts),
         "dependsOn": [],
         "jobDefinition": f"arn:aws:batch:{region}:{ACCOUNT}:job-definition/sluice-worker:1",
         "parameters": {},
@@ -106,10 +122,23 @@ def batch_job_state_change(
     }
     if status_reason:
         detail["statusReason"] = status_reason
-    if status in ("RUNNING", "SUCCEEDED", "FAILED"):
+    if status in (JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED):
         detail["startedAt"] = now_ms - 30_000
-    if status in ("SUCCEEDED", "FAILED"):
+    if status.terminal:
         detail["stoppedAt"] = now_ms
+    detail.update(_job_shape(exit_code, array_index, array_size, node_index, num_nodes))
+    return envelope("Batch Job State Change", "aws.batch", detail, resources=[arn], region=region, time_ms=now_ms)
+
+
+def _job_shape(
+    exit_code: int | None,
+    array_index: int | None,
+    array_size: int | None,
+    node_index: int | None,
+    num_nodes: int | None,
+) -> dict[str, Any]:
+    """The detail's container, arrayProperties and node fields: plain, array parent/child, MNP job/node."""
+    out: dict[str, Any] = {}
     if node_index is None and num_nodes is None:
         container: dict[str, Any] = {
             "image": "sluice-worker:latest",
@@ -119,27 +148,17 @@ def batch_job_state_change(
         }
         if exit_code is not None:
             container["exitCode"] = exit_code
-        detail["container"] = container
+        out["container"] = container
     if array_index is not None:
-        detail["arrayProperties"] = {"index": array_index}
+        out["arrayProperties"] = {"index": array_index}
     elif array_size is not None:
-        detail["arrayProperties"] = {"size": array_size, "statusSummary": {}}
+        out["arrayProperties"] = {"size": array_size, "statusSummary": {}}
     if node_index is not None:
-        detail["nodeDetails"] = {"nodeIndex": node_index, "isMainNode": node_index == 0}
-        detail["container"] = {"exitCode": exit_code} if exit_code is not None else {}
+        out["nodeDetails"] = {"nodeIndex": node_index, "isMainNode": node_index == 0}
+        out["container"] = {"exitCode": exit_code} if exit_code is not None else {}
     elif num_nodes is not None:
-        detail["nodeProperties"] = {"numNodes": num_nodes, "mainNode": 0, "nodeRangeProperties": []}
-    return {
-        "version": "0",
-        "id": str(uuid.uuid4()),
-        "detail-type": "Batch Job State Change",
-        "source": "aws.batch",
-        "account": ACCOUNT,
-        "time": datetime.fromtimestamp(now_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "region": region,
-        "resources": [arn],
-        "detail": detail,
-    }
+        out["nodeProperties"] = {"numNodes": num_nodes, "mainNode": 0, "nodeRangeProperties": []}
+    return out
 
 
 def attempt(started_ms: int, stopped_ms: int | None, exit_code: int | None, reason: str) -> dict[str, Any]:

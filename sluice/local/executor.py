@@ -3,8 +3,17 @@
 moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits no events).
 This executor reads each new job back from the Batch API, runs its array children or MNP
 nodes as `python -m gpu_worker` processes with the AWS_BATCH_* variables Batch would set,
-honours the job's retry strategy (retry `Host EC2*`, exit otherwise) and a concurrency
-limit, and emits the same "Batch Job State Change" events Batch would to `deliver`.
+applies the job's retry strategy to each failed attempt as Batch does
+(sluice.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
+remain, EXIT fails it), honours a concurrency limit, and emits the same "Batch Job State
+Change" events Batch would to `deliver`.
+
+The retry strategy is the job's own `retryStrategy` from DescribeJobs. moto (5.2.5) does not
+echo the one SubmitJob sent, so then: the rules (`evaluateOnExit`) are the job definition's
+(DescribeJobDefinitions; moto lower-cases their actions, which Batch matches without regard
+to case), or sluice.policy's when the definition has none; and `attempts` is the plan's,
+which is what Sluice's SubmitJob sets (sluice.policy.retry_strategy(plan.attempts)) and
+which overrides the definition's.
 
 moto keeps array jobs' environment but drops MNP `nodeOverrides`, so node count and
 environment of a multi-node job come from its run (ledger row and plan), found by the run tag.
@@ -13,26 +22,28 @@ environment of a multi-node job come from its run (ledger row and plan), found b
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from sluice.contracts import JobStatus, RunItem
 from sluice.ledger import Ledger
 from sluice.local.events import attempt as attempt_entry
 from sluice.local.events import batch_job_state_change
+from sluice.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, evaluate_on_exit
 
 Deliver = Callable[[dict[str, Any]], object]
-# A worker killed by a signal we did not send looks, from the job's side, like a lost host:
-# Batch would report "Host EC2 (instance ...) terminated." and the Spot retry rule applies.
-HOST_LOST = "Host EC2 (instance local-{pid}) terminated."
+Rules = Sequence[Mapping[str, str]]
 EXITED = "Essential container in task exited"
-STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+STATUSES = tuple(JobStatus)
+DEFAULT_ATTEMPTS = 3  # the manifest's default (sluice.models), when the plan cannot be read
 
 
 @dataclass
@@ -45,7 +56,7 @@ class Task:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     started_ms: int = 0
-    status: str = "PENDING"
+    status: JobStatus = JobStatus.PENDING
     log_path: str = ""
 
     @property
@@ -53,6 +64,12 @@ class Task:
         if self.index is None:
             return self.job.job_id
         return f"{self.job.job_id}#{self.index}" if self.job.kind == "multinode" else f"{self.job.job_id}:{self.index}"
+
+    def event_target(self) -> tuple[str, dict[str, int | None]]:
+        """The job id an event about this task names, and its array/node index field."""
+        if self.job.kind == "single":
+            return self.job.job_id, {}
+        return self.job_id, {"array_index" if self.job.kind == "array" else "node_index": self.index}
 
 
 @dataclass
@@ -67,8 +84,64 @@ class LocalJob:
     env: dict[str, str]
     run_id: str
     max_attempts: int
+    rules: Rules = EVALUATE_ON_EXIT  # the retry strategy's evaluateOnExit
     tasks: list[Task] = field(default_factory=list)
     done: bool = False
+
+    def event_target(self) -> tuple[str, dict[str, int | None]]:
+        """The job id an event about the whole job names, and its size field."""
+        if self.kind == "array":
+            return self.job_id, {"array_size": self.size}
+        if self.kind == "multinode":
+            return self.job_id, {"num_nodes": self.size}
+        return self.job_id, {}
+
+    def action(self, task: Task, *, status_reason: str, exit_code: int | None) -> str:
+        """RETRY or EXIT for the task's failed attempt: the retry strategy, then the attempts left."""
+        action = evaluate_on_exit(self.rules, status_reason=status_reason, reason=None, exit_code=exit_code)
+        return action if task.attempt < self.max_attempts else "EXIT"
+
+
+def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -> LocalJob | None:
+    """A LocalJob from DescribeJobs' view of a parent job, its run's RUN item and its retry strategy."""
+    run_id = (j.get("tags") or {}).get("sluice:run-id")
+    if not run_id:
+        return None
+    layout = next((x for x in (row.jobs or []) if x.id == j["jobId"]), None) if row else None
+    env = {e["name"]: e["value"] for e in (j.get("container") or {}).get("environment", [])}
+    env.pop("AWS_BATCH_JOB_ID", None)
+    if "nodeProperties" in j or (layout and layout.kind == "multinode"):
+        if layout is None or row is None:
+            return None
+        env = {
+            "SLUICE_PLAN_URI": str(row.plan_uri),
+            "SLUICE_RUN_ID": run_id,
+            "SLUICE_SHARD_OFFSET": str(layout.shard_offset),
+        }
+        kind, size = "multinode", int(layout.shard_count)
+    elif (j.get("arrayProperties") or {}).get("size"):
+        kind, size = "array", int(j["arrayProperties"]["size"])
+    else:
+        kind, size = "single", 1
+    attempts = int(strategy.get("attempts") or 0) or DEFAULT_ATTEMPTS
+    rules = tuple(strategy.get("evaluateOnExit") or ())
+    job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts, rules)
+    job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
+    return job
+
+
+def plan_attempts(plan_uri: str | None) -> int:
+    """The plan's attempts (what Sluice's SubmitJob puts in retryStrategy); the default if unreadable."""
+    from sluice.aws import client
+    from sluice.plan import load_plan
+    from sluice.s3io import read_uri
+
+    if not plan_uri:
+        return DEFAULT_ATTEMPTS
+    try:
+        return load_plan(functools.partial(read_uri, client("s3")), plan_uri).attempts
+    except Exception:
+        return DEFAULT_ATTEMPTS
 
 
 class LocalExecutor:
@@ -98,76 +171,65 @@ class LocalExecutor:
         self._on_pid = on_pid or (lambda pid: None)
         self._out = out
         self.jobs: dict[str, LocalJob] = {}
+        self._definition_rules: dict[str, Rules | None] = {}
         self._stopping = False
 
     # ---- discovery -------------------------------------------------------------------------
 
     def discover(self) -> list[LocalJob]:
         """New parent jobs in Sluice's queues (moto lists them under SUCCEEDED at once)."""
-        ids: list[str] = []
-        for q in self._queues:
-            for status in STATUSES:
-                token: str | None = None
-                while True:
-                    kw: dict[str, Any] = {"jobQueue": q, "jobStatus": status}
-                    if token:
-                        kw["nextToken"] = token
-                    resp = self._batch.list_jobs(**kw)
-                    ids += [
-                        j["jobId"]
-                        for j in resp["jobSummaryList"]
-                        if ":" not in j["jobId"] and "#" not in j["jobId"] and j["jobId"] not in self.jobs
-                    ]
-                    token = resp.get("nextToken")
-                    if not token:
-                        break
+        ids = [i for q in self._queues for status in STATUSES for i in self._list_new(q, status)]
         new = []
         for i in range(0, len(ids), 100):
             for j in self._batch.describe_jobs(jobs=list(dict.fromkeys(ids[i : i + 100])))["jobs"]:
-                job = self._read_job(j)
+                run_id = (j.get("tags") or {}).get("sluice:run-id")
+                if not run_id:
+                    continue  # not Sluice's
+                row = self._ledger.get(run_id)
+                job = read_job(j, row, self._retry_strategy(j, row))
                 if job is not None:
                     self.jobs[job.job_id] = job
                     new.append(job)
-                    self._emit(job, None, "PENDING")
+                    self._emit(job, None, JobStatus.PENDING)
         return new
 
-    def _read_job(self, j: dict[str, Any]) -> LocalJob | None:
-        run_id = (j.get("tags") or {}).get("sluice:run-id")
-        if not run_id:
-            return None
-        row = self._ledger.get(run_id) or {}
-        layout = next((x for x in row.get("jobs", []) if x["id"] == j["jobId"]), None)
+    def _list_new(self, queue: str, status: JobStatus) -> list[str]:
+        """Parent job ids in `queue` with `status` that this executor does not know yet."""
+        ids: list[str] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"jobQueue": queue, "jobStatus": status.value}
+            if token:
+                kw["nextToken"] = token
+            resp = self._batch.list_jobs(**kw)
+            ids += [
+                j["jobId"]
+                for j in resp["jobSummaryList"]
+                if ":" not in j["jobId"] and "#" not in j["jobId"] and j["jobId"] not in self.jobs
+            ]
+            token = resp.get("nextToken")
+            if not token:
+                return ids
+
+    def _retry_strategy(self, j: dict[str, Any], row: RunItem | None) -> dict[str, Any]:
+        """The job's retryStrategy, or what Batch would apply when moto does not echo it (module docstring)."""
+        own = j.get("retryStrategy")
+        if own:
+            return dict(own)
         env = {e["name"]: e["value"] for e in (j.get("container") or {}).get("environment", [])}
-        env.pop("AWS_BATCH_JOB_ID", None)
-        attempts = int((j.get("retryStrategy") or {}).get("attempts") or 0)
-        if "nodeProperties" in j or (layout and layout["kind"] == "multinode"):
-            if layout is None:
-                return None
-            env = {
-                "SLUICE_PLAN_URI": str(row["plan_uri"]),
-                "SLUICE_RUN_ID": run_id,
-                "SLUICE_SHARD_OFFSET": str(layout["shard_offset"]),
-            }
-            kind, size = "multinode", int(layout["shard_count"])
-        elif (j.get("arrayProperties") or {}).get("size"):
-            kind, size = "array", int(j["arrayProperties"]["size"])
-        else:
-            kind, size = "single", 1
-        if not attempts:  # moto does not echo retryStrategy: use the plan's
-            attempts = int(row.get("attempts") or 0) or self._plan_attempts(env)
-        job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts)
-        job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
-        return job
+        attempts = plan_attempts(env.get("SLUICE_PLAN_URI") or (row.plan_uri if row else None))
+        rules = self._job_definition_rules(j.get("jobDefinition"))
+        return {"attempts": attempts, "evaluateOnExit": list(rules if rules is not None else EVALUATE_ON_EXIT)}
 
-    @staticmethod
-    def _plan_attempts(env: dict[str, str]) -> int:
-        from sluice.aws import client
-        from sluice.coordinator import load_plan
-
-        try:
-            return load_plan(client("s3"), env["SLUICE_PLAN_URI"]).attempts
-        except Exception:
-            return 3
+    def _job_definition_rules(self, arn: str | None) -> Rules | None:
+        """The job definition's evaluateOnExit, None when it has no retry strategy (cached per ARN)."""
+        if not arn:
+            return None
+        if arn not in self._definition_rules:
+            defs = self._batch.describe_job_definitions(jobDefinitions=[arn])["jobDefinitions"]
+            strategy = defs[0].get("retryStrategy") if defs else None
+            self._definition_rules[arn] = tuple(strategy.get("evaluateOnExit") or ()) if strategy else None
+        return self._definition_rules[arn]
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -190,7 +252,8 @@ class LocalExecutor:
         for job in self.jobs.values():
             if job.done or self._stopping:
                 continue
-            pending = [t for t in job.tasks if t.status in ("PENDING", "RUNNABLE") and t.proc is None]
+            queued = (JobStatus.PENDING, JobStatus.RUNNABLE)
+            pending = [t for t in job.tasks if t.status in queued and t.proc is None]
             if job.kind == "multinode":
                 # Gang scheduling: every node starts together once the job is admitted.
                 if pending and len(pending) == len(job.tasks) and (free >= len(pending) or self.running() == 0):
@@ -204,13 +267,13 @@ class LocalExecutor:
                 self._start(t)
                 free -= 1
         for job in self.jobs.values():
-            if not job.done and all(t.status in ("SUCCEEDED", "FAILED") for t in job.tasks):
+            if not job.done and all(t.status.terminal for t in job.tasks):
                 self._finish(job)
 
     def _start(self, task: Task) -> None:
         job = task.job
         task.attempt += 1
-        for status in ("RUNNABLE", "STARTING"):
+        for status in (JobStatus.RUNNABLE, JobStatus.STARTING):
             task.status = status
             self._emit(job, task, status)
         env = {
@@ -242,10 +305,10 @@ class LocalExecutor:
         self._on_pid(task.proc.pid)
         task.started_ms = int(time.time() * 1000)
         task.attempts.append(attempt_entry(task.started_ms, None, None, "Task is running"))
-        task.status = "RUNNING"
-        self._emit(job, task, "RUNNING")
+        task.status = JobStatus.RUNNING
+        self._emit(job, task, JobStatus.RUNNING)
         if job.kind == "multinode" and task.index == 0:
-            self._emit(job, None, "RUNNING")
+            self._emit(job, None, JobStatus.RUNNING)
 
     def _reap(self, task: Task) -> None:
         assert task.proc is not None
@@ -254,19 +317,21 @@ class LocalExecutor:
         task.proc = None
         now = int(time.time() * 1000)
         if rc < 0 and not self._stopping:
-            reason, exit_code = HOST_LOST.format(pid=pid), None
+            # A worker killed by a signal we did not send looks, from the job's side, like a lost
+            # host (Spot reclaim): Batch reports HOST_LOST_REASON, and the retry strategy decides.
+            reason, exit_code = HOST_LOST_REASON.format(instance=f"local-{pid}"), None
         else:
             reason, exit_code = EXITED, rc
         task.attempts[-1] = attempt_entry(task.started_ms, now, exit_code, reason)
         if rc == 0:
-            task.status = "SUCCEEDED"
-            self._emit(task.job, task, "SUCCEEDED", exit_code=0, reason=reason)
-        elif reason.startswith("Host EC2") and task.attempt < task.job.max_attempts:
-            task.status = "RUNNABLE"  # the retry strategy's RETRY: back to the queue
-            self._emit(task.job, task, "RUNNABLE", reason=reason)
+            task.status = JobStatus.SUCCEEDED
+            self._emit(task.job, task, JobStatus.SUCCEEDED, exit_code=0, reason=reason)
+        elif task.job.action(task, status_reason=reason, exit_code=exit_code) == "RETRY":
+            task.status = JobStatus.RUNNABLE  # back to the queue for the next attempt
+            self._emit(task.job, task, JobStatus.RUNNABLE, reason=reason)
         else:
-            task.status = "FAILED"
-            self._emit(task.job, task, "FAILED", exit_code=exit_code, reason=reason)
+            task.status = JobStatus.FAILED
+            self._emit(task.job, task, JobStatus.FAILED, exit_code=exit_code, reason=reason)
             self._out.write(f"worker {task.job_id} failed (exit {rc}); log: {task.log_path}\n")
             tail = Path(task.log_path).read_text(errors="replace").strip().splitlines()[-3:]
             for line in tail:
@@ -276,29 +341,22 @@ class LocalExecutor:
         job.done = True
         if job.kind == "single":
             return  # the plain job's own SUCCEEDED/FAILED was its task's event
-        failed = [t for t in job.tasks if t.status == "FAILED"]
-        if job.kind == "multinode":
-            status = "FAILED" if failed else "SUCCEEDED"  # Batch fails an MNP job when a node fails
-        else:
-            status = "FAILED" if failed else "SUCCEEDED"  # the parent fails if any child fails
+        # The parent of an array fails if any child fails; an MNP job fails when a node fails.
+        failed = [t for t in job.tasks if t.status is JobStatus.FAILED]
+        status = JobStatus.FAILED if failed else JobStatus.SUCCEEDED
         reason = f"{len(failed)} of {len(job.tasks)} failed" if failed else None
         self._emit(job, None, status, reason=reason)
 
     def _emit(
-        self, job: LocalJob, task: Task | None, status: str, *, exit_code: int | None = None, reason: str | None = None
+        self,
+        job: LocalJob,
+        task: Task | None,
+        status: JobStatus,
+        *,
+        exit_code: int | None = None,
+        reason: str | None = None,
     ) -> None:
-        idx: dict[str, int | None] = {}
-        if task is not None and job.kind == "single":
-            target_id = job.job_id
-        elif task is None:
-            target_id = job.job_id
-            if job.kind == "array":
-                idx["array_size"] = job.size
-            elif job.kind == "multinode":
-                idx["num_nodes"] = job.size
-        else:
-            target_id = task.job_id
-            idx["array_index" if job.kind == "array" else "node_index"] = task.index
+        target_id, idx = task.event_target() if task is not None else job.event_target()
         self._deliver(
             batch_job_state_change(
                 job_id=target_id,
@@ -313,6 +371,7 @@ class LocalExecutor:
                 array_size=idx.get("array_size"),
                 node_index=idx.get("node_index"),
                 num_nodes=idx.get("num_nodes"),
+                max_attempts=job.max_attempts,
             )
         )
 

@@ -7,11 +7,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-from sluice.local.server import free_port
+from sluice.local.server import free_port, wait_until_ready
 
 RULES = Path(__file__).resolve().parents[2] / "observability" / "rules.yml"
 
@@ -39,23 +37,24 @@ class LocalPrometheus:
         rules = f"rule_files:\n  - {RULES}\n" if RULES.exists() else ""
         config.write_text(f"global:\n  evaluation_interval: 15s\n{rules}")
         self._proc = subprocess.Popen(
-            [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self._dir}/data",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-remote-write-receiver",
-             "--storage.tsdb.retention.time=1d"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                self.binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self._dir}/data",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-remote-write-receiver",
+                "--storage.tsdb.retention.time=1d",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self._proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}-/ready", timeout=1):  # noqa: S310 - loopback
-                    return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"prometheus did not become ready on {self.url}") from None
-                time.sleep(0.2)
+        try:
+            wait_until_ready(self._proc, f"{self.url}-/ready", timeout=timeout, name="prometheus", interval=0.2)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     @property
     def pid(self) -> int | None:

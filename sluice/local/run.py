@@ -22,37 +22,22 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice.aws import Clients, reset_clients
+from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
 from sluice.local.events import matches, s3_object_created
 from sluice.local.lambda_context import LocalContext
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
+from sluice.paths import MANIFESTS_PREFIX, RunPaths, is_commit_marker
+from sluice.s3uri import parse_s3_uri
 
 INPUT_BUCKET = "sluice-local-images"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-FINAL = ("SUCCEEDED", "FAILED", "REJECTED")
-
-
-class Clients:
-    """boto3 clients on the emulator; attribute access like sluice.aws.Clients."""
-
-    s3: Any
-    dynamodb: Any
-    events: Any
-    sqs: Any
-    batch: Any
-    iam: Any
-
-    def __init__(self) -> None:
-        import boto3
-
-        from sluice.aws import reset_clients
-
-        reset_clients()
-        session = boto3.session.Session(region_name=os.environ["AWS_DEFAULT_REGION"])
-        for svc in ("s3", "dynamodb", "events", "sqs", "batch", "iam"):
-            setattr(self, svc, session.client(svc))
+NotePid = Callable[[int], None]
 
 
 class Router:
@@ -143,29 +128,24 @@ class Progress:
         self._last = 0.0
 
     def images_done(self, output_prefix: str) -> int:
-        from sluice.s3uri import parse_s3_uri
-
         bucket, prefix = parse_s3_uri(output_prefix, allow_empty_key=True)
         for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for o in page.get("Contents", []):
                 k = o["Key"]
-                if "/_commits/" in k and k.endswith(".json") and k not in self._seen:
+                if is_commit_marker(k) and k not in self._seen:
                     m = json.loads(self._c.s3.get_object(Bucket=bucket, Key=k)["Body"].read())
                     self._seen[k] = int(m.get("rows", 0)) + len(m.get("failed", []))
         return sum(self._seen.values())
 
-    def show(self, row: dict[str, Any], running: int, force: bool = False) -> None:
-        if not self._enabled or (not force and time.monotonic() - self._last < 0.5):
+    def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
+        if row is None or not self._enabled or (not force and time.monotonic() - self._last < 0.5):
             return
         self._last = time.monotonic()
-        total = int(row.get("total_keys") or 0)
-        shards = int(row.get("shards") or 0) + sum(int(p["n_shards"]) for p in (row.get("passes") or [])[1:])
-        done = int(row.get("shards_succeeded") or 0) + int(row.get("shards_failed") or 0)
-        images = self.images_done(str(row["output_prefix"])) if row.get("output_prefix") else 0
+        images = self.images_done(row.output_prefix) if row.output_prefix else 0
         rate = images / max(1e-6, time.monotonic() - self._t0)
         sys.stderr.write(
-            f"\r  {row.get('status', ''):<10} shards {done}/{shards}  images {images}/{total}  "
-            f"{rate:6.1f} img/s  workers {running}   "
+            f"\r  {row.status.value:<10} shards {row.shards_done}/{row.total_shards}  "
+            f"images {images}/{row.total_keys or 0}  {rate:6.1f} img/s  workers {running}   "
         )
         sys.stderr.flush()
 
@@ -174,121 +154,167 @@ class Progress:
             sys.stderr.write("\n")
 
 
+@dataclass
+class _Services:
+    """What `sluice local run` starts, and stops at the end: emulator, Prometheus, executors."""
+
+    endpoint: str = ""
+    server: MotoServer | None = None
+    prom: Any = None  # sluice.local.prometheus.LocalPrometheus
+    metrics_url: str = ""
+    executors: list[Any] = field(default_factory=list)
+
+
 def run_local(args: argparse.Namespace) -> int:
     """Run the pipeline locally; exit code 0 only when the run succeeded."""
     for k, v in FAKE_CREDENTIALS.items():
         os.environ.setdefault(k, v)
     started = time.monotonic()
-    pids: list[int] = []
 
     def note_pid(pid: int) -> None:
-        pids.append(pid)
         if args.pid_file:
             with open(args.pid_file, "a", encoding="ascii") as fh:
                 fh.write(f"{pid}\n")
 
-    server: MotoServer | None = None
-    prom: Any = None
-    executors: list[Any] = []
+    svc = _Services()
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
     try:
-        if args.endpoint_url:
-            endpoint = args.endpoint_url.rstrip("/")
-            with contextlib.suppress(OSError):  # moto: Batch without Docker; others have no such API
-                configure(endpoint)
-        else:
-            server = MotoServer().start()
-            note_pid(server.pid or 0)
-            endpoint = server.endpoint
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
-        metrics_url = os.environ.get("SLUICE_REMOTE_WRITE_URL", "")
-        if not metrics_url and not args.no_prometheus:
-            from sluice.local.prometheus import LocalPrometheus
-
-            if LocalPrometheus.available():
-                prom = LocalPrometheus().start()
-                note_pid(prom.pid or 0)
-                metrics_url = prom.write_url
-                if not args.json:
-                    print(f"sluice: metrics: Prometheus at {prom.url} (remote-write receiver)", file=sys.stderr)
-        return _run(args, endpoint, started, note_pid, interrupted, executors.append, metrics_url,
-                    prom.url if prom else None)
+        _start_services(args, svc, note_pid)
+        return _run(args, svc, started, note_pid, interrupted)
     except KeyboardInterrupt:
         interrupted.set()
         return 130
     finally:
         signal.signal(signal.SIGINT, previous)
-        for ex in executors:
-            n = ex.stop()
-            if interrupted.is_set():
-                print(f"\nsluice: interrupted: stopped {n} running worker(s)", file=sys.stderr)
-        if prom is not None:
-            if args.keep and not interrupted.is_set():
-                print(f"Prometheus left running at {prom.url} (pid {prom.pid}); "
-                      f"sluice metrics RUN_ID --url {prom.url}", file=sys.stderr)
-            else:
-                prom.stop()
-        if server is not None:
-            if args.keep and not interrupted.is_set():
-                print(
-                    f"moto server left running at {server.endpoint} (pid {server.pid}); "
-                    f"export AWS_ENDPOINT_URL={server.endpoint} AWS_ACCESS_KEY_ID=sluice-local "
-                    "AWS_SECRET_ACCESS_KEY=sluice-local AWS_DEFAULT_REGION=us-east-1",
-                    file=sys.stderr,
-                )
-            else:
-                server.stop()
-        if interrupted.is_set():
-            print("sluice: interrupted: the emulator and all workers are stopped", file=sys.stderr)
+        _stop_services(args, svc, interrupted.is_set())
+
+
+def _start_services(args: argparse.Namespace, svc: _Services, note_pid: NotePid) -> None:
+    """The emulator (--endpoint-url or a moto server of our own) and, if available, Prometheus."""
+    if args.endpoint_url:
+        svc.endpoint = args.endpoint_url.rstrip("/")
+        with contextlib.suppress(OSError):  # moto: Batch without Docker; others have no such API
+            configure(svc.endpoint)
+    else:
+        svc.server = MotoServer().start()
+        note_pid(svc.server.pid or 0)
+        svc.endpoint = svc.server.endpoint
+    os.environ["AWS_ENDPOINT_URL"] = svc.endpoint
+    svc.metrics_url = os.environ.get("SLUICE_REMOTE_WRITE_URL", "")
+    if not svc.metrics_url and not args.no_prometheus:
+        from sluice.local.prometheus import LocalPrometheus
+
+        if LocalPrometheus.available():
+            svc.prom = LocalPrometheus().start()
+            note_pid(svc.prom.pid or 0)
+            svc.metrics_url = svc.prom.write_url
+            if not args.json:
+                print(f"sluice: metrics: Prometheus at {svc.prom.url} (remote-write receiver)", file=sys.stderr)
+
+
+def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) -> None:
+    """Stop the workers, then Prometheus and the emulator unless --keep (and not interrupted)."""
+    keep = args.keep and not interrupted
+    for ex in svc.executors:
+        n = ex.stop()
+        if interrupted:
+            print(f"\nsluice: interrupted: stopped {n} running worker(s)", file=sys.stderr)
+    if svc.prom is not None:
+        if keep:
+            print(
+                f"Prometheus left running at {svc.prom.url} (pid {svc.prom.pid}); "
+                f"sluice metrics RUN_ID --url {svc.prom.url}",
+                file=sys.stderr,
+            )
+        else:
+            svc.prom.stop()
+    if svc.server is not None:
+        if keep:
+            print(
+                f"moto server left running at {svc.server.endpoint} (pid {svc.server.pid}); "
+                f"export AWS_ENDPOINT_URL={svc.server.endpoint} AWS_ACCESS_KEY_ID=sluice-local "
+                "AWS_SECRET_ACCESS_KEY=sluice-local AWS_DEFAULT_REGION=us-east-1",
+                file=sys.stderr,
+            )
+        else:
+            svc.server.stop()
+    if interrupted:
+        print("sluice: interrupted: the emulator and all workers are stopped", file=sys.stderr)
 
 
 def _run(
-    args: argparse.Namespace,
-    endpoint: str,
-    started: float,
-    note_pid: Any,
-    interrupted: threading.Event,
-    register: Any,
-    metrics_url: str = "",
-    prometheus_url: str | None = None,
+    args: argparse.Namespace, svc: _Services, started: float, note_pid: NotePid, interrupted: threading.Event
 ) -> int:
-    from sluice.infra import create_local
     from sluice.ledger import Ledger
     from sluice.local.executor import LocalExecutor
+    from sluice.local.infra import create_local
 
+    reset_clients()  # AWS_ENDPOINT_URL is set: every client from here on talks to the emulator
     c = Clients()
     stack = create_local(c)
     router = Router(stack)
+    outcome = _submit(c, stack, router, args)
+    if outcome.get("status") != "submitted":
+        rejected = {"outcome": outcome.get("status"), "run_id": outcome.get("run_id")}
+        _report(args, {**rejected, "reasons": outcome.get("reasons", []), "endpoint": svc.endpoint})
+        return 1
+    run_id = outcome["run_id"]
+    ledger = Ledger(c.dynamodb, stack.names["RunsTable"])
+    log_dir = tempfile.mkdtemp(prefix=f"sluice-{run_id}-logs-")
+    executor = LocalExecutor(
+        c.batch,
+        ledger,
+        [stack.names["GpuJobQueue"], stack.names["MnpJobQueue"]],
+        router,
+        slots=args.slots or os.cpu_count() or 1,
+        worker_env=_worker_env(args, svc),
+        log_dir=log_dir,
+        on_pid=note_pid,
+    )
+    svc.executors.append(executor)
+    progress = Progress(c, enabled=not args.json)
+    if not args.json:
+        print(
+            f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
+            f"({'multinode' if args.mode == 'multinode' else 'array'}); emulator {svc.endpoint}",
+            file=sys.stderr,
+        )
+    row = _wait(executor, ledger, run_id, progress, interrupted)
+    progress.end()
+    if row is None:
+        return 130
+    summary = _summary(c, stack, row, time.monotonic() - started, svc.endpoint, log_dir)
+    summary["output_dir"] = _copy_output(c, row, args.out, run_id)
+    summary["metrics"] = (svc.prom.url if svc.prom else None) or (svc.metrics_url or None)
+    _report(args, summary)
+    return 0 if row.status is RunStatus.SUCCEEDED else 1
+
+
+def _submit(c: Any, stack: Any, router: Router, args: argparse.Namespace) -> dict[str, Any]:
+    """Upload the images and the manifest; route the upload's event to the manifest handler."""
     control = stack.names["ControlBucket"]
     prefix, count = _upload_images(c, args)
     name, body = _manifest(args, prefix, count)
-    put = c.s3.put_object(Bucket=control, Key=f"manifests/{name}", Body=body)
-    results = router(
-        s3_object_created(
-            control,
-            f"manifests/{name}",
-            size=len(body),
-            etag=put["ETag"],
-            version_id=put.get("VersionId"),
-            sequencer=f"{time.time_ns():X}",
-        )
+    key = MANIFESTS_PREFIX + name
+    put = c.s3.put_object(Bucket=control, Key=key, Body=body)
+    event = s3_object_created(
+        control,
+        key,
+        size=len(body),
+        etag=put["ETag"],
+        version_id=put.get("VersionId"),
+        sequencer=f"{time.time_ns():X}",
     )
-    outcome = results[0] if results else {"status": "ignored"}
-    ledger = Ledger(c.dynamodb, stack.names["RunsTable"])
-    if outcome.get("status") != "submitted":
-        summary = {
-            "outcome": outcome.get("status"),
-            "run_id": outcome.get("run_id"),
-            "reasons": outcome.get("reasons", []),
-            "endpoint": endpoint,
-        }
-        _report(args, summary)
-        return 1
-    run_id = outcome["run_id"]
-    worker_env = {
-        "AWS_ENDPOINT_URL": endpoint,
+    results = router(event)
+    return dict(results[0]) if results else {"status": "ignored"}
+
+
+def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
+    """What every worker process gets on top of the job's own environment."""
+    env = {
+        "AWS_ENDPOINT_URL": svc.endpoint,
         "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
         "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
         "AWS_DEFAULT_REGION": os.environ["AWS_DEFAULT_REGION"],
@@ -297,122 +323,104 @@ def _run(
         # Several workers share this host: no fixed /metrics port; metrics go by remote write.
         "SLUICE_WORKER_METRICS_PORT": os.environ.get("SLUICE_WORKER_METRICS_PORT", "0"),
     }
-    if metrics_url:
-        worker_env["SLUICE_REMOTE_WRITE_URL"] = metrics_url
-        worker_env.setdefault("SLUICE_WORKER_PUSH_INTERVAL_S", os.environ.get("SLUICE_WORKER_PUSH_INTERVAL_S", "1"))
-    log_dir = tempfile.mkdtemp(prefix=f"sluice-{run_id}-logs-")
-    executor = LocalExecutor(
-        c.batch,
-        ledger,
-        [stack.names["GpuJobQueue"], stack.names["MnpJobQueue"]],
-        lambda e: router(e),
-        slots=args.slots or os.cpu_count() or 1,
-        worker_env=worker_env,
-        log_dir=log_dir,
-        on_pid=note_pid,
-    )
-    register(executor)
-    progress = Progress(c, enabled=not args.json)
-    if not args.json:
-        print(
-            f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
-            f"({'multinode' if args.mode == 'multinode' else 'array'}); emulator {endpoint}",
-            file=sys.stderr,
-        )
-    row: dict[str, Any] = {}
+    if svc.metrics_url:
+        env["SLUICE_REMOTE_WRITE_URL"] = svc.metrics_url
+        env["SLUICE_WORKER_PUSH_INTERVAL_S"] = os.environ.get("SLUICE_WORKER_PUSH_INTERVAL_S", "1")
+    return env
+
+
+def _wait(executor: Any, ledger: Any, run_id: str, progress: Progress, interrupted: threading.Event) -> RunItem | None:
+    """Run the jobs until the run is final and no worker is left; None when interrupted."""
     while not interrupted.is_set():
         executor.discover()
         executor.step()
-        row = ledger.get(run_id) or {}
+        row: RunItem | None = ledger.get(run_id)
         progress.show(row, executor.running())
-        if row.get("status") in FINAL and executor.idle:
-            break
-        if executor.idle and row.get("status") not in FINAL and not executor.discover():
+        final = row is not None and row.status.final
+        if final and executor.idle:
+            progress.show(row, 0, force=True)
+            return row
+        if executor.idle and not final and not executor.discover():
             time.sleep(0.2)  # the completion handler may still submit a retry pass
         time.sleep(0.1)
-    if interrupted.is_set():
-        progress.end()
-        return 130
-    progress.show(row, 0, force=True)
-    progress.end()
-    summary = _summary(c, stack, row, time.monotonic() - started, endpoint, log_dir)
-    summary["output_dir"] = _copy_output(c, row, args.out, run_id)
-    summary["metrics"] = prometheus_url or (metrics_url or None)
-    _report(args, summary)
-    return 0 if row.get("status") == "SUCCEEDED" else 1
+    return None
 
 
-def _summary(c: Any, stack: Any, row: dict[str, Any], seconds: float, endpoint: str, log_dir: str) -> dict[str, Any]:
-    from sluice.status import _plain
-
-    row = _plain(row)
-    events = []
+def _read_bus(c: Any, queue_url: str) -> list[dict[str, Any]]:
+    """Every event the observer queue holds (what was published on Sluice's buses)."""
+    events: list[dict[str, Any]] = []
     while True:
-        msgs = c.sqs.receive_message(QueueUrl=stack.observer_queue_url, MaxNumberOfMessages=10).get("Messages", [])
+        msgs = c.sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
         if not msgs:
-            break
+            return events
         events += [json.loads(m["Body"]) for m in msgs]
         for m in msgs:
-            c.sqs.delete_message(QueueUrl=stack.observer_queue_url, ReceiptHandle=m["ReceiptHandle"])
-    outcomes = [e["detail"] for e in events if e["detail-type"] in ("Run Succeeded", "Run Failed")]
-    final: dict[str, Any] = outcomes[0] if outcomes else {}
-    processed = int(final.get("processed", row.get("processed", 0)) or 0)
-    failed = int(final.get("failed", row.get("failed_keys", 0)) or 0)
-    reasons = _failure_reasons(c, row)
+            c.sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def _summary(c: Any, stack: Any, row: RunItem, seconds: float, endpoint: str, log_dir: str) -> dict[str, Any]:
+    events = _read_bus(c, stack.observer_queue_url)
+    details = [parse_detail(e["detail-type"], e["detail"]) for e in events]
+    final = next((d for d in details if isinstance(d, RunSucceeded | RunFailed)), None)
+    processed = final.processed if final else (row.processed or 0)
+    failed = final.failed if final else (row.failed_keys or 0)
+    outcomes = {RunStatus.SUCCEEDED: "succeeded", RunStatus.FAILED: "failed"}
     return {
-        "run_id": row.get("run_id"),
-        "outcome": {"SUCCEEDED": "succeeded", "FAILED": "failed"}.get(str(row.get("status")), row.get("status")),
+        "run_id": row.run_id,
+        "outcome": outcomes.get(row.status, row.status.value),
         "processed": processed,
         "failed": failed,
-        "failed_by_reason": reasons,
-        "reason": final.get("reason"),
-        "shards": int(row.get("shards", 0)),
-        "retry_passes": len(row.get("passes") or [1]) - 1,
+        "failed_by_reason": _failure_reasons(c, row),
+        "reason": final.reason if isinstance(final, RunFailed) else None,
+        "shards": int(row.shards or 0),
+        "retry_passes": max(1, len(row.passes)) - 1,
         "wall_s": round(seconds, 1),
         "images_per_s": round(processed / seconds, 1) if seconds else 0.0,
-        "output_prefix": row.get("output_prefix"),
+        "output_prefix": row.output_prefix,
         "events": [e["detail-type"] for e in events],
         "endpoint": endpoint,
         "logs": log_dir,
     }
 
 
-def _failure_reasons(c: Any, row: dict[str, Any]) -> dict[str, int]:
-    """Reasons of the keys that finally failed (last record per key)."""
-    from sluice.s3uri import parse_s3_uri
+def _failures_prefix(row: RunItem) -> tuple[str, str]:
+    """(bucket, key prefix) of the run's failures/, under the control bucket that holds its plan."""
+    bucket, _ = parse_s3_uri(str(row.plan_uri))
+    return parse_s3_uri(RunPaths.in_bucket(bucket, row.run_id).failures_prefix)
 
-    if not row.get("plan_uri"):
+
+def _failure_reasons(c: Any, row: RunItem) -> dict[str, int]:
+    """Reasons of the keys that finally failed (last record per key)."""
+    if not row.plan_uri:
         return {}
-    bucket, _ = parse_s3_uri(str(row["plan_uri"]))
+    bucket, prefix = _failures_prefix(row)
+    pages = c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    objects = [o for page in pages for o in page.get("Contents", [])]
     last: dict[str, str] = {}
-    resp = c.s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{row['run_id']}/failures/")
-    for o in sorted(resp.get("Contents", []), key=lambda o: int(o["Key"].rsplit("/", 1)[-1].split(".")[0])):
+    for o in sorted(objects, key=lambda o: int(o["Key"].rsplit("/", 1)[-1].split(".")[0])):
         for line in c.s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].iter_lines():
             if line.strip():
-                d = json.loads(line)
-                last[d["key"]] = d["reason"]
+                failure = FailureLine.model_validate_json(line)
+                last[failure.key] = failure.reason.value
     return dict(Counter(last.values()))
 
 
-def _copy_output(c: Any, row: dict[str, Any], out: str | None, run_id: str) -> str | None:
-    """Copy Parquet output and failures to OUT (default ./sluice-output/<run>/)."""
-    from sluice.s3uri import parse_s3_uri
-
-    if not row.get("output_prefix"):
+def _copy_output(c: Any, row: RunItem, out: str | None, run_id: str) -> str | None:
+    """Copy Parquet output and failures to OUT (default ./sluice-output/<run>/), commit markers left out."""
+    if not row.output_prefix:
         return None
     dest = Path(out or Path("sluice-output") / run_id)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    bucket, prefix = parse_s3_uri(str(row["output_prefix"]), allow_empty_key=True)
-    ctl, _ = parse_s3_uri(str(row["plan_uri"]))
-    for b, p, sub in ((bucket, prefix, "output"), (ctl, f"runs/{run_id}/failures/", "failures")):
+    bucket, prefix = parse_s3_uri(row.output_prefix, allow_empty_key=True)
+    ctl, failures = _failures_prefix(row)
+    for b, p, sub in ((bucket, prefix, "output"), (ctl, failures, "failures")):
         for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=p):
             for o in page.get("Contents", []):
-                rel = o["Key"][len(p) :]
-                if "_commits/" in rel:
+                if is_commit_marker(o["Key"]):
                     continue
-                target = dest / sub / rel
+                target = dest / sub / o["Key"][len(p) :]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(c.s3.get_object(Bucket=b, Key=o["Key"])["Body"].read())
     return str(dest)

@@ -147,8 +147,8 @@ def test_endpoint_url_reuses_a_running_emulator_and_its_resources(tmp_path):
 
     with MotoServer() as server:
         for _ in range(2):  # the second run finds the stack's resources already there
-            proc = _run("--demo", "12", "--endpoint-url", server.endpoint, "--no-prometheus", "--json",
-                        "--out", str(tmp_path / "out"))
+            args = ("--endpoint-url", server.endpoint, "--no-prometheus", "--json", "--out", str(tmp_path / "out"))
+            proc = _run("--demo", "12", *args)
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert json.loads(proc.stdout)["processed"] == 12
         assert server.pid is not None and _alive(server.pid)  # not ours to stop

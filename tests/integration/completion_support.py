@@ -6,7 +6,10 @@ import copy
 import json
 from typing import Any
 
+from sluice.contracts import FailureLine, FailureReason, ShardResult
 from sluice.local.lambda_context import LocalContext
+from sluice.paths import RunPaths
+from sluice.s3uri import parse_s3_uri
 from tests.conftest import load_event
 from tests.integration.helpers import INPUT_BUCKET, invoke_manifest_handler
 
@@ -47,23 +50,43 @@ def write_result(
     failures: list[tuple[str, str]] = (),
     attempt: int = 1,
 ) -> None:  # type: ignore[assignment]
-    """What a worker leaves behind for a shard: result.json and failures/<i>.jsonl."""
-    control = stack.names["ControlBucket"]
-    by_reason: dict[str, int] = {}
+    """What a worker leaves behind for a shard: result.json and failures/<i>.jsonl (the real contracts)."""
+    paths = RunPaths.in_bucket(stack.names["ControlBucket"], run_id)
+    by_reason: dict[FailureReason, int] = {}
     for _, reason in failures:
-        by_reason[reason] = by_reason.get(reason, 0) + 1
-    result = {
-        "shard": shard,
-        "processed": processed,
-        "failed": len(failures),
-        "seconds": 1.5,
-        "attempt": attempt,
-        "failed_by_reason": by_reason,
-    }
-    aws.s3.put_object(Bucket=control, Key=f"runs/{run_id}/shards/{shard}.result.json", Body=json.dumps(result))
+        by_reason[FailureReason(reason)] = by_reason.get(FailureReason(reason), 0) + 1
+    n_keys = processed + len(failures)
+    result = ShardResult(
+        run_id=run_id,
+        shard=shard,
+        node=shard,
+        attempt=attempt,
+        kind="array",
+        device="cpu",
+        world=1,
+        seconds=1.5,
+        pipeline_seconds=1.0,
+        pipeline_window=[1_700_000_000.0, 1_700_000_001.0],
+        resumed_chunks=0,
+        stats={"images": float(processed)},
+        n_keys=n_keys,
+        processed=processed,
+        failed=len(failures),
+        failed_fraction=round(len(failures) / n_keys, 6) if n_keys else 0.0,
+        max_failed_fraction=0.05,
+        ok=True,
+        failed_by_reason=by_reason,
+        chunks=1,
+    )
+    _put(aws, paths.result(shard), result.model_dump_json().encode())
     if failures:
-        lines = "".join(json.dumps({"key": k, "reason": r, "attempt": attempt}) + "\n" for k, r in failures)
-        aws.s3.put_object(Bucket=control, Key=f"runs/{run_id}/failures/{shard}.jsonl", Body=lines.encode())
+        lines = [FailureLine(key=k, reason=FailureReason(r), attempt=attempt) for k, r in failures]
+        _put(aws, paths.failures(shard), "".join(line.model_dump_json() + "\n" for line in lines).encode())
+
+
+def _put(aws: Any, uri: str, body: bytes) -> None:
+    bucket, key = parse_s3_uri(uri)
+    aws.s3.put_object(Bucket=bucket, Key=key, Body=body)
 
 
 def job_event(

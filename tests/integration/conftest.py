@@ -1,9 +1,10 @@
 """Integration fixtures: a real moto S3 server on 127.0.0.1 (as a subprocess), and worker helpers.
 
-The server is moto's own WSGI app (what `python -m moto.server` runs) wrapped by
-tests/worker_s3server.py, which can add per-GET latency and 503 SlowDown faults on demand.
-Worker processes reach it through AWS_ENDPOINT_URL; nothing in this process sets that
-variable globally, so in-process `mock_aws` tests are unaffected.
+The server is sluice.local.server.MotoServer running moto's own WSGI app (what
+`python -m moto.server` runs) wrapped by tests/worker_s3server.py, which can add per-GET
+latency and 503 SlowDown faults on demand. Worker processes reach it through
+AWS_ENDPOINT_URL; nothing in this process sets that variable globally, so in-process
+`mock_aws` tests are unaffected.
 """
 
 from __future__ import annotations
@@ -11,46 +12,39 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sluice.local.server import MotoServer
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES_BUCKET = "worker-images"
 CONTROL_BUCKET = "worker-control"
+TEST_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class FaultServer(MotoServer):
+    """MotoServer running tests/worker_s3server.py: moto plus GET latency and 503 faults on demand."""
 
+    def __init__(self) -> None:
+        super().__init__(module="tests.worker_s3server", cwd=ROOT, credentials=TEST_CREDENTIALS)
 
-@dataclass
-class MotoServer:
-    endpoint: str
-    proc: subprocess.Popen[bytes]
-    env: dict[str, str] = field(default_factory=dict)
-
-    def client(self) -> Any:
-        import boto3
+    def client(self, service: str = "s3", *, config: Any = None) -> Any:
         from botocore.config import Config
 
-        return boto3.session.Session(region_name="us-east-1").client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            config=Config(max_pool_connections=16, retries={"max_attempts": 10, "mode": "standard"}),
-        )
+        default = Config(max_pool_connections=16, retries={"max_attempts": 10, "mode": "standard"})
+        return super().client(service, config=config or default)
 
     def faults(self, **config: Any) -> dict[str, Any]:
         """Replace the fault configuration (no arguments: none) and reset the counters."""
@@ -64,45 +58,12 @@ class MotoServer:
 
 
 @pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.worker_s3server", "-H", "127.0.0.1", "-p", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.05)
-    env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    server = MotoServer(endpoint, proc, env)
-    s3 = server.client()
-    for bucket in (IMAGES_BUCKET, CONTROL_BUCKET):
-        s3.create_bucket(Bucket=bucket)
-    try:
+def moto_server() -> Iterator[FaultServer]:
+    with FaultServer() as server:
+        s3 = server.client()
+        for bucket in (IMAGES_BUCKET, CONTROL_BUCKET):
+            s3.create_bucket(Bucket=bucket)
         yield server
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass(frozen=True)
@@ -121,7 +82,7 @@ def uri(key: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def dataset(moto_server: MotoServer) -> Dataset:
+def dataset(moto_server: FaultServer) -> Dataset:
     """400 small JPEGs of mixed sizes plus 5 corrupt, 2 missing, 1 bomb, 1 non-image, 1 PNG, 1 CMYK, 1 EXIF."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -146,7 +107,7 @@ def dataset(moto_server: MotoServer) -> Dataset:
 
 
 def make_run(
-    server: MotoServer,
+    server: FaultServer,
     run_id: str,
     shards: list[list[str]],
     *,
@@ -184,7 +145,7 @@ def make_run(
     return plan
 
 
-def worker_env(server: MotoServer, plan: Any, **extra: str) -> dict[str, str]:
+def worker_env(server: FaultServer, plan: Any, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AWS_BATCH_"))}
     env.update(server.env)
     env.update(
@@ -236,7 +197,7 @@ class RunOutput:
     results: dict[int, dict[str, Any]]  # shard -> result.json
 
 
-def read_run(server: MotoServer, plan: Any) -> RunOutput:
+def read_run(server: FaultServer, plan: Any) -> RunOutput:
     import io
 
     import numpy as np

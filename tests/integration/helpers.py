@@ -7,7 +7,10 @@ import json
 import os
 from typing import Any
 
+from sluice.contracts import JobStatus, parse_detail
 from sluice.local.lambda_context import LocalContext
+from sluice.paths import RunPaths
+from sluice.s3uri import parse_s3_uri
 from sluice.shards import ShardReader
 from tests.conftest import load_event
 
@@ -49,7 +52,11 @@ def deliver(
 
 
 def bus_events(aws: Any, stack: Any) -> list[dict[str, Any]]:
-    """Every event published on the sluice bus so far (via the SQS observer target)."""
+    """Every event published on the sluice bus so far (via the SQS observer target).
+
+    Each detail is checked against its contract (sluice.contracts), so a test that reads an
+    event also proves it is what subscribers were promised.
+    """
     out = []
     while True:
         resp = aws.sqs.receive_message(QueueUrl=stack.observer_queue_url, MaxNumberOfMessages=10)
@@ -57,7 +64,9 @@ def bus_events(aws: Any, stack: Any) -> list[dict[str, Any]]:
         if not msgs:
             return out
         for m in msgs:
-            out.append(json.loads(m["Body"]))
+            event = json.loads(m["Body"])
+            parse_detail(event["detail-type"], event["detail"])
+            out.append(event)
             aws.sqs.delete_message(QueueUrl=stack.observer_queue_url, ReceiptHandle=m["ReceiptHandle"])
 
 
@@ -68,19 +77,20 @@ def run_objects(aws: Any, stack: Any) -> list[str]:
 
 def shard_pairs(aws: Any, stack: Any, run_id: str) -> list[list[tuple[str, str]]]:
     """Decoded keys of every shard of a run, in shard order."""
-    control = stack.names["ControlBucket"]
-    plan = json.loads(aws.s3.get_object(Bucket=control, Key=f"runs/{run_id}/plan.json")["Body"].read())
-    out = []
-    for i in range(plan["n_shards"]):
-        data = aws.s3.get_object(Bucket=control, Key=f"runs/{run_id}/shards/{i}.shard")["Body"].read()
-        out.append(ShardReader(data).pairs())
-    return out
+    paths = RunPaths.in_bucket(stack.names["ControlBucket"], run_id)
+    plan = json.loads(_get(aws, paths.plan))
+    return [ShardReader(_get(aws, paths.shard(i))).pairs() for i in range(plan["n_shards"])]
+
+
+def _get(aws: Any, uri: str) -> bytes:
+    bucket, key = parse_s3_uri(uri)
+    return bytes(aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
 def all_jobs(aws: Any) -> list[dict[str, Any]]:
     jobs = []
     for q in aws.batch.describe_job_queues()["jobQueues"]:
-        for status in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED"):
+        for status in JobStatus:
             jobs += aws.batch.list_jobs(jobQueue=q["jobQueueArn"], jobStatus=status)["jobSummaryList"]
     uniq = {j["jobId"]: j for j in jobs if ":" not in j["jobId"]}  # array children are "<parent>:<i>"
     return aws.batch.describe_jobs(jobs=list(uniq))["jobs"] if uniq else []

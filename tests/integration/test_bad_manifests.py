@@ -168,7 +168,7 @@ def test_rejected_with_a_specific_reason_and_nothing_written(
     assert event["detail-type"] == "Manifest Rejected"
     assert event["detail"]["reasons"] == out["reasons"] and event["detail"]["manifest"].endswith(key)
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
-    assert row["status"] == "REJECTED" and row["reasons"] == out["reasons"]
+    assert row.status == "REJECTED" and row.reasons == out["reasons"]
 
 
 def test_many_bad_lines_are_summarised_not_all_listed(aws, stack, monkeypatch):

@@ -69,7 +69,7 @@ def test_array_run_succeeds_once_with_counts_from_the_workers(aws, stack, monkey
     assert d["failed_by_reason"] == {"corrupt": 1}
 
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
-    assert row["status"] == "SUCCEEDED" and row["shards_succeeded"] == 3 and row["jobs_done"] == 1
+    assert row.status == "SUCCEEDED" and row.shards_succeeded == 3 and row.jobs_done == 1
     # A duplicate terminal event publishes nothing more.
     again = deliver_job_event(stack, _ev(run_id, job_id, stack, "batch-array-parent-succeeded"), monkeypatch)
     assert again["status"] == "stale" and _outcomes(bus_events(aws, stack)) == []
@@ -88,9 +88,9 @@ def test_spot_reclaim_then_success_records_attempt_two(aws, stack, monkeypatch):
     for child, sample in seq:
         deliver_job_event(stack, _ev(run_id, job_id, stack, sample, child=child), monkeypatch)
     deliver_job_event(stack, _ev(run_id, job_id, stack, "batch-array-parent-succeeded"), monkeypatch)
-    items = {i["shard"]: i for i in Ledger(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)}
-    assert items[1]["status"] == "SUCCEEDED" and items[1]["attempt"] == 2 and items[1]["spot_reclaimed"] is True
-    assert items[0]["attempt"] == 1
+    items = {i.shard: i for i in Ledger(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)}
+    assert items[1].status == "SUCCEEDED" and items[1].attempt == 2 and items[1].spot_reclaimed is True
+    assert items[0].attempt == 1
     (done,) = _outcomes(bus_events(aws, stack))
     assert done["detail-type"] == "Run Succeeded" and done["detail"]["processed"] == 20
 
@@ -112,7 +112,7 @@ def test_a_child_failing_for_good_fails_the_run_naming_the_shard(aws, stack, mon
     assert done["detail-type"] == "Run Failed" and d["shards_failed"] == [2]
     assert d["reason"] == "1 of 3 shards failed: shard 2 (exit code 1: Essential container in task exited)"
     assert d["failed_keys_uri"].endswith(f"/runs/{run_id}/failures/")
-    assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)["status"] == "FAILED"
+    assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id).status == "FAILED"
 
 
 def test_multinode_run_completes_from_node_and_job_events(aws, stack, monkeypatch):
@@ -233,7 +233,7 @@ def test_racing_invocations_lose_no_count(aws, stack, monkeypatch):
         t.join()
     assert errors == []
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
-    assert row["shards_succeeded"] == 8 and row.get("shards_failed", 0) == 0
+    assert row.shards_succeeded == 8 and row.shards_failed == 0
 
 
 # ---- property: any order, any duplicates -> same ledger state, exactly one outcome ------------
@@ -252,7 +252,7 @@ def test_any_order_and_duplicates_give_the_same_state_and_one_outcome(monkeypatc
     from moto import mock_aws
 
     from sluice import aws as sluice_aws
-    from sluice.infra import create_local
+    from sluice.local.infra import create_local
     from tests.conftest import AwsClients
 
     with mock_aws(config={"batch": {"use_docker": False}}):
@@ -268,8 +268,8 @@ def test_any_order_and_duplicates_give_the_same_state_and_one_outcome(monkeypatc
             deliver_job_event(stack, _ev(run_id, job_id, stack, sample, child=child), monkeypatch)
         ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
         row = ledger.get(run_id)
-        shards = sorted((i["shard"], i["status"], i["seq"]) for i in ledger.shard_items(run_id))
+        shards = sorted((i.shard, i.status, i.seq) for i in ledger.shard_items(run_id))
         outcomes = _outcomes(bus_events(aws, stack))
-    assert row["status"] == "SUCCEEDED" and row["shards_succeeded"] == N_SHARDS and row["jobs_done"] == 1
+    assert row.status == "SUCCEEDED" and row.shards_succeeded == N_SHARDS and row.jobs_done == 1
     assert shards == [(i, "SUCCEEDED", 15) for i in range(N_SHARDS)]
     assert len(outcomes) == 1 and outcomes[0]["detail"]["processed"] == 4 * N_SHARDS

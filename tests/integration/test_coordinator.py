@@ -56,8 +56,8 @@ def test_array_run_shards_exactly_the_unique_keys(aws, stack, images, monkeypatc
     assert job["tags"]["sluice:run-id"] == run_id
 
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
-    assert row["status"] == "SUBMITTED" and row["total_keys"] == 95 and row["duplicates"] == 10
-    assert row["job_ids"] == [job["jobId"]] and row["shards"] == 5
+    assert row.status == "SUBMITTED" and row.total_keys == 95 and row.duplicates == 10
+    assert row.job_ids == [job["jobId"]] and row.shards == 5
 
     (event,) = bus_events(aws, stack)
     assert event["detail-type"] == "Run Submitted" and event["source"] == "sluice"
@@ -213,7 +213,10 @@ def test_objects_outside_manifests_are_ignored(aws, stack, monkeypatch):
 
 def test_shards_are_tagged_for_the_scratch_lifecycle_rule(aws, stack, images, monkeypatch):
     out = invoke_manifest_handler(
-        aws, stack, "manifests/tag.json", json.dumps({"version": 1, "input": {"keys": ["a.jpg"], "bucket": images}}),
+        aws,
+        stack,
+        "manifests/tag.json",
+        json.dumps({"version": 1, "input": {"keys": ["a.jpg"], "bucket": images}}),
         monkeypatch,
     )
     control = stack.names["ControlBucket"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from botocore.exceptions import ClientError
 
-from sluice.errors import RetriableError
+from sluice import aws as sluice_aws
+from sluice.errors import AwsFatalError, RetriableError
 from sluice.ledger import Ledger
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, object_created_event
 
@@ -18,21 +20,45 @@ def _upload(aws, stack, key: str) -> dict:
     return object_created_event(control, key, put, len(body))
 
 
+def _unavailable(**_: object) -> None:
+    """S3 answering 503 ServiceUnavailable (not SlowDown), after botocore's own retries."""
+    raise ClientError(
+        {
+            "Error": {"Code": "ServiceUnavailable", "Message": "Please reduce your request rate."},
+            "ResponseMetadata": {"HTTPStatusCode": 503},
+        },
+        "PutObject",
+    )
+
+
 def test_transient_failure_releases_the_claim_and_the_retry_submits(aws, stack, monkeypatch):
     event = _upload(aws, stack, "manifests/retry.json")
-    # The scratch bucket is missing: writing shards fails, as a throttled/unavailable S3 would.
-    with pytest.raises(RetriableError, match="writing s3://missing-scratch"):
-        deliver(stack, event, monkeypatch, extra_env={"SLUICE_CONTROL_BUCKET": "missing-scratch"})
+    s3 = sluice_aws.client("s3")
+    s3.meta.events.register("before-call.s3.PutObject", _unavailable, unique_id="unavailable")
+    try:
+        with pytest.raises(RetriableError, match=r"writing s3://.*ServiceUnavailable.*will retry"):
+            deliver(stack, event, monkeypatch)
+    finally:
+        s3.meta.events.unregister("before-call.s3.PutObject", unique_id="unavailable")
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
     (item,) = aws.dynamodb.scan(TableName=stack.names["RunsTable"])["Items"]
     run_id = item["pk"]["S"]
-    assert ledger.get(run_id)["status"] == "RELEASED"
+    assert ledger.get(run_id).status == "RELEASED"
     assert all_jobs(aws) == [] and bus_events(aws, stack) == []
 
-    out = deliver(stack, event, monkeypatch, extra_env={"SLUICE_CONTROL_BUCKET": stack.names["ControlBucket"]})
+    out = deliver(stack, event, monkeypatch)
     assert out["status"] == "submitted" and out["run_id"] == run_id
-    assert ledger.get(run_id)["status"] == "SUBMITTED"
+    assert ledger.get(run_id).status == "SUBMITTED"
     assert len(all_jobs(aws)) == 1
+
+
+def test_a_missing_bucket_is_fatal_with_advice_and_frees_the_claim(aws, stack, monkeypatch):
+    event = _upload(aws, stack, "manifests/nobucket.json")
+    with pytest.raises(AwsFatalError, match=r"writing s3://missing-scratch.*NoSuchBucket.*check that it exists"):
+        deliver(stack, event, monkeypatch, extra_env={"SLUICE_CONTROL_BUCKET": "missing-scratch"})
+    (item,) = aws.dynamodb.scan(TableName=stack.names["RunsTable"])["Items"]
+    assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(item["pk"]["S"]).status == "RELEASED"
+    assert all_jobs(aws) == [] and bus_events(aws, stack) == []
 
 
 def test_a_claim_whose_holder_died_can_be_taken_over_after_its_lease(aws, stack):
@@ -49,4 +75,6 @@ def test_batch_refusal_fails_the_run_with_advice(aws, stack, monkeypatch):
     assert "Check that the queue and job definition exist" in out["reasons"][0]
     (ev,) = bus_events(aws, stack)
     assert ev["detail-type"] == "Run Failed" and ev["detail"]["run_id"] == out["run_id"]
-    assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])["status"] == "FAILED"
+    # The documented type: a list of shard indexes (empty here), like completion's Run Failed.
+    assert ev["detail"]["shards_failed"] == [] and ev["detail"]["stage"] == "submit"
+    assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"]).status == "FAILED"

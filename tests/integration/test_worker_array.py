@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from sluice.contracts import ShardResult
 from tests.integration.conftest import check_complete, finish, make_run, read_run, start_worker, worker_env
 
 
@@ -31,7 +32,8 @@ def test_array_job_of_three_children(moto_server, dataset):
     check_complete(dataset, plan, out, shards)
     schema = next(iter(out.files.values()))["schema"]
     assert schema.field("embedding").type == pa.list_(pa.float32(), 128)
-    assert all(r["kind"] == "array" and r["attempt"] == 1 for r in out.results.values())
+    results = [ShardResult.model_validate(r) for r in out.results.values()]
+    assert all(r.kind == "array" and r.attempt == 1 for r in results)
 
 
 def test_output_is_readable_by_pyarrow_dataset_and_duckdb(moto_server, dataset, tmp_path):

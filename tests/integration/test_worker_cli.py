@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from sluice.contracts import ShardResult
+from sluice.paths import RunPaths
+from sluice.s3uri import parse_s3_uri
 from tests.integration.conftest import CONTROL_BUCKET, make_run, run_worker, worker_env
 
 
@@ -47,7 +50,7 @@ def test_bad_setting(moto_server, dataset):
     plan = make_run(moto_server, "cli-setting", [dataset.keys[:5]])
     rc, err = run_worker(worker_env(moto_server, plan, SLUICE_SHARD_INDEX="0", SLUICE_WORKER_CHUNK_KEYS="lots"))
     assert rc == 2
-    assert "SLUICE_WORKER_CHUNK_KEYS='lots' is not a valid int" in _one_line(err)
+    assert "SLUICE_WORKER_CHUNK_KEYS='lots': Input should be a valid integer" in _one_line(err)
 
 
 def test_too_many_failures_exits_1_with_a_reason(moto_server, dataset):
@@ -59,12 +62,9 @@ def test_too_many_failures_exits_1_with_a_reason(moto_server, dataset):
     assert rc == 1
     line = _one_line(err)
     assert f"{len(bad)} of {len(keys)} keys failed" in line
-    result = json.loads(
-        moto_server.client()
-        .get_object(Bucket=CONTROL_BUCKET, Key=f"runs/{plan.run_id}/shards/0.result.json")["Body"]
-        .read()
-    )
-    assert result["ok"] is False and result["failed"] == len(bad)
+    bucket, key = parse_s3_uri(RunPaths.in_bucket(CONTROL_BUCKET, plan.run_id).result(0))
+    result = ShardResult.model_validate_json(moto_server.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert result.ok is False and result.failed == len(bad)
     # The same shard passes with a looser threshold from the setting (no recomputation: all committed).
     rc, err = run_worker(
         worker_env(
@@ -77,3 +77,15 @@ def test_too_many_failures_exits_1_with_a_reason(moto_server, dataset):
         )
     )
     assert rc == 0, err
+    # Log lines use the Lambdas' Powertools schema, with the worker's labels on each one.
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    done = next(x for x in lines if x["message"] == "shard done")
+    assert {"timestamp", "level", "location", "service"} <= set(done)
+    assert (done["service"], done["level"], done["run"], done["shard"], done["attempt"]) == (
+        "sluice-worker",
+        "INFO",
+        plan.run_id,
+        0,
+        2,
+    )
+    assert all(x["service"] == "sluice-worker" and x["run"] == plan.run_id for x in lines)

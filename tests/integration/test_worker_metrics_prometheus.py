@@ -7,6 +7,7 @@ import time
 import urllib.parse
 import urllib.request
 
+from sluice.contracts import ShardResult
 from sluice.local.prometheus import LocalPrometheus
 from tests.integration.conftest import finish, make_run, read_run, start_worker, worker_env
 
@@ -35,8 +36,7 @@ def test_worker_pushes_counts_that_match_its_output_within_the_series_budget(mot
     )
     rc, err = finish(start_worker(env))
     assert rc == 0, err[-3000:]
-    result = read_run(moto_server, plan).results[0]
-    processed = result["processed"]
+    processed = ShardResult.model_validate(read_run(moto_server, plan).results[0]).processed
     assert processed > 0
 
     expr = 'sum(sluice_images_processed_total{run_id="metrics-1"})'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from sluice.contracts import ShardResult
 from tests.integration.conftest import check_complete, finish, make_run, read_run, start_worker, worker_env
 
 
@@ -33,7 +34,7 @@ def test_two_nodes_two_ranks_each(moto_server, dataset):
     # Global rank = node x ranks + local rank: node 1's chunks come from ranks 2 and 3.
     ranks = {(int(k.split("shard=")[1].split("/")[0]), m["rank"]) for k, m in out.markers.items()}
     assert ranks == {(0, 0), (0, 1), (1, 2), (1, 3)}
-    assert {r["world"] for r in out.results.values()} == {2}
+    assert {ShardResult.model_validate(r).world for r in out.results.values()} == {2}
     # Output schema: key string, embedding fixed_size_list<float16>[128].
     schema = next(iter(out.files.values()))["schema"]
     assert schema.field("key").type == pa.string()

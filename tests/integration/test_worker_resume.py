@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+from sluice.contracts import ShardResult
 from tests.integration.conftest import (
     CONTROL_BUCKET,
     check_complete,
@@ -109,11 +110,11 @@ def test_sigkill_mid_shard_then_resume(moto_server, dataset):
     assert len(new_cover) == len(set(new_cover))
     assert not old_cover & set(new_cover)
     assert old_cover | set(new_cover) == set(range(len(dataset.keys)))
-    result = second.results[0]
-    assert result["attempt"] == 2
-    assert result["resumed_chunks"] == len(first.markers)
+    result = ShardResult.model_validate(second.results[0])
+    assert result.attempt == 2
+    assert result.resumed_chunks == len(first.markers)
     # Rows embedded by attempt 2 == keys attempt 1 had not committed (nothing recomputed).
-    assert result["stats"]["images"] == sum(m["rows"] for m in new.values())
+    assert result.stats["images"] == sum(m["rows"] for m in new.values())
     for leftover in glob.glob("/dev/shm/sluice-*"):
         # The killed attempt's shared memory; attempt 2 reused and unlinked the same names.
         assert "crash-resume" not in leftover

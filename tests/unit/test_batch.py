@@ -7,7 +7,7 @@ from botocore.exceptions import ClientError
 
 from sluice.batch import BatchAdapter, job_request
 from sluice.errors import RetriableError, SubmissionError
-from sluice.models import Manifest, ShardLayout
+from sluice.models import JobLayout, Manifest
 from sluice.plan import Layout, build_plan
 from sluice.settings import Settings
 
@@ -16,9 +16,9 @@ class _Scan:
     unique_keys, duplicates = 100, 0
 
 
-def _plan(mode: str = "array", jobs: list[ShardLayout] | None = None):
+def _plan(mode: str = "array", jobs: list[JobLayout] | None = None):
     m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": {"mode": mode, "nodes": 3}})
-    jobs = jobs or [ShardLayout(kind="array", shard_offset=0, shard_count=4)]
+    jobs = jobs or [JobLayout(kind="array", shard_offset=0, shard_count=4)]
     return build_plan(
         run_id="r-1",
         manifest=m,
@@ -45,7 +45,7 @@ def test_array_request_has_plan_uri_tag_timeout_and_spot_retry():
 
 
 def test_multinode_request_overrides_node_count_on_the_on_demand_queue():
-    plan = _plan("multinode", [ShardLayout(kind="multinode", shard_offset=0, shard_count=3)])
+    plan = _plan("multinode", [JobLayout(kind="multinode", shard_offset=0, shard_count=3)])
     req = job_request(plan, "s3://c/p.json", plan.jobs[0], 0, Settings())
     assert req["nodeOverrides"]["numNodes"] == 3
     assert req["nodeOverrides"]["nodePropertyOverrides"][0]["targetNodes"] == "0:"
@@ -54,7 +54,7 @@ def test_multinode_request_overrides_node_count_on_the_on_demand_queue():
 
 
 def test_single_job_names_its_shard():
-    plan = _plan(jobs=[ShardLayout(kind="single", shard_offset=7, shard_count=1)])
+    plan = _plan(jobs=[JobLayout(kind="single", shard_offset=7, shard_count=1)])
     req = job_request(plan, "s3://c/p.json", plan.jobs[0], 0, Settings())
     env = {e["name"]: e["value"] for e in req["containerOverrides"]["environment"]}
     assert env["SLUICE_SHARD_INDEX"] == "7" and "arrayProperties" not in req

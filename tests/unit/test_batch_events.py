@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 from sluice.batch_events import BatchJobStateChangeEvent
-from sluice.models import TRANSIENT_FAILURE_REASONS
 from tests.conftest import load_event
 
 
@@ -66,9 +65,3 @@ def test_unknown_fields_are_tolerated():
     ev = copy.deepcopy(load_event("batch-array-child-running.json"))
     ev["detail"]["someNewField"] = {"x": 1}
     assert BatchJobStateChangeEvent.model_validate(ev).detail.status == "RUNNING"
-
-
-def test_transient_reasons_match_the_worker():
-    from gpu_worker.errors import TRANSIENT_REASONS
-
-    assert {str(r) for r in TRANSIENT_REASONS} == set(TRANSIENT_FAILURE_REASONS)

@@ -30,9 +30,11 @@ def test_dashboard_reads_only_recording_rules():
 
 def test_every_rule_and_alert_has_a_promtool_test():
     tests = yaml.safe_load((OBS / "rules.test.yml").read_text())["tests"]
+    assert tests, "rules.test.yml has no tests"
     tested_exprs = {t["expr"].split("{")[0] for case in tests for t in case.get("promql_expr_test", [])}
     tested_alerts = {a["alertname"] for case in tests for a in case.get("alert_rule_test", [])}
     rules = [r for g in _rules()["groups"] for r in g["rules"]]
+    assert any("record" in r for r in rules) and any("alert" in r for r in rules)
     assert {r["record"] for r in rules if "record" in r} <= tested_exprs
     assert {r["alert"] for r in rules if "alert" in r} <= tested_alerts
 

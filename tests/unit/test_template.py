@@ -1,4 +1,4 @@
-"""template.yaml: least privilege and the deployment rules of issue #7, checked without AWS.
+"""template.yaml: least privilege and Sluice's deployment rules, checked without AWS.
 
 Policies are read from the template itself. Resource expressions are rendered to strings
 such as "${ControlBucket.Arn}/runs/*" or "arn:${AWS::Partition}:s3:::${InputBucketNames}/*"
@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.infra import load_template
 from sluice.ledger import Ledger
+from sluice.local.infra import load_template
+from sluice.models import JobSpec
+from sluice.policy import EVALUATE_ON_EXIT
 from sluice.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +125,9 @@ def all_policy_documents() -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_no_wildcard_actions_in_any_allow() -> None:
-    for logical, doc in all_policy_documents():
+    docs = all_policy_documents()
+    assert docs, "the template has no policy documents"
+    for logical, doc in docs:
         for st in statements(doc):
             if st["Effect"] == "Allow":
                 for action in as_list(st["Action"]):
@@ -131,6 +135,7 @@ def test_no_wildcard_actions_in_any_allow() -> None:
 
 
 def test_resource_star_only_where_the_api_allows_nothing_narrower() -> None:
+    assert roles(), "the template has no IAM roles"
     for role in roles():
         for action, resource, _ in role_grants(role):
             if resource == "*":
@@ -187,17 +192,20 @@ def test_worker_writes_only_under_runs_and_to_its_amp_workspace() -> None:
     assert {a for a, _, _ in grants} <= allowed
     reads = {r for a, r, _ in grants if a == "s3:GetObject"}
     assert f"{CONTROL}/runs/*" in reads and f"{INPUTS}/*" in reads
-    for action, resource, cond in grants:
-        if action == "s3:ListBucket":
-            assert resource == "${ControlBucket.Arn}" and cond == {"StringLike": {"s3:prefix": "runs/*"}}
+    listings = [(r, cond) for a, r, cond in grants if a == "s3:ListBucket"]
+    assert listings, "the worker lists its run's prefix"
+    for resource, cond in listings:
+        assert resource == "${ControlBucket.Arn}" and cond == {"StringLike": {"s3:prefix": "runs/*"}}
 
 
 def test_functions_cannot_read_images() -> None:
     # The job-state function never touches input buckets, nor the control bucket's inputs/.
-    for action, resource, _ in role_grants("HandleJobStateChangeRole"):
+    job_state, manifest = role_grants("HandleJobStateChangeRole"), role_grants("HandleManifestUploadRole")
+    assert job_state and manifest
+    for action, resource, _ in job_state:
         assert "InputBucketNames" not in resource and "/inputs/" not in resource, (action, resource)
     # The manifest function lists input buckets and reads only list-shaped objects there.
-    for action, resource, _ in role_grants("HandleManifestUploadRole"):
+    for action, resource, _ in manifest:
         if not action.startswith("s3:"):
             continue
         if action == "s3:ListBucket":
@@ -209,7 +217,9 @@ def test_functions_cannot_read_images() -> None:
 
 def test_functions_write_only_under_runs() -> None:
     for role in ("HandleManifestUploadRole", "HandleJobStateChangeRole"):
-        for action, resource, _ in role_grants(role):
+        grants = role_grants(role)
+        assert grants, role
+        for action, resource, _ in grants:
             if action.startswith("s3:") and WRITE_VERBS.match(action):
                 assert resource.startswith(f"{CONTROL}/runs/"), (role, action, resource)
     retry = {r for a, r, _ in role_grants("HandleJobStateChangeRole") if a == "s3:PutObject"}
@@ -224,7 +234,9 @@ def test_function_grants_name_sluice_resources_only() -> None:
         "logs:": "LogGroup.Arn}",
     }
     for role in ("HandleManifestUploadRole", "HandleJobStateChangeRole"):
-        for action, resource, cond in role_grants(role):
+        grants = role_grants(role)
+        assert grants, role
+        for action, resource, cond in grants:
             for prefix, must in expect.items():
                 if action.startswith(prefix):
                     assert must in resource, (role, action, resource)
@@ -284,7 +296,7 @@ def test_every_rule_target_has_a_dead_letter_queue_and_retry_policy() -> None:
         assert target["RetryPolicy"]["MaximumRetryAttempts"] >= 1, name
 
 
-def test_rules_route_what_the_issue_says() -> None:
+def test_rules_route_manifests_batch_events_and_outcomes() -> None:
     manifest = RES["HandleManifestUploadFunction"]["Properties"]["Events"]["ManifestUploaded"]["Properties"]
     assert manifest["Pattern"]["detail"]["object"]["key"] == [{"prefix": "manifests/"}]
     assert "EventBusName" not in manifest, "S3 events arrive on the default bus"
@@ -302,7 +314,7 @@ def test_rules_route_what_the_issue_says() -> None:
     assert outcome["Targets"][0]["Arn"] == {"Ref": "NotificationsTopic"}
 
 
-def test_functions_are_configured_per_the_issue() -> None:
+def test_functions_share_runtime_code_and_safety_settings() -> None:
     glob = T["Globals"]["Function"]
     assert glob["Runtime"] == "python3.12" and glob["Architectures"] == ["arm64"]
     assert glob["Tracing"] == "Active" and glob["CodeUri"] == "lambda/"
@@ -348,10 +360,12 @@ def test_function_environment_matches_settings() -> None:
 
 def test_alarms_cover_handler_errors_and_dead_letter_queues() -> None:
     alarms = [v["Properties"] for v in RES.values() if v["Type"] == "AWS::CloudWatch::Alarm"]
+    queues = [k for k, v in RES.items() if v["Type"] == "AWS::SQS::Queue"]
+    assert alarms and queues
     watched = {(a["Namespace"], a["MetricName"], render(a["Dimensions"][0]["Value"])[0]) for a in alarms}
     for fn in FUNCTIONS:
         assert ("AWS/Lambda", "Errors", f"${{{fn}}}") in watched
-    for q in (k for k, v in RES.items() if v["Type"] == "AWS::SQS::Queue"):
+    for q in queues:
         assert ("AWS/SQS", "ApproximateNumberOfMessagesVisible", f"${{{q}.QueueName}}") in watched
     assert all(a["AlarmActions"] == [{"Ref": "NotificationsTopic"}] for a in alarms)
 
@@ -366,15 +380,22 @@ def _containers(jd: str) -> list[dict[str, Any]]:
     return [r["Container"] for r in props["NodeProperties"]["NodeRangeProperties"]]
 
 
+def _pascal(rule: dict[str, str]) -> dict[str, str]:
+    """An API-cased evaluateOnExit rule as the template spells it (onStatusReason -> OnStatusReason)."""
+    return {k[:1].upper() + k[1:]: v for k, v in rule.items()}
+
+
 @pytest.mark.parametrize("jd", ["WorkerJobDefinition", "WorkerMnpJobDefinition"])
 def test_job_definitions(jd: str) -> None:
     props = RES[jd]["Properties"]
-    assert props["RetryStrategy"]["EvaluateOnExit"] == [
-        {"OnStatusReason": "Host EC2*", "Action": "RETRY"},
-        {"OnReason": "*", "Action": "EXIT"},
-    ]
+    # The one retry rule (sluice.policy), in CloudFormation's PascalCase keys.
+    assert EVALUATE_ON_EXIT
+    assert props["RetryStrategy"]["EvaluateOnExit"] == [_pascal(rule) for rule in EVALUATE_ON_EXIT]
+    assert props["RetryStrategy"]["Attempts"] == JobSpec.model_fields["attempts"].default
     assert props["Timeout"]["AttemptDurationSeconds"] > 0
-    for c in _containers(jd):
+    containers = _containers(jd)
+    assert containers, jd
+    for c in containers:
         assert {r["Type"] for r in c["ResourceRequirements"]} == {"VCPU", "MEMORY", "GPU"}
         assert c["LinuxParameters"]["SharedMemorySize"] > 0
         assert c["LogConfiguration"]["LogDriver"] == "awslogs"
@@ -389,12 +410,13 @@ def test_queues_order_spot_then_on_demand_and_mnp_never_on_spot() -> None:
     assert [ce_type(o["ComputeEnvironment"]) for o in gpu] == ["SPOT", "EC2"]
     mnp = RES["MnpJobQueue"]["Properties"]["ComputeEnvironmentOrder"]
     assert {ce_type(o["ComputeEnvironment"]) for o in mnp} == {"EC2"}
-    for logical, spec in RES.items():
-        if spec["Type"] == "AWS::Batch::ComputeEnvironment":
-            cr = spec["Properties"]["ComputeResources"]
-            assert cr["InstanceTypes"] == {"Ref": "GpuInstanceTypes"}, logical
-            assert cr["Subnets"] == {"Ref": "SubnetIds"} and cr["SecurityGroupIds"] == {"Ref": "SecurityGroupIds"}
-            assert isinstance(cr["MaxvCpus"], dict), f"{logical}: MaxvCpus comes from a parameter"
+    envs = [(k, v) for k, v in RES.items() if v["Type"] == "AWS::Batch::ComputeEnvironment"]
+    assert envs
+    for logical, spec in envs:
+        cr = spec["Properties"]["ComputeResources"]
+        assert cr["InstanceTypes"] == {"Ref": "GpuInstanceTypes"}, logical
+        assert cr["Subnets"] == {"Ref": "SubnetIds"} and cr["SecurityGroupIds"] == {"Ref": "SecurityGroupIds"}
+        assert isinstance(cr["MaxvCpus"], dict), f"{logical}: MaxvCpus comes from a parameter"
 
 
 # ---------------------------------------------------------------- AMP, outputs, packaging
@@ -405,10 +427,10 @@ def test_amp_rule_groups_match_observability_rules() -> None:
     doc = yaml.safe_load(data)
     assert doc["groups"] and all(g["rules"] for g in doc["groups"])
     rules_file = ROOT / "observability" / "rules.yml"
-    if rules_file.exists():
-        assert doc == yaml.safe_load(rules_file.read_text()), (
-            "template.yaml's AmpRuleGroups differ from observability/rules.yml: run `python .ci/sync_amp_rules.py`"
-        )
+    assert rules_file.exists()
+    assert doc == yaml.safe_load(rules_file.read_text()), (
+        "template.yaml's AmpRuleGroups differ from observability/rules.yml: run `python .ci/sync_amp_rules.py`"
+    )
 
 
 def test_outputs() -> None:
@@ -433,4 +455,4 @@ def test_lambda_package_holds_sluice_and_functions_and_lambda_deps_only() -> Non
         for line in (src / "requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
-    assert names == {"aws-lambda-powertools", "pydantic", "zstandard", "pyyaml"}
+    assert names == {"aws-lambda-powertools", "pydantic", "zstandard"}

@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from gpu_worker.decode import decode_image
-from gpu_worker.errors import FailureReason, ObjectFailure
+from gpu_worker.errors import ObjectFailure
+from sluice.contracts import FailureReason
 from tests.worker_images import (
     bad_and_special_objects,
     bomb_png,

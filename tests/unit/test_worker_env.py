@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpu_worker.config import WorkerConfig, settings_table
@@ -45,21 +47,25 @@ def test_multinode():
     ("mode", "env", "message"),
     [
         ("array", {}, "no shard to run"),
-        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "x"}, "is not an integer"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "x"}, "AWS_BATCH_JOB_ARRAY_INDEX='x': Input should be a valid integer"),
         ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "4"}, "shard 4 is outside the plan's 4 shards"),
-        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "-1"}, "must be >= 0"),
+        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "-1"}, "ARRAY_INDEX='-1': Input should be greater than or equal to 0"),
         ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "1", "SLUICE_SHARD_INDEX": "1"}, "both"),
         ("array", {"AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_NUM_NODES": "4"}, "mode is 'array'"),
         ("multinode", {"AWS_BATCH_JOB_ARRAY_INDEX": "0"}, "AWS_BATCH_JOB_NODE_INDEX is not set"),
         ("multinode", {"AWS_BATCH_JOB_NODE_INDEX": "0"}, "AWS_BATCH_JOB_NUM_NODES is not set"),
         ("multinode", {"AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_NUM_NODES": "5"}, "plan has 4 shards"),
         ("multinode", {"AWS_BATCH_JOB_NODE_INDEX": "4", "AWS_BATCH_JOB_NUM_NODES": "4"}, "outside 0..3"),
-        ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "AWS_BATCH_JOB_ATTEMPT": "0"}, "must be >= 1"),
+        (
+            "array",
+            {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "AWS_BATCH_JOB_ATTEMPT": "0"},
+            "ATTEMPT='0': Input should be greater",
+        ),
         ("array", {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "SLUICE_RUN_ID": "other"}, "plan is for run 'r1'"),
     ],
 )
 def test_missing_or_inconsistent(mode, env, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         select(plan(mode), env)
 
 
@@ -93,23 +99,45 @@ def test_config_from_env_parses_and_round_trips():
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"SLUICE_WORKER_CPU_RANKS": "0"}, "CPU_RANKS must be >= 1"),
-        ({"SLUICE_WORKER_CPU_RANKS": "two"}, "not a valid int"),
-        ({"SLUICE_WORKER_DEVICE": "tpu"}, "expected one of auto, cpu, cuda"),
-        ({"SLUICE_WORKER_AUTOCAST": "maybe"}, "not a valid bool"),
-        ({"SLUICE_WORKER_LOADERS": "-2"}, "LOADERS must be -1"),
-        ({"SLUICE_WORKER_MAX_FAILED_FRACTION": "1.5"}, "must be <= 1"),
+        ({"SLUICE_WORKER_CPU_RANKS": "0"}, "SLUICE_WORKER_CPU_RANKS='0': Input should be greater than or equal to 1"),
+        ({"SLUICE_WORKER_CPU_RANKS": "two"}, "CPU_RANKS='two': Input should be a valid integer"),
+        ({"SLUICE_WORKER_DEVICE": "tpu"}, "DEVICE='tpu': Input should be 'auto', 'cpu' or 'cuda'"),
+        ({"SLUICE_WORKER_AUTOCAST": "maybe"}, "AUTOCAST='maybe': Input should be a valid boolean"),
+        ({"SLUICE_WORKER_LOADERS": "-2"}, "LOADERS='-2': Input should be greater than or equal to -1"),
+        ({"SLUICE_WORKER_MAX_FAILED_FRACTION": "1.5"}, "FRACTION='1.5': Input should be less than or equal to 1"),
     ],
 )
 def test_config_errors_name_the_variable(env, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         WorkerConfig.from_env(env)
+
+
+def test_config_error_is_a_settings_error_and_replace_revalidates():
+    from sluice.errors import SettingsError
+
+    with pytest.raises(SettingsError, match="SLUICE_WORKER_CHUNK_KEYS=0"):
+        WorkerConfig().replace(chunk_keys=0)
+    assert WorkerConfig().replace(decode_threads=3).decode_threads == 3
+
+
+def test_container_variables_are_typed():
+    from gpu_worker.env import ContainerEnv
+
+    env = ContainerEnv.from_env({"SLUICE_REMOTE_WRITE_URL": " https://aps/x ", "SLUICE_INSTANCE_TYPE": "g6.xlarge"})
+    assert (env.remote_write_url, env.instance_type, env.shard_offset, env.shard_index) == (
+        "https://aps/x",
+        "g6.xlarge",
+        0,
+        None,
+    )
+    with pytest.raises(ConfigError, match="SLUICE_SHARD_OFFSET='x'"):
+        ContainerEnv.from_env({"SLUICE_SHARD_OFFSET": "x"})
 
 
 def test_settings_table_lists_every_setting():
     table = settings_table()
     assert "`SLUICE_WORKER_CPU_RANKS` | `1`" in table
-    assert table.count("\n") == len(WorkerConfig.__dataclass_fields__) + 1
+    assert table.count("\n") == len(WorkerConfig.model_fields) + 1
 
 
 def test_docs_list_the_current_settings():

@@ -9,9 +9,10 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import FailureReason, ObjectFailure, WorkerError
+from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.fetch import Fetcher, classify
 from gpu_worker.stats import Stats
+from sluice.contracts import FailureReason
 
 
 def client_error(code: str, status: int) -> ClientError:

@@ -10,9 +10,10 @@ import pytest
 
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import FailureReason, ObjectFailure, WorkerError
-from gpu_worker.loader import Loader
+from gpu_worker.errors import ObjectFailure, WorkerError
+from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, Loader
 from gpu_worker.stats import Stats
+from sluice.contracts import FailureReason
 from tests.worker_images import make_demo_images
 
 IMAGES = dict(make_demo_images(40, seed=3))
@@ -65,16 +66,16 @@ def start(fetcher: Any, keys: list[str], *, batch: int = 4, concurrency: int = 4
 
 
 def drain(out_q: queue.Queue[Any], free_q: queue.Queue[int], until_done: bool = True, batches: int = 0):
-    """Messages until 'done' (or until `batches` batch messages), returning buffers as a rank would."""
+    """Messages until DoneMsg (or until `batches` batch messages), returning buffers as a rank would."""
     got: list[Any] = []
     while True:
         msg = out_q.get(timeout=GUARD)
         got.append(msg)
-        if msg[0] == "batch":
-            free_q.put(msg[2])
-            if batches and sum(m[0] == "batch" for m in got) == batches:
+        if isinstance(msg, BatchMsg):
+            free_q.put(msg.buffer)
+            if batches and sum(isinstance(m, BatchMsg) for m in got) == batches:
                 return got
-        if msg[0] in ("done", "error"):
+        if isinstance(msg, DoneMsg | ErrorMsg):
             return got
 
 
@@ -84,12 +85,12 @@ def test_a_slow_object_does_not_hold_back_the_batches_behind_it():
     out_q, free_q, _, thread = start(FakeFetcher({slow: gate}), NAMES[:21], batch=4)
     # Positions 1..20 fill five whole batches while position 0 is still being fetched.
     early = drain(out_q, free_q, batches=5)
-    positions = [p for m in early if m[0] == "batch" for p in m[4]]
+    positions = [p for m in early if isinstance(m, BatchMsg) for p in m.positions]
     assert sorted(positions) == list(range(1, 21))
     gate.set()
     rest = drain(out_q, free_q)
-    assert [m[4] for m in rest if m[0] == "batch"] == [[0]]  # the flushed partial batch
-    assert rest[-1][0] == "done"
+    assert [m.positions for m in rest if isinstance(m, BatchMsg)] == [[0]]  # the flushed partial batch
+    assert isinstance(rest[-1], DoneMsg)
     thread.join(GUARD)
 
 
@@ -100,14 +101,14 @@ def test_batch_slots_hold_the_decoded_image_of_their_key():
     checked = 0
     while True:
         msg = out_q.get(timeout=GUARD)
-        if msg[0] == "done":
+        if isinstance(msg, DoneMsg):
             break
-        _, _, buf, n, positions, uris, _, _ = msg
-        for slot, (pos, uri) in enumerate(zip(positions[:n], uris)):
+        assert isinstance(msg, BatchMsg)
+        for slot, (pos, uri) in enumerate(zip(msg.positions[: msg.n], msg.uris)):
             assert uri == f"s3://bucket/{NAMES[pos]}"
-            assert (buffers.array(buf)[slot] == decode_image(IMAGES[NAMES[pos]], 16, 10**8)).all()
+            assert (buffers.array(msg.buffer)[slot] == decode_image(IMAGES[NAMES[pos]], 16, 10**8)).all()
             checked += 1
-        free_q.put(buf)
+        free_q.put(msg.buffer)
     assert checked == 10
 
 
@@ -117,7 +118,7 @@ def test_transient_keys_are_deferred_then_settled_by_the_final_pass():
     keys = [*NAMES[:8], "missing.jpg"]
     out_q, free_q, _, _ = start(fetcher, keys, batch=4)
     msgs = drain(out_q, free_q)
-    fails = [(m[3].rsplit("/", 1)[1], m[4], m[5], m[7]) for m in msgs if m[0] == "fail"]
+    fails = [(m.uri.rsplit("/", 1)[1], m.phase, m.reason, m.deferred) for m in msgs if isinstance(m, FailMsg)]
     # (key, phase, reason, deferred): both transient keys deferred in the main pass (phase 0) ...
     assert (flaky, 0, "s3_error_transient", True) in fails
     assert (dead, 0, "s3_error_transient", True) in fails
@@ -125,14 +126,14 @@ def test_transient_keys_are_deferred_then_settled_by_the_final_pass():
     # ... the dead one fails for good in the final pass (phase 1), the flaky one is embedded there.
     assert (dead, 1, "s3_error_transient", False) in fails
     assert len(fails) == 4
-    rows = {(u.rsplit("/", 1)[1], ph) for m in msgs if m[0] == "batch" for u, ph in zip(m[5], m[6])}
+    rows = {(u.rsplit("/", 1)[1], ph) for m in msgs if isinstance(m, BatchMsg) for u, ph in zip(m.uris, m.phases)}
     assert (flaky, 1) in rows
     assert {k for k, _ in rows} == set(NAMES[:8]) - {dead}
     assert sorted(c for c in fetcher.calls if c[1]) == sorted([(dead, True), (flaky, True)])
-    assert msgs[-1][0] == "done"
+    assert isinstance(msgs[-1], DoneMsg)
     totals = Stats()
     for m in msgs:
-        totals.add(m[7] if m[0] == "batch" else m[2] if m[0] == "done" else {})
+        totals.add(m.stats if isinstance(m, BatchMsg | DoneMsg) else {})
     assert totals.get("s3_deferred") == 2
 
 
@@ -143,7 +144,7 @@ def test_a_fatal_fetch_error_is_reported_not_swallowed():
 
     out_q, free_q, _, _ = start(Broken(), NAMES[:6])
     msgs = drain(out_q, free_q)
-    assert msgs[-1][0] == "error" and "credentials" in msgs[-1][2]
+    assert isinstance(msgs[-1], ErrorMsg) and "credentials" in msgs[-1].message
 
 
 @pytest.mark.parametrize("n", [1, 4, 7])
@@ -151,5 +152,19 @@ def test_every_key_settles_exactly_once(n):
     keys = [*NAMES[:n], "missing-a", "missing-b"]
     out_q, free_q, _, _ = start(FakeFetcher(), keys, batch=3, concurrency=2)
     msgs = drain(out_q, free_q)
-    settled = [p for m in msgs if m[0] == "batch" for p in m[4]] + [m[2] for m in msgs if m[0] == "fail"]
+    settled = [p for m in msgs if isinstance(m, BatchMsg) for p in m.positions]
+    settled += [m.pos for m in msgs if isinstance(m, FailMsg)]
     assert sorted(settled) == list(range(len(keys)))
+
+
+def test_messages_pickle_through_process_queues():
+    import pickle
+
+    for msg in (
+        BatchMsg(1, 0, 2, [3, 4], ["s3://b/a", "s3://b/b"], [0, 1], {"decoded": 2.0}),
+        FailMsg(1, 5, "s3://b/c", 0, "missing", "NoSuchKey", False),
+        DoneMsg(1, {"s3_gets": 3.0}),
+        ErrorMsg(1, "loader 1: boom", "Traceback ..."),
+    ):
+        back = pickle.loads(pickle.dumps(msg))
+        assert back == msg and type(back) is type(msg)

@@ -11,8 +11,25 @@ import pytest
 
 from gpu_worker.commits import Marker, Paths, ShardState, load_state, remove_orphans
 from gpu_worker.errors import WorkerError
-from gpu_worker.sink import ChunkSink, finalize
+from gpu_worker.sink import ChunkSink, write_shard_result
 from gpu_worker.store import Store
+from sluice.contracts import FailureLine, FailureReason, ShardResult
+
+# The fields of result.json only the node knows (gpu_worker.main fills them in).
+INFO = {
+    "run_id": "r",
+    "shard": 3,
+    "node": 3,
+    "attempt": 1,
+    "kind": "array",
+    "device": "cpu",
+    "world": 1,
+    "seconds": 1.5,
+    "pipeline_seconds": 1.0,
+    "pipeline_window": [],
+    "resumed_chunks": 0,
+    "stats": {},
+}
 
 
 @pytest.fixture
@@ -97,32 +114,34 @@ def test_incomplete_window_is_an_error(paths):
         sink(paths, [[(0, 3)]]).add_rows([7], ["u7"], [0], emb(7))
 
 
-def test_finalize_writes_failures_and_result(paths):
+def test_shard_result_writes_failures_and_result(paths):
     s = sink(paths, [[(0, 4)]])
     s.add_rows([0, 2], ["u0", "u2"], [0, 0], emb(0, 2))
     s.add_failure(3, "u3", 0, "missing", "NoSuchKey", False)
     s.add_failure(1, "u1", 0, "bomb", "too many pixels", False)
     s.close()
     store = Store()
-    result = finalize(store, paths, load_state(store, paths), 4, threshold=0.25, info={"attempt": 1})
-    assert (result["processed"], result["failed"], result["ok"]) == (2, 2, False)
-    assert result["failed_by_reason"] == {"bomb": 1, "missing": 1}
-    lines = [json.loads(x) for x in Path(paths.failures).read_text().splitlines()]
-    assert [(x["key"], x["reason"], x["attempt"]) for x in lines] == [("u1", "bomb", 1), ("u3", "missing", 1)]
-    assert json.loads(Path(paths.result).read_text())["failed_fraction"] == 0.5
-    assert finalize(store, paths, load_state(store, paths), 4, threshold=0.5, info={})["ok"] is True
+    result = write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.25, info=INFO)
+    assert (result.processed, result.failed, result.ok) == (2, 2, False)
+    assert result.failed_by_reason == {FailureReason.BOMB: 1, FailureReason.MISSING: 1}
+    lines = [FailureLine.model_validate_json(x) for x in Path(paths.failures).read_text().splitlines()]
+    assert [(x.key, x.reason, x.attempt) for x in lines] == [("u1", "bomb", 1), ("u3", "missing", 1)]
+    written = ShardResult.model_validate_json(Path(paths.result).read_text())
+    assert written == result and written.failed_fraction == 0.5
+    assert json.loads(Path(paths.result).read_text())["failed_by_reason"] == {"bomb": 1, "missing": 1}
+    assert write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.5, info=INFO).ok is True
 
 
-def test_finalize_refuses_gaps_and_double_coverage(paths):
+def test_shard_result_refuses_gaps_and_double_coverage(paths):
     store = Store()
     with pytest.raises(WorkerError, match="3 of 3 keys were never settled"):
-        finalize(store, paths, ShardState([]), 3, threshold=1.0, info={})
+        write_shard_result(store, paths, ShardState([]), 3, threshold=1.0, info=INFO)
     dup = ShardState(
         [Marker("a", "range", 2, [(0, 2)], [], [], 1, 0, None), Marker("b", "range", 2, [(1, 3)], [], [], 2, 0, None)]
     )
     with pytest.raises(WorkerError, match="1 keys are covered by two chunks"):
-        finalize(store, paths, dup, 3, threshold=1.0, info={})
-    assert finalize(store, paths, ShardState([]), 0, threshold=0.0, info={})["ok"] is True
+        write_shard_result(store, paths, dup, 3, threshold=1.0, info=INFO)
+    assert write_shard_result(store, paths, ShardState([]), 0, threshold=0.0, info=INFO).ok is True
 
 
 def test_orphan_parquet_files_are_removed(paths):

@@ -1,0 +1,94 @@
+"""Where a run's files live, defined once.
+
+Under the run's root (`s3://<control bucket>/runs/<run>/`, or a local directory for
+standalone workers):
+
+    plan.json                      the plan every worker reads
+    plan-retry-<k>.json            the plan of retry pass k
+    shards/<i>.shard               shard i (docs/shard-format.md)
+    shards/<i>.result.json         the worker's result for shard i (sluice.contracts.ShardResult)
+    failures/<i>.jsonl             keys of shard i that failed (sluice.contracts.FailureLine)
+    output/shard=<i>/part-*.parquet             embeddings (the default output prefix)
+    output/shard=<i>/_commits/part-*.json       commit markers, written after each Parquet object
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MANIFESTS_PREFIX = "manifests/"  # uploads here start runs (the template's rule matches it)
+RUNS_PREFIX = "runs/"
+COMMITS_DIR = "_commits/"
+
+
+def join(prefix: str, name: str) -> str:
+    """prefix + name with exactly one separator (prefixes are s3:// URIs or local directories)."""
+    return prefix if not name else (prefix if prefix.endswith("/") else prefix + "/") + name
+
+
+def run_key(run_id: str, name: str = "") -> str:
+    """Key of `name` under the run's root in the control bucket."""
+    return f"{RUNS_PREFIX}{run_id}/{name}"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The run's root and everything under it, as URIs."""
+
+    root: str  # s3://bucket/runs/<run>/ or a local directory ending in "/"
+
+    @classmethod
+    def in_bucket(cls, bucket: str, run_id: str) -> RunPaths:
+        """The layout of a run the coordinator planned: under runs/<run>/ of the control bucket."""
+        return cls(f"s3://{bucket}/{run_key(run_id)}")
+
+    @property
+    def plan(self) -> str:
+        return self.root + "plan.json"
+
+    def retry_plan(self, pass_no: int) -> str:
+        return self.root + f"plan-retry-{pass_no}.json"
+
+    @property
+    def shards_prefix(self) -> str:
+        return self.root + "shards/"
+
+    @property
+    def failures_prefix(self) -> str:
+        return self.root + "failures/"
+
+    @property
+    def output_prefix(self) -> str:
+        """The default output prefix (a manifest may name another)."""
+        return self.root + "output/"
+
+    def shard(self, i: int) -> str:
+        return shard_uri(self.shards_prefix, i)
+
+    def result(self, i: int) -> str:
+        return result_uri(self.shards_prefix, i)
+
+    def failures(self, i: int) -> str:
+        return failures_uri(self.failures_prefix, i)
+
+
+def shard_uri(shards_prefix: str, i: int) -> str:
+    return join(shards_prefix, f"{i}.shard")
+
+
+def result_uri(shards_prefix: str, i: int) -> str:
+    return join(shards_prefix, f"{i}.result.json")
+
+
+def failures_uri(failures_prefix: str, i: int) -> str:
+    return join(failures_prefix, f"{i}.jsonl")
+
+
+def shard_output_dir(output_prefix: str, i: int) -> str:
+    """Where shard i's Parquet chunks go: <output prefix>shard=<i>/."""
+    return join(output_prefix, f"shard={i}/")
+
+
+def is_commit_marker(key: str) -> bool:
+    """True for a commit marker's key or URI (output/shard=<i>/_commits/<chunk>.json)."""
+    return f"/{COMMITS_DIR}" in key and key.endswith(".json")

@@ -1,0 +1,65 @@
+"""The Batch retry rule, defined once: retry a lost host (Spot reclaim), exit on anything else.
+
+template.yaml's job definitions, every SubmitJob request (`retry_strategy`), the local
+executor and its real-shaped events all follow `EVALUATE_ON_EXIT`; a unit test checks the
+template against it. `evaluate_on_exit` applies a retry strategy the way AWS Batch does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+# Batch's statusReason when an instance goes away under a running job (Spot reclaim, host
+# failure): "Host EC2 (instance i-0abc...) terminated." The trailing * is Batch's own glob.
+HOST_LOST_PATTERN = "Host EC2*"
+HOST_LOST_REASON = "Host EC2 (instance {instance}) terminated."
+
+# First matching rule wins (AWS Batch API reference, EvaluateOnExit); at most 5 rules.
+EVALUATE_ON_EXIT: tuple[dict[str, str], ...] = (
+    {"onStatusReason": HOST_LOST_PATTERN, "action": "RETRY"},
+    {"onReason": "*", "action": "EXIT"},
+)
+
+Action = Literal["RETRY", "EXIT"]
+
+
+def retry_strategy(attempts: int) -> dict[str, Any]:
+    """The `retryStrategy` of a SubmitJob request (and of the template's job definitions)."""
+    return {"attempts": attempts, "evaluateOnExit": [dict(r) for r in EVALUATE_ON_EXIT]}
+
+
+def is_host_lost(status_reason: str | None) -> bool:
+    """True when a statusReason says the job's instance went away (Spot reclaim or host failure)."""
+    return glob_match(HOST_LOST_PATTERN, status_reason or "")
+
+
+def glob_match(pattern: str, value: str) -> bool:
+    """Batch's glob: an exact match, or a prefix match when the pattern ends with '*'."""
+    if pattern.endswith("*"):
+        return value.startswith(pattern[:-1])
+    return value == pattern
+
+
+def evaluate_on_exit(
+    rules: Sequence[Mapping[str, str]],
+    *,
+    status_reason: str | None,
+    reason: str | None,
+    exit_code: int | None,
+) -> Action:
+    """What Batch does with a failed attempt: the action of the first rule whose every condition matches.
+
+    A value the attempt lacks (no exit code for a lost host) is the empty string, which only
+    "*" matches. When no rule matches, Batch retries (EvaluateOnExit, AWS Batch API reference).
+    """
+    have = {
+        "onStatusReason": status_reason or "",
+        "onReason": reason or "",
+        "onExitCode": "" if exit_code is None else str(exit_code),
+    }
+    for rule in rules:
+        conditions = {k: v for k, v in rule.items() if k in have}
+        if all(glob_match(v, have[k]) for k, v in conditions.items()):
+            return "RETRY" if str(rule.get("action", "")).upper() == "RETRY" else "EXIT"
+    return "RETRY"

@@ -1,0 +1,112 @@
+"""The local executor's retry decisions: the job's retry strategy as moto gives it back, applied as Batch does."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from sluice.contracts import JobStatus
+from sluice.ledger import Ledger
+from sluice.local.executor import EXITED, LocalExecutor, LocalJob, Task
+from sluice.models import RunPlan
+from sluice.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
+
+RUN = "run-executor"
+
+
+@pytest.fixture
+def submitted(aws, stack, tmp_path):
+    """An executor that has discovered one 2-child array job of a plan with attempts=5."""
+    control = stack.names["ControlBucket"]
+    plan = RunPlan.standalone(RUN, f"s3://{control}/runs/{RUN}/", n_shards=2, total_keys=2, attempts=5)
+    aws.s3.put_object(Bucket=control, Key=f"runs/{RUN}/plan.json", Body=plan.model_dump_json().encode())
+    aws.batch.submit_job(
+        jobName="sluice-test",
+        jobQueue=stack.names["GpuJobQueue"],
+        jobDefinition=stack.names["WorkerJobDefinition"],
+        arrayProperties={"size": 2},
+        retryStrategy=retry_strategy(5),
+        tags={"sluice:run-id": RUN},
+        containerOverrides={
+            "environment": [{"name": "SLUICE_PLAN_URI", "value": f"s3://{control}/runs/{RUN}/plan.json"}]
+        },
+    )
+    events: list[dict] = []
+    executor = LocalExecutor(
+        aws.batch,
+        Ledger(aws.dynamodb, stack.names["RunsTable"]),
+        [stack.names["GpuJobQueue"]],
+        events.append,
+        slots=1,
+        worker_env={},
+        log_dir=str(tmp_path / "logs"),
+        out=io.StringIO(),
+    )
+    jobs = executor.discover()
+    assert len(jobs) == 1
+    return executor, jobs[0], events
+
+
+def test_discovered_job_takes_the_definitions_rules_and_the_plans_attempts(submitted):
+    _, job, events = submitted
+    assert job.kind == "array" and job.size == 2 and len(job.tasks) == 2
+    assert job.max_attempts == 5  # what SubmitJob sent (moto does not echo it): the plan's
+    assert job.rules, "the job definition's evaluateOnExit"
+    assert [{**r, "action": r["action"].upper()} for r in job.rules] == [dict(r) for r in EVALUATE_ON_EXIT]
+    assert [e["detail"]["status"] for e in events] == ["PENDING"]
+    assert events[0]["detail"]["retryStrategy"] == retry_strategy(5)
+
+
+def test_lost_host_retries_until_attempts_run_out_and_an_exit_fails_at_once(submitted):
+    _, job, _ = submitted
+    task = job.tasks[0]
+    lost = HOST_LOST_REASON.format(instance="local-1")
+    for attempt in range(1, 5):
+        task.attempt = attempt
+        assert job.action(task, status_reason=lost, exit_code=None) == "RETRY"
+        assert job.action(task, status_reason=EXITED, exit_code=1) == "EXIT"
+    task.attempt = 5
+    assert job.action(task, status_reason=lost, exit_code=None) == "EXIT"
+
+
+def test_job_strategy_without_rules_retries_any_failure() -> None:
+    job = LocalJob("j", "n", "q", "single", 1, {}, RUN, max_attempts=2, rules=())
+    task = Task(job, None, attempt=1)
+    assert job.action(task, status_reason=EXITED, exit_code=1) == "RETRY"
+    task.attempt = 2
+    assert job.action(task, status_reason=EXITED, exit_code=1) == "EXIT"
+
+
+def test_own_retry_strategy_wins_over_the_fallbacks(submitted):
+    executor, _, _ = submitted
+    own = {"attempts": 7, "evaluateOnExit": [{"onExitCode": "9", "action": "RETRY"}]}
+    assert executor._retry_strategy({"retryStrategy": own, "jobDefinition": "x"}, None) == own
+
+
+def _killed(sig: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    proc.send_signal(sig)
+    proc.wait(timeout=10)
+    return proc
+
+
+def test_reaping_a_killed_worker_requeues_it_then_fails_it_on_the_last_attempt(submitted, tmp_path):
+    executor, job, events = submitted
+    task = job.tasks[1]
+    task.log_path = str(tmp_path / "worker.log")
+    (tmp_path / "worker.log").write_text("killed\n")
+    for attempt, want in ((1, JobStatus.RUNNABLE), (5, JobStatus.FAILED)):
+        task.attempt = attempt
+        task.attempts = [{}]
+        task.proc = _killed(signal.SIGKILL)
+        pid = task.proc.pid
+        executor._reap(task)
+        assert task.status is want and task.proc is None
+        detail = events[-1]["detail"]
+        assert detail["status"] == want.value
+        assert detail["statusReason"] == HOST_LOST_REASON.format(instance=f"local-{pid}")
+        assert detail["arrayProperties"] == {"index": 1}

@@ -1,0 +1,39 @@
+"""The ledger on moto: typed items, and one classification of DynamoDB errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.contracts import JobStatus, RunItem, RunStatus
+from sluice.errors import AwsFatalError
+from sluice.ledger import Ledger
+
+
+def test_items_are_typed_views_of_what_is_stored(aws, stack):
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    assert ledger.claim("r1", "s3://b/manifests/x.json", now=1_000)
+    row = ledger.get("r1")
+    assert isinstance(row, RunItem) and row.status is RunStatus.PLANNING and row.created_at == 1_000
+    assert row.total_shards == 0 and row.jobs is None
+    assert ledger.record_shard(
+        "r1", 3, {"status": JobStatus.RUNNING, "attempt": 1, "job_id": "j:3"}, seq=14, terminal=False, failed=False
+    )
+    (item,) = ledger.shard_items("r1")
+    assert (item.shard, item.status, item.seq, item.job_id) == (3, JobStatus.RUNNING, 14, "j:3")
+    assert [r.run_id for r in ledger.recent_runs()] == ["r1"]
+
+
+def test_a_field_outside_the_run_item_contract_is_refused(aws, stack):
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    assert ledger.claim("r2", "s3://b/manifests/y.json")
+    with pytest.raises(ValueError, match="not fields of the RUN item: \\['totl_keys'\\]"):
+        ledger.mark_submitted("r2", {"totl_keys": 3})
+    assert ledger.get("r2").status is RunStatus.PLANNING
+
+
+def test_a_missing_table_is_fatal_with_advice_not_retried(aws, stack):
+    ledger = Ledger(aws.dynamodb, "no-such-table")
+    with pytest.raises(AwsFatalError, match=r"ResourceNotFoundException.*check that it exists"):
+        ledger.get("r1")
+    with pytest.raises(AwsFatalError, match="no-such-table"):
+        ledger.claim("r1", "s3://b/manifests/x.json")
