@@ -264,6 +264,7 @@ def check_complete(dataset: Dataset, plan: Any, out: RunOutput, shards: list[lis
     assert set(out.rows) == dataset.readable & {uri(k) for s in shards for k in s}
     dups = {k: len(v) for k, v in out.rows.items() if len(v) != 1}
     assert not dups, f"keys written more than once: {list(dups.items())[:5]}"
+    assert out.rows, "no rows written"
     expected = expected_embeddings(dataset, set(out.rows))
     for key, (emb,) in out.rows.items():
         assert emb.shape == (128,)

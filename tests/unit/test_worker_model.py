@@ -42,6 +42,7 @@ def test_reference_cnn_is_deterministic_and_leaves_global_rng_alone():
     torch.manual_seed(123)
     a, b = build_builtin("reference-cnn"), build_builtin("reference-cnn")
     assert torch.equal(torch.rand(1), before)
+    assert len(a.state_dict()) == len(b.state_dict()) > 0
     for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert na == nb and torch.equal(pa, pb)
 
