@@ -1,4 +1,7 @@
-"""AWS Batch "Batch Job State Change" -> run ledger -> run progress and outcome events."""
+"""AWS Batch "Batch Job State Change" -> runs table -> run progress and outcome events.
+
+The same function runs the reconciliation sweep on its 5-minute schedule ("Scheduled Event").
+"""
 
 from __future__ import annotations
 
@@ -11,10 +14,17 @@ from pydantic import ValidationError
 from sluice.batch_events import BatchJobStateChangeEvent
 from sluice.completion import handle_job_event
 from sluice.log import logger
+from sluice.reconcile import reconcile
+
+SCHEDULED = "Scheduled Event"
 
 
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    if event.get("source") == "aws.events" and event.get("detail-type") == SCHEDULED:
+        done = [r.as_dict() for r in reconcile() if r.actions]
+        logger.info("reconciliation sweep", extra={"runs_changed": len(done)})
+        return {"status": "reconciled", "runs": done}
     try:
         parsed = parse(event=event, model=BatchJobStateChangeEvent)
     except (ValidationError, TypeError) as exc:  # a bad event is logged and dropped, never retried in a loop

@@ -268,6 +268,6 @@ def main(argv: list[str] | None = None) -> int:
 def _over_threshold(result: ShardResult) -> str:
     reasons = {str(k): v for k, v in result.failed_by_reason.items()}
     return (
-        f"shard {result.shard}: {result.failed} of {result.n_keys} keys failed "
-        f"({result.failed_fraction:.2%} > {result.max_failed_fraction:.2%}); reasons {reasons}"
+        f"shard {result.shard}: {result.failed - result.failed_transient} of {result.n_keys} keys failed "
+        f"for their data ({result.failed_fraction:.2%} > {result.max_failed_fraction:.2%}); reasons {reasons}"
     )

@@ -27,7 +27,7 @@ from gpu_worker.commits import Marker, Paths, ShardState
 from gpu_worker.errors import WorkerError
 from gpu_worker.intervals import Span
 from gpu_worker.stats import Observer, Stats
-from sluice.contracts import FailureLine, ShardResult
+from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, ShardResult
 
 RETRY = 1
 
@@ -233,12 +233,16 @@ def write_shard_result(
     ]
     lines = "".join(line.model_dump_json() + "\n" for line in failures)
     store.put(paths.failures, lines.encode(), "application/x-ndjson")
-    fraction = len(failures) / n_keys if n_keys else 0.0
+    # Only failures caused by the data count toward the threshold: transient ones (throttling
+    # that outlived every retry) go to the run's retry pass, so they must not fail the shard.
+    transient = sum(1 for f in failures if f.reason in TRANSIENT_FAILURE_REASONS)
+    fraction = (len(failures) - transient) / n_keys if n_keys else 0.0
     result = ShardResult(
         **info,
         n_keys=n_keys,
         processed=sum(m.rows for m in state.markers),
         failed=len(failures),
+        failed_transient=transient,
         failed_fraction=round(fraction, 6),
         max_failed_fraction=threshold,
         ok=fraction <= threshold,

@@ -66,29 +66,61 @@ class BatchAdapter:
     def submit(
         self, plan: RunPlan, plan_uri: str, settings: Settings, queue: str | None = None, start_index: int = 0
     ) -> list[str]:
-        """Submit every job of the plan; returns their job ids in plan order."""
+        """Submit every job of the plan; returns their job ids in plan order.
+
+        Idempotent: SubmitJob takes no idempotency token, so each job's deterministic name is
+        looked up first and a job already submitted (by a delivery that died before recording
+        it) is adopted instead of submitted twice.
+        """
         ids = []
         for i, job in enumerate(plan.jobs, start_index):
             req = job_request(plan, plan_uri, job, i, settings)
             if queue:
                 req["jobQueue"] = queue
-            try:
-                resp = self._client.submit_job(**req)
-            except (ClientError, BotoCoreError) as exc:
-                failure = classify(exc)
-                if failure.retriable:
-                    what = f"AWS Batch SubmitJob {req['jobName']}"
-                    raise RetriableError(f"{failure.describe(what)}; will retry") from exc
-                raise SubmissionError(
-                    f"AWS Batch refused {req['jobName']} on queue {req['jobQueue']!r} with definition "
-                    f"{req['jobDefinition']!r}: {failure.message or failure.code}. "
-                    "Check that the queue and job definition exist and are ENABLED "
-                    "(SLUICE_JOB_QUEUE / SLUICE_ARRAY_JOB_DEFINITION / SLUICE_MNP_*)"
-                    + (
-                        " and that the function's role may call batch:SubmitJob."
-                        if failure.kind is Kind.DENIED
-                        else "."
-                    )
-                ) from exc
-            ids.append(resp["jobId"])
+            ids.append(self.find(req["jobQueue"], req["jobName"]) or self._submit(req))
         return ids
+
+    def find(self, queue: str, name: str) -> str | None:
+        """The id of the newest job (not a child or node) named `name` in `queue`, if any.
+
+        ListJobs with a JOB_NAME filter returns jobs of every status (AWS Batch API reference).
+        """
+        token: str | None = None
+        found: list[tuple[int, str]] = []
+        while True:
+            kwargs: dict[str, Any] = {"jobQueue": queue, "filters": [{"name": "JOB_NAME", "values": [name]}]}
+            if token:
+                kwargs["nextToken"] = token
+            resp = self._call("list_jobs", name, **kwargs)
+            found += [
+                (int(j.get("createdAt", 0)), j["jobId"])
+                for j in resp.get("jobSummaryList", [])
+                if j.get("jobName") == name and ":" not in j["jobId"] and "#" not in j["jobId"]
+            ]
+            token = resp.get("nextToken")
+            if not token:
+                return max(found)[1] if found else None
+
+    def _submit(self, req: dict[str, Any]) -> str:
+        return str(self._call("submit_job", req["jobName"], **req)["jobId"])
+
+    def _call(self, op: str, job_name: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._client, op)(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            failure = classify(exc)
+            if failure.retriable:
+                what = f"AWS Batch {op} {job_name}"
+                raise RetriableError(f"{failure.describe(what)}; will retry") from exc
+            raise SubmissionError(
+                f"AWS Batch refused {op} for {job_name} on queue {kwargs.get('jobQueue')!r}"
+                + (f" with definition {kwargs['jobDefinition']!r}" if "jobDefinition" in kwargs else "")
+                + f": {failure.message or failure.code}. "
+                "Check that the queue and job definition exist and are ENABLED "
+                "(SLUICE_JOB_QUEUE / SLUICE_ARRAY_JOB_DEFINITION / SLUICE_MNP_*)"
+                + (
+                    " and that the role may call batch:SubmitJob and batch:ListJobs."
+                    if failure.kind is Kind.DENIED
+                    else "."
+                )
+            ) from exc

@@ -181,6 +181,28 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return show(_ledger(args), limit=args.limit, as_json=args.json)
 
 
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """Settle runs whose Batch events stopped: what the 5-minute sweep does, now."""
+    from sluice.completion import Context
+    from sluice.reconcile import reconcile
+    from sluice.settings import Settings
+
+    settings = Settings.from_env()
+    if args.table:
+        settings = settings.model_copy(update={"runs_table": args.table})
+    done = reconcile(Context.build(settings), args.run_id, grace_s=args.grace_s)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in done], indent=2))
+    else:
+        for r in done:
+            print(f"{r.run_id:<40} {r.status:<11} {'; '.join(r.actions) or 'nothing to do'}")
+        if not done:
+            print(
+                "sluice: no run to reconcile" + (f" (no run {args.run_id!r})" if args.run_id else ""), file=sys.stderr
+            )
+    return EXIT_OK if done or not args.run_id else EXIT_FAIL
+
+
 def cmd_metrics(args: argparse.Namespace) -> int:
     """A run's throughput, GPU utilization and data-wait from AMP or Prometheus."""
     from sluice.metrics_query import PromClient, fetch, plot, render
@@ -254,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
     runs.set_defaults(func=cmd_runs)
+
+    rec = sub.add_parser("reconcile", help="settle runs whose Batch events stopped (what the sweep does)")
+    rec.add_argument("run_id", nargs="?", help="one run (default: every run of the last 15 days that is not final)")
+    rec.add_argument(
+        "--grace-s", type=float, default=900, help="settle shards of jobs terminal at least this long (default 900)"
+    )
+    rec.add_argument("--json", action="store_true")
+    rec.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
+    rec.set_defaults(func=cmd_reconcile)
 
     metrics = sub.add_parser("metrics", help="a run's throughput, GPU utilization and data-wait (AMP/Prometheus)")
     metrics.add_argument("run_id")

@@ -1,23 +1,26 @@
-"""Batch job state changes -> run ledger -> "Run Progress" / "Run Succeeded" / "Run Failed".
+"""Batch job state changes -> runs table -> "Run Progress" / "Run Succeeded" / "Run Failed".
 
-Every update is idempotent and order-insensitive (sluice.ledger): a shard keeps the state
-with the highest (attempt, state rank), a terminal state is final, and counters move in
-the same DynamoDB transaction as the state they count. When every submitted job of the
-run is terminal, one invocation wins a conditional claim (FINALIZING) and concludes the
-run from what the workers wrote (shards/<i>.result.json and failures/<i>.jsonl): a final
-retry pass for transient failures, or exactly one outcome event.
+Every update is idempotent and order-insensitive (sluice.tally): a shard keeps the state of
+its newest event, and a terminal state is settled when it is recorded: its outcome and
+the worker's counts (result.json) go into the shard's item, with the run's write-sharded
+counters, in one transaction. The run is concluded only when every submitted job is
+terminal AND every shard is settled: one invocation wins a conditional claim (FINALIZING),
+reads the run's items (paginated, not 2N objects) and decides: a retry pass for transient
+failures, or exactly one outcome, written to the RUN item's outbox with the decision and
+then published (sluice.outbox). Shards whose events were lost are settled from Batch by
+the reconciliation sweep (sluice.reconcile).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
+from sluice import outbox
 from sluice.aws import Clients
 from sluice.batch import BatchAdapter
 from sluice.batch_events import BatchJobStateChangeDetail
@@ -33,7 +36,6 @@ from sluice.contracts import (
     RunProgress,
     RunStatus,
     RunSucceeded,
-    ShardItem,
     ShardResult,
 )
 from sluice.ledger import Ledger
@@ -46,8 +48,8 @@ from sluice.s3io import put_object, read_if_exists, read_uri
 from sluice.s3uri import parse_s3_uri
 from sluice.settings import Settings
 from sluice.shards import encode_shard
-
-NO_RESULT = "no result.json: the worker did not finish"
+from sluice.tally import Tally
+from sluice.verdict import RunTally, settle_shard, tally
 
 
 @dataclass
@@ -65,22 +67,24 @@ class JobEventOutcome:
 
 
 @dataclass
-class _Context:
-    """One event's view of its run: settings, clients and the adapters built from them."""
+class Context:
+    """Settings, clients and the adapters built from them, for one unit of work."""
 
     settings: Settings
     clients: Clients
     ledger: Ledger
+    tally: Tally
     events: EventPublisher
 
     @classmethod
-    def build(cls, settings: Settings | None, clients: Clients | None) -> _Context:
+    def build(cls, settings: Settings | None = None, clients: Clients | None = None) -> Context:
         settings = settings or Settings.from_env()
         clients = clients or Clients()
         return cls(
             settings,
             clients,
             Ledger(clients.dynamodb, settings.runs_table),
+            Tally(clients.dynamodb, settings.runs_table),
             EventPublisher(clients.events, settings.event_bus),
         )
 
@@ -92,8 +96,8 @@ def _queue_name(arn_or_name: str) -> str:
 def handle_job_event(
     detail: BatchJobStateChangeDetail, *, settings: Settings | None = None, clients: Clients | None = None
 ) -> JobEventOutcome:
-    """Record one job state change and, when the run's jobs are all terminal, conclude the run."""
-    ctx = _Context.build(settings, clients)
+    """Record one job state change and, when every job is terminal and every shard settled, conclude."""
+    ctx = Context.build(settings, clients)
     run_id = detail.run_id
     ours = {_queue_name(ctx.settings.job_queue), _queue_name(ctx.settings.mnp_job_queue)}
     if run_id is None or _queue_name(detail.job_queue) not in ours:
@@ -114,26 +118,26 @@ def handle_job_event(
             return JobEventOutcome("ignored", run_id, reason=f"shard {shard} outside the run")
         _record_shard(ctx, run, detail, shard, out)
     if detail.child_index is None and detail.status.terminal:
-        first_time = ctx.ledger.record_job_terminal(run_id, detail.parent_id, detail.status, detail.reason)
+        first_time = ctx.tally.record_job_terminal(run_id, detail.parent_id, detail.status, detail.reason)
         if not first_time and not is_shard_event:
             out.status = "stale"
-    fresh = ctx.ledger.get(run_id) or run
-    if fresh.status.active and fresh.jobs_done >= len(fresh.jobs or []):
-        concluded = conclude_run(run_id, settings=ctx.settings, clients=ctx.clients)
-        if concluded:
-            out.status = "retrying" if concluded == "Retry Pass" else "finalized"
-            out.published.append(concluded)
+    concluded = maybe_conclude(ctx, run_id)
+    if concluded:
+        out.status = "retrying" if concluded == RETRY_PASS else "finalized"
+        out.published.append(concluded)
     return out
 
 
 def _record_shard(
-    ctx: _Context, run: RunItem, detail: BatchJobStateChangeDetail, shard: int, out: JobEventOutcome
+    ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail, shard: int, out: JobEventOutcome
 ) -> None:
-    """Apply the event to the shard's item (monotonic) and announce a shard that became terminal."""
+    """Apply the event to the shard's item; a terminal one is settled, counted and announced."""
     out.shard = shard
-    terminal = detail.status.terminal
-    res = read_result(ctx.clients.s3, _paths(run), shard) if terminal else None
-    applied = ctx.ledger.record_shard(
+    settlement = None
+    if detail.status.terminal:
+        result = read_result(ctx.clients.s3, _paths(run), shard)
+        settlement = settle_shard(detail.status, detail.exit_code, detail.reason, result)
+    applied = ctx.tally.record_shard(
         run.run_id,
         shard,
         {
@@ -145,27 +149,44 @@ def _record_shard(
             "spot_reclaimed": detail.spot_reclaimed or None,
         },
         seq=detail.seq,
-        terminal=terminal,
-        failed=detail.status == JobStatus.FAILED,
-        keys_processed=res.processed if res else 0,
-        keys_failed=res.failed if res else 0,
+        settlement=settlement,
     )
     if not applied:
         out.status = "stale"
         return
     if detail.status == JobStatus.RUNNING and run.status == RunStatus.SUBMITTED:
         ctx.ledger.mark_running(run.run_id)
-    if terminal and run.status.active:
-        fresh = ctx.ledger.get(run.run_id) or run
+    if settlement is not None and run.status.active:
+        # Progress is informational: a lost one is superseded by the next (and the outcome).
+        counts = ctx.tally.counts(run.run_id)
         ctx.events.publish(
             RunProgress(
                 run_id=run.run_id,
-                shards_done=fresh.shards_done,
-                shards_failed=fresh.shards_failed,
-                shards_total=fresh.total_shards,
+                shards_done=counts.shards_done,
+                shards_failed=counts.shards_failed,
+                shards_total=run.total_shards,
             )
         )
         out.published.append(RunProgress.detail_type)
+
+
+def maybe_conclude(ctx: Context, run_id: str, *, now: float | None = None) -> str | None:
+    """Publish a pending outcome; conclude the run once every job is terminal and every shard settled.
+
+    A FINALIZING run whose finalizer died (lease expired) is concluded again.
+    """
+    run = ctx.ledger.get(run_id)
+    if run is None:
+        return None
+    if run.outbox is not None:
+        outbox.deliver(ctx.ledger, ctx.events, run)
+    now = time.time() if now is None else now
+    stalled = run.status == RunStatus.FINALIZING and (run.lease_until or 0) < now
+    if not (run.status.active or stalled) or run.jobs_done < len(run.jobs or []):
+        return None
+    if ctx.tally.counts(run_id).shards_done < run.total_shards:
+        return None  # a job is terminal but some of its shards' events are still on their way
+    return conclude_run(run_id, ctx, now=now)
 
 
 def _paths(run: RunItem) -> RunPaths:
@@ -197,65 +218,49 @@ def read_failures(s3: Any, paths: RunPaths, shard: int) -> list[FailureLine]:
     return out
 
 
-def conclude_run(run_id: str, *, settings: Settings, clients: Clients) -> str | None:
-    """Decide the run: a retry pass, or exactly one outcome event. None if another invocation has it."""
-    ledger = Ledger(clients.dynamodb, settings.runs_table)
-    run = ledger.begin_finalize(run_id)
+RETRY_PASS = "Retry Pass"  # noqa: S105 - a detail-type-like label, not a secret
+
+
+def conclude_run(run_id: str, ctx: Context, *, now: float | None = None) -> str | None:
+    """Decide the run: a retry pass, or exactly one outcome. None if another invocation has it."""
+    run = ctx.ledger.begin_finalize(run_id, now=now)
     if run is None:
         return None
+    previous = run.finalize_from if run.finalize_from and run.finalize_from.active else RunStatus.RUNNING
     try:
-        return _conclude(run, ledger, settings, clients)
+        decided = _conclude(run, ctx)
     except BaseException:
         logger.exception("finalizing failed; releasing for the retried event", extra={"run_id": run_id})
-        ledger.release_finalize(run_id, run.finalize_from or RunStatus.RUNNING)
+        ctx.ledger.release_finalize(run_id, previous)
         raise
+    if decided is None:
+        ctx.ledger.release_finalize(run_id, previous)
+        return None
+    outbox.deliver(ctx.ledger, ctx.events, ctx.ledger.get(run_id))
+    return decided
 
 
-@dataclass
-class _Tally:
-    """What the workers' result.json files and the shard items say about every shard so far."""
-
-    n_total: int
-    processed: int = 0
-    failed: int = 0
-    by_reason: Counter[FailureReason] = field(default_factory=Counter)
-    failed_shards: list[tuple[int, str]] = field(default_factory=list)
-
-
-def _tally(s3: Any, paths: RunPaths, n_total: int, items: dict[int, ShardItem]) -> _Tally:
-    t = _Tally(n_total)
-    for i in range(n_total):
-        res = read_result(s3, paths, i)
-        item = items.get(i)
-        if (item is not None and item.status == JobStatus.FAILED) or res is None:
-            why = (item.reason if item else None) or NO_RESULT
-            code = item.exit_code if item else None
-            t.failed_shards.append((i, f"exit code {code}: {why}" if code is not None else why))
-        if res is not None:
-            t.processed += res.processed
-            t.failed += res.failed
-            t.by_reason.update(res.failed_by_reason)
-    return t
-
-
-def _conclude(run: RunItem, ledger: Ledger, settings: Settings, clients: Clients) -> str:
-    s3 = clients.s3
+def _conclude(run: RunItem, ctx: Context) -> str | None:
+    s3 = ctx.clients.s3
     plan = load_plan(lambda uri: read_uri(s3, uri), str(run.plan_uri))
     paths = RunPaths.in_bucket(plan.control_bucket, run.run_id)
     passes = run.passes or [PassItem(first_shard=0, n_shards=plan.n_shards)]
-    items = {i.shard: i for i in ledger.shard_items(run.run_id)}
-    t = _tally(s3, paths, sum(p.n_shards for p in passes), items)
+    t = tally(sum(p.n_shards for p in passes), ctx.tally.shard_items(run.run_id), ctx.tally.job_items(run.run_id))
+    if not t.complete:
+        logger.info("not concluding: shards unsettled", extra={"run_id": run.run_id, "unsettled": t.unsettled[:20]})
+        return None
     t.failed -= run.retried_keys  # keys re-run by a retry pass are counted by that pass's shards
+    reason = t.reason()
     last = passes[-1]
-    if not t.failed_shards and len(passes) - 1 < plan.retry_failed:
-        keys = _transient_keys(s3, paths, range(last.first_shard, last.first_shard + last.n_shards))
+    if reason is None and len(passes) - 1 < plan.retry_failed:
+        in_last = [i for i in t.transient_shards if last.first_shard <= i < last.first_shard + last.n_shards]
+        keys = _transient_keys(s3, paths, in_last)
         if keys:
-            _start_retry_pass(run, plan, keys, t.n_total, ledger, settings, clients)
-            return "Retry Pass"
-    events = EventPublisher(clients.events, settings.event_bus)
+            _start_retry_pass(run, plan, keys, t.n_total, ctx)
+            return RETRY_PASS
     duration = round(time.time() - float(run.created_at), 1)
-    if t.failed_shards:
-        return _announce_failure(run, plan, t, duration, ledger, events)
+    if reason is not None:
+        return _record_failure(run, plan, t, reason, duration, ctx.ledger)
     detail = RunSucceeded(
         run_id=run.run_id,
         processed=t.processed,
@@ -266,22 +271,17 @@ def _conclude(run: RunItem, ledger: Ledger, settings: Settings, clients: Clients
         failed_keys_uri=plan.failures_prefix,
         retry_passes=len(passes) - 1,
     )
-    events.publish(detail)
-    ledger.leave_finalizing(
+    ctx.ledger.leave_finalizing(
         run.run_id,
         RunStatus.SUCCEEDED,
         {"processed": t.processed, "failed_keys": t.failed, "finished_at": int(time.time())},
+        outbox=detail,
     )
     logger.info("run succeeded", extra={"run_id": run.run_id, "processed": t.processed, "failed": t.failed})
     return detail.detail_type
 
 
-def _announce_failure(
-    run: RunItem, plan: RunPlan, t: _Tally, duration: float, ledger: Ledger, events: EventPublisher
-) -> str:
-    names = ", ".join(f"shard {i} ({why})" for i, why in t.failed_shards[:10])
-    more = f" and {len(t.failed_shards) - 10} more" if len(t.failed_shards) > 10 else ""
-    reason = f"{len(t.failed_shards)} of {t.n_total} shards failed: {names}{more}"
+def _record_failure(run: RunItem, plan: RunPlan, t: RunTally, reason: str, duration: float, ledger: Ledger) -> str:
     shards = [i for i, _ in t.failed_shards]
     detail = RunFailed(
         run_id=run.run_id,
@@ -292,7 +292,6 @@ def _announce_failure(
         failed=t.failed,
         duration_s=duration,
     )
-    events.publish(detail)
     ledger.leave_finalizing(
         run.run_id,
         RunStatus.FAILED,
@@ -303,12 +302,13 @@ def _announce_failure(
             "shards_failed_list": shards,
             "finished_at": int(time.time()),
         },
+        outbox=detail,
     )
     logger.info("run failed", extra={"run_id": run.run_id, "reason": reason})
     return detail.detail_type
 
 
-def _transient_keys(s3: Any, paths: RunPaths, shards: range) -> dict[str, list[str]]:
+def _transient_keys(s3: Any, paths: RunPaths, shards: list[int]) -> dict[str, list[str]]:
     """bucket -> keys whose last recorded failure in these shards is transient."""
     last: dict[str, FailureReason] = {}
     for i in shards:
@@ -332,30 +332,32 @@ def _write_retry_shards(s3: Any, plan: RunPlan, keys: dict[str, list[str]], firs
         put_object(s3, plan.shard_uri(first + j), encode_shard(sorted(groups.items())), tagging=SCRATCH_TAG)
 
 
-def _start_retry_pass(
-    run: RunItem,
-    plan: RunPlan,
-    keys: dict[str, list[str]],
-    first: int,
-    ledger: Ledger,
-    settings: Settings,
-    clients: Clients,
-) -> None:
-    """Write the transient failures as new shards after the existing ones and submit them."""
+def _start_retry_pass(run: RunItem, plan: RunPlan, keys: dict[str, list[str]], first: int, ctx: Context) -> None:
+    """Write the transient failures as new shards after the existing ones and submit them (idempotent)."""
     n_keys = sum(len(v) for v in keys.values())
-    n = max(1, min(math.ceil(n_keys / plan.keys_per_shard), settings.max_array_size))
-    _write_retry_shards(clients.s3, plan, keys, first, n)
+    n = max(1, min(math.ceil(n_keys / plan.keys_per_shard), ctx.settings.max_array_size))
+    _write_retry_shards(ctx.clients.s3, plan, keys, first, n)
     pass_no = len(run.passes) if run.passes else 1
     layout = JobLayout(kind="array" if n >= 2 else "single", shard_offset=first, shard_count=n)
     retry_plan = plan.model_copy(
         update={"n_shards": first + n, "jobs": [layout], "mode": "array", "spot_allowed": True}
     )
     plan_uri = RunPaths.in_bucket(plan.control_bucket, run.run_id).retry_plan(pass_no)
-    put_object(clients.s3, plan_uri, retry_plan.model_dump_json(indent=2).encode(), "application/json")
-    # Job names continue the run's numbering (sluice-<run>-<n>) so events map back to the run.
+    put_object(ctx.clients.s3, plan_uri, retry_plan.model_dump_json(indent=2).encode(), "application/json")
+    # Job names continue the run's numbering (sluice-<run>-<n>) so events map back to the run,
+    # and a resubmission after a crash finds the job it already submitted.
     jobs = run.jobs or []
-    ids = BatchAdapter(clients.batch).submit(retry_plan, plan_uri, settings, start_index=len(jobs))
-    ledger.leave_finalizing(
+    ids = BatchAdapter(ctx.clients.batch).submit(retry_plan, plan_uri, ctx.settings, start_index=len(jobs))
+    progress = RunProgress(
+        run_id=run.run_id,
+        retry_pass=pass_no,
+        retry_keys=n_keys,
+        retry_shards=n,
+        shards_done=first,
+        shards_failed=0,
+        shards_total=first + n,
+    )
+    ctx.ledger.leave_finalizing(
         run.run_id,
         RunStatus.RETRYING,
         {
@@ -367,16 +369,6 @@ def _start_retry_pass(
             ],
             "retried_keys": run.retried_keys + n_keys,
         },
-    )
-    EventPublisher(clients.events, settings.event_bus).publish(
-        RunProgress(
-            run_id=run.run_id,
-            retry_pass=pass_no,
-            retry_keys=n_keys,
-            retry_shards=n,
-            shards_done=first,
-            shards_failed=0,
-            shards_total=first + n,
-        )
+        outbox=progress,
     )
     logger.info("retry pass submitted", extra={"run_id": run.run_id, "keys": n_keys, "shards": n, "jobs": ids})

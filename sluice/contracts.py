@@ -118,9 +118,12 @@ class ShardResult(_Written):
     n_keys: int = Field(ge=0)
     processed: int = Field(ge=0, description="Keys embedded.")
     failed: int = Field(ge=0, description="Keys in failures/<i>.jsonl.")
-    failed_fraction: float
+    failed_transient: int = Field(
+        default=0, ge=0, description="Of those, transient (S3 throttling, 5xx): the run's retry pass retries them."
+    )
+    failed_fraction: float = Field(description="Data failures (failed - failed_transient) / n_keys.")
     max_failed_fraction: float
-    ok: bool = Field(description="failed_fraction <= max_failed_fraction.")
+    ok: bool = Field(description="failed_fraction <= max_failed_fraction: transient failures never fail a shard.")
     failed_by_reason: dict[FailureReason, int]
     chunks: int = Field(ge=0, description="Committed Parquet chunks.")
 
@@ -144,6 +147,16 @@ class PassItem(_Written):
     n_shards: int
 
 
+class UploadItem(_Written):
+    """The upload that started a run, so the reconciliation sweep can plan it again."""
+
+    bucket: str
+    key: str
+    version_id: str | None = None
+    etag: str = ""
+    sequencer: str | None = None
+
+
 class RunItem(_Written):
     """The RUN item (pk = run id, sk = "RUN"): a typed view of what the ledger stores."""
 
@@ -153,6 +166,7 @@ class RunItem(_Written):
     run_id: str
     status: RunStatus
     manifest_uri: str
+    upload: UploadItem | None = None
     created_at: int
     updated_at: int
     expires_at: int
@@ -171,10 +185,7 @@ class RunItem(_Written):
     output_prefix: str | None = None
     jobs_done: int = 0
     jobs_failed: int = 0
-    shards_succeeded: int = 0
-    shards_failed: int = 0
-    keys_processed: int = 0
-    keys_failed: int = 0
+    outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.outbox)
     finalize_from: RunStatus | None = None
     retried_keys: int = 0
     processed: int | None = None  # the outcome's counts
@@ -187,13 +198,26 @@ class RunItem(_Written):
         """Shards of every pass so far."""
         return sum(p.n_shards for p in self.passes) if self.passes else int(self.shards or 0)
 
-    @property
-    def shards_done(self) -> int:
-        return self.shards_succeeded + self.shards_failed
+
+class OutboxEvent(_Written):
+    """An event written with the state change that decided it, published after (at least once)."""
+
+    detail_type: str
+    detail: str = Field(description="The detail as JSON (DynamoDB has no float type).")
+    claimed_until: int | None = Field(default=None, description="A publisher holds it until then (epoch s).")
+
+
+class ShardOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
 
 
 class ShardItem(_Written):
-    """A SHARD#<i> item: the newest state of one shard (seq only grows; terminal is final)."""
+    """A SHARD#<i> item: the newest state of one shard (seq only grows; terminal is final).
+
+    A terminal shard is settled: its outcome and the worker's counts (from result.json) are
+    written with the terminal state, so concluding a run reads these items, not 2N objects.
+    """
 
     pk: str
     sk: str
@@ -207,6 +231,38 @@ class ShardItem(_Written):
     reason: str | None = None
     spot_reclaimed: bool | None = None
     terminal: bool | None = None
+    settled_by: Literal["event", "batch"] | None = None
+    outcome: ShardOutcome | None = None
+    why: str | None = Field(default=None, description="Why the shard failed, the same whatever the event order.")
+    processed: int = 0
+    failed_keys: int = 0
+    failed_transient: int = 0
+    failed_by_reason: dict[FailureReason, int] = Field(default_factory=dict)
+
+
+class CounterItem(_Written):
+    """A COUNT#<k> item: one of the run's write-sharded counters of settled shards and keys."""
+
+    pk: str
+    sk: str
+    updated_at: int
+    shards_succeeded: int = 0
+    shards_failed: int = 0
+    keys_processed: int = 0
+    keys_failed: int = 0
+
+
+class Counts(BaseModel):
+    """The run's counters summed over its counter items."""
+
+    shards_succeeded: int = 0
+    shards_failed: int = 0
+    keys_processed: int = 0
+    keys_failed: int = 0
+
+    @property
+    def shards_done(self) -> int:
+        return self.shards_succeeded + self.shards_failed
 
 
 class JobItem(_Written):
@@ -285,7 +341,11 @@ class RunFailed(EventDetail):
     processed: int = 0
     failed: int = 0
     duration_s: float | None = None
-    stage: Literal["submit"] | None = Field(default=None, description='"submit" when Batch refused the jobs.')
+    stage: Literal["plan", "submit"] | None = Field(
+        default=None,
+        description='Set when the run never started: "submit" (Batch refused the jobs) or "plan" (an AWS error a '
+        "retry cannot fix: a missing bucket or permission).",
+    )
 
 
 EVENT_DETAILS: tuple[type[EventDetail], ...] = (RunSubmitted, ManifestRejected, RunProgress, RunSucceeded, RunFailed)
@@ -297,3 +357,6 @@ def parse_detail(detail_type: str, detail: dict[str, Any]) -> EventDetail:
         if cls.detail_type == detail_type:
             return cls.model_validate(detail)
     raise ValueError(f"not a Sluice event: {detail_type!r}")
+
+
+RunItem.model_rebuild()

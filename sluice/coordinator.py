@@ -7,16 +7,17 @@ import hashlib
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote_plus
 
 from botocore.exceptions import ClientError
 
+from sluice import outbox
 from sluice.aws import Clients
 from sluice.batch import BatchAdapter
-from sluice.contracts import JobLayoutItem, ManifestRejected, PassItem, RunFailed, RunSubmitted
+from sluice.contracts import JobLayoutItem, ManifestRejected, PassItem, RunFailed, RunSubmitted, UploadItem
+from sluice.errors import AwsFatalError, SubmissionError
 from sluice.errors import ManifestRejected as Rejection
-from sluice.errors import SubmissionError
 from sluice.ledger import Ledger
 from sluice.log import logger
 from sluice.manifest import iter_keys, parse_manifest, read_manifest_object
@@ -80,28 +81,44 @@ def handle_upload(
     ledger = Ledger(clients.dynamodb, settings.runs_table)
     events = EventPublisher(clients.events, settings.event_bus)
     logger.append_keys(run_id=run_id)
-    if not ledger.claim(run_id, manifest_uri):
-        logger.info("duplicate delivery: run already claimed", extra={"manifest": manifest_uri})
+    upload = UploadItem(bucket=bucket, key=key, version_id=version_id, etag=etag, sequencer=sequencer)
+    if not ledger.claim(run_id, manifest_uri, upload=upload):
+        # A redelivery: publish what an earlier delivery decided but could not announce.
+        announced = outbox.deliver(ledger, events, ledger.get(run_id))
+        logger.info("duplicate delivery: run already claimed", extra={"manifest": manifest_uri, "announced": announced})
         return Outcome("duplicate", run_id)
     try:
-        return _plan_and_submit(run_id, bucket, key, settings, clients, ledger, events)
-    except Rejection as exc:
-        logger.warning("manifest rejected", extra={"manifest": manifest_uri, "reasons": exc.reasons})
-        ledger.mark_rejected(run_id, exc.reasons)
-        events.publish(ManifestRejected(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons))
-        return Outcome("rejected", run_id, reasons=exc.reasons)
-    except SubmissionError as exc:
-        logger.error("submission refused", extra={"reason": str(exc)})
-        ledger.mark_failed(run_id, str(exc))
-        events.publish(
-            RunFailed(run_id=run_id, reason=str(exc), shards_failed=[], failed_keys_uri=None, stage="submit")
-        )
-        return Outcome("failed", run_id, reasons=[str(exc)])
+        outcome = _decide_upload(run_id, bucket, key, manifest_uri, settings, clients, ledger)
     except BaseException as exc:
         # Transient or unexpected: free the claim so the retried invocation can take it.
         logger.exception("planning failed; releasing the claim for a retry")
-        ledger.release(run_id, repr(exc))
+        if not ledger.release(run_id, repr(exc)):
+            logger.warning("claim not released: the run is past PLANNING; its redelivery finishes it")
         raise
+    outbox.deliver(ledger, events, ledger.get(run_id))
+    return outcome
+
+
+def _decide_upload(
+    run_id: str, bucket: str, key: str, manifest_uri: str, settings: Settings, clients: Clients, ledger: Ledger
+) -> Outcome:
+    """Plan and submit, or reject, or fail: the decision and its event go to the ledger together."""
+    try:
+        return _plan_and_submit(run_id, bucket, key, settings, clients, ledger)
+    except Rejection as exc:
+        logger.warning("manifest rejected", extra={"manifest": manifest_uri, "reasons": exc.reasons})
+        ledger.mark_rejected(
+            run_id, exc.reasons, ManifestRejected(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons)
+        )
+        return Outcome("rejected", run_id, reasons=exc.reasons)
+    except (SubmissionError, AwsFatalError) as exc:
+        # A retry will not help: fail the run with what to check (a missing permission, bucket,
+        # queue ...). The user fixes it and uploads the manifest again.
+        stage: Literal["plan", "submit"] = "submit" if isinstance(exc, SubmissionError) else "plan"
+        logger.error("run cannot start", extra={"reason": str(exc), "stage": stage})
+        failed = RunFailed(run_id=run_id, reason=str(exc), shards_failed=[], failed_keys_uri=None, stage=stage)
+        ledger.mark_failed(run_id, str(exc), failed)
+        return Outcome("failed", run_id, reasons=[str(exc)])
 
 
 def _existing_key(s3: Any, bucket: str, key: str) -> str:
@@ -123,7 +140,6 @@ def _plan_and_submit(
     settings: Settings,
     clients: Clients,
     ledger: Ledger,
-    events: EventPublisher,
 ) -> Outcome:
     started = time.perf_counter()
     src = read_manifest_object(clients.s3, bucket, key, settings)
@@ -131,6 +147,16 @@ def _plan_and_submit(
     plan = _write_plan(run_id, src.uri, manifest, settings.control_bucket or bucket, settings, clients.s3)
     plan_uri = RunPaths.in_bucket(plan.control_bucket, run_id).plan
     job_ids = BatchAdapter(clients.batch).submit(plan, plan_uri, settings, queue=manifest.job.queue)
+    submitted = RunSubmitted(
+        run_id=run_id,
+        manifest=src.uri,
+        total_keys=plan.total_keys,
+        duplicates=plan.duplicates,
+        shards=plan.n_shards,
+        mode=plan.mode,
+        job_ids=job_ids,
+        plan_uri=plan_uri,
+    )
     ledger.mark_submitted(
         run_id,
         {
@@ -144,21 +170,9 @@ def _plan_and_submit(
             "plan_uri": plan_uri,
             "output_prefix": plan.output_prefix,
             "jobs_done": 0,
-            "shards_succeeded": 0,
-            "shards_failed": 0,
         },
+        submitted,
     )
-    submitted = RunSubmitted(
-        run_id=run_id,
-        manifest=src.uri,
-        total_keys=plan.total_keys,
-        duplicates=plan.duplicates,
-        shards=plan.n_shards,
-        mode=plan.mode,
-        job_ids=job_ids,
-        plan_uri=plan_uri,
-    )
-    events.publish(submitted)
     logger.info(
         "run submitted",
         extra={

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from sluice.contracts import RunStatus
 from sluice.ledger import Ledger
+from sluice.tally import Tally
 
 SHOWN = ("run_id", "status", "manifest_uri", "mode", "total_keys", "duplicates", "output_prefix", "reason", "reasons")
 
@@ -22,12 +23,13 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
     plain = row.model_dump(mode="json", include=set(SHOWN), exclude_none=True)
     if row.job_ids:
         plain["job_ids"] = row.job_ids
+    counts = Tally(ledger.client, ledger.table).counts(run_id)
     plain.update(
         shards_total=row.total_shards,
-        shards_done=row.shards_done,
-        shards_failed=row.shards_failed,
-        keys_processed=row.keys_processed,
-        keys_failed=row.keys_failed,
+        shards_done=counts.shards_done,
+        shards_failed=counts.shards_failed,
+        keys_processed=counts.keys_processed,
+        keys_failed=counts.keys_failed,
         created_at=_iso(row.created_at),
         finished_at=_iso(row.finished_at),
     )

@@ -9,6 +9,11 @@ not deployed: their resolved Environment is returned so the caller invokes the r
 handlers with exactly the settings the template gives them. Managed GPU compute
 environments become UNMANAGED ones locally (the local executor runs the jobs).
 
+A function's EventBridgeRule events become `rule_patterns` (what the local router matches
+events against). Its Schedule events have no pattern: each is created on the emulator as a
+rule with its ScheduleExpression (no target: nothing fires it locally) and recorded in
+`schedules`, never in `rule_patterns`, so the router does not deliver to them.
+
 Everything else (IAM policies, log groups, SNS, alarms, the AMP workspace, launch
 templates) has no local counterpart: a !Ref / !GetAtt of such a resource resolves to
 "not local", and a property or environment variable built from one is left out (e.g. the
@@ -87,6 +92,8 @@ class LocalStack:
     function_handlers: dict[str, str] = field(default_factory=dict)
     rule_patterns: dict[str, dict[str, Any]] = field(default_factory=dict)  # rule name -> (pattern)
     rule_function: dict[str, str] = field(default_factory=dict)  # rule name -> function logical id
+    # Schedule events: event name -> schedule expression (their function is in rule_function).
+    schedules: dict[str, str] = field(default_factory=dict)
     observer_queue_url: str | None = None
 
     def env_for(self, function: str) -> dict[str, str]:
@@ -447,6 +454,26 @@ class _Builder:
                 if ev.get("Type") == "EventBridgeRule":
                     stack.rule_patterns[ev_name] = _clean(self.res(ev["Properties"]["Pattern"]))
                     stack.rule_function[ev_name] = logical
+                elif ev.get("Type") == "Schedule":
+                    self.schedule(logical, ev_name, dict(_clean(self.res(ev.get("Properties", {})))))
+
+    def schedule(self, function: str, ev_name: str, props: dict[str, Any]) -> None:
+        """A SAM Schedule event: a rule on the default bus with its ScheduleExpression, no target."""
+        stack = self.stack
+        logical = f"{function}{ev_name}"  # the rule SAM generates
+        name = props.get("Name") or f"{stack.stack_name}-{logical}"
+        enabled = props.get("Enabled", props.get("State", "ENABLED") == "ENABLED")
+        kwargs: dict[str, Any] = {
+            "Name": name,
+            "ScheduleExpression": props["Schedule"],
+            "State": "ENABLED" if enabled else "DISABLED",
+        }
+        if props.get("Description"):
+            kwargs["Description"] = props["Description"]
+        arn = self.c.events.put_rule(**kwargs)["RuleArn"]  # put_rule creates or updates: idempotent
+        self.record(logical, name, arn)
+        stack.schedules[ev_name] = props["Schedule"]
+        stack.rule_function[ev_name] = function
 
 
 _JOB_DEFINITION_KEYS = (

@@ -34,6 +34,7 @@ from sluice.local.lambda_context import LocalContext
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
 from sluice.paths import MANIFESTS_PREFIX, RunPaths, is_commit_marker
 from sluice.s3uri import parse_s3_uri
+from sluice.tally import Tally
 
 INPUT_BUCKET = "sluice-local-images"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -120,8 +121,9 @@ def _manifest(args: argparse.Namespace, prefix: str, count: int) -> tuple[str, b
 class Progress:
     """One status line on stderr: shards, images, images/s (from commit markers and the ledger)."""
 
-    def __init__(self, c: Any, enabled: bool) -> None:
+    def __init__(self, c: Any, table: str, enabled: bool) -> None:
         self._c = c
+        self._table = table
         self._enabled = enabled and sys.stderr.isatty()
         self._seen: dict[str, int] = {}
         self._t0 = time.monotonic()
@@ -141,10 +143,11 @@ class Progress:
         if row is None or not self._enabled or (not force and time.monotonic() - self._last < 0.5):
             return
         self._last = time.monotonic()
+        done = Tally(self._c.dynamodb, self._table).counts(row.run_id).shards_done
         images = self.images_done(row.output_prefix) if row.output_prefix else 0
         rate = images / max(1e-6, time.monotonic() - self._t0)
         sys.stderr.write(
-            f"\r  {row.status.value:<10} shards {row.shards_done}/{row.total_shards}  "
+            f"\r  {row.status.value:<10} shards {done}/{row.total_shards}  "
             f"images {images}/{row.total_keys or 0}  {rate:6.1f} img/s  workers {running}   "
         )
         sys.stderr.flush()
@@ -274,7 +277,7 @@ def _run(
         on_pid=note_pid,
     )
     svc.executors.append(executor)
-    progress = Progress(c, enabled=not args.json)
+    progress = Progress(c, stack.names["RunsTable"], enabled=not args.json)
     if not args.json:
         print(
             f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "

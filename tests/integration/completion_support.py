@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from sluice.contracts import FailureLine, FailureReason, ShardResult
+from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReason, ShardResult
 from sluice.local.lambda_context import LocalContext
 from sluice.paths import RunPaths
 from sluice.s3uri import parse_s3_uri
@@ -49,6 +49,7 @@ def write_result(
     processed: int,
     failures: list[tuple[str, str]] = (),
     attempt: int = 1,
+    max_failed_fraction: float = 0.5,
 ) -> None:  # type: ignore[assignment]
     """What a worker leaves behind for a shard: result.json and failures/<i>.jsonl (the real contracts)."""
     paths = RunPaths.in_bucket(stack.names["ControlBucket"], run_id)
@@ -56,6 +57,8 @@ def write_result(
     for _, reason in failures:
         by_reason[FailureReason(reason)] = by_reason.get(FailureReason(reason), 0) + 1
     n_keys = processed + len(failures)
+    transient = sum(1 for _, r in failures if FailureReason(r) in TRANSIENT_FAILURE_REASONS)
+    fraction = round((len(failures) - transient) / n_keys, 6) if n_keys else 0.0
     result = ShardResult(
         run_id=run_id,
         shard=shard,
@@ -72,9 +75,10 @@ def write_result(
         n_keys=n_keys,
         processed=processed,
         failed=len(failures),
-        failed_fraction=round(len(failures) / n_keys, 6) if n_keys else 0.0,
-        max_failed_fraction=0.05,
-        ok=True,
+        failed_transient=transient,
+        failed_fraction=fraction,
+        max_failed_fraction=max_failed_fraction,
+        ok=fraction <= max_failed_fraction,
         failed_by_reason=by_reason,
         chunks=1,
     )

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sluice.ledger import Ledger
 from sluice.shards import ShardReader
+from sluice.tally import Tally
 from tests.conftest import load_event
 from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events
@@ -69,7 +70,8 @@ def test_array_run_succeeds_once_with_counts_from_the_workers(aws, stack, monkey
     assert d["failed_by_reason"] == {"corrupt": 1}
 
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
-    assert row.status == "SUCCEEDED" and row.shards_succeeded == 3 and row.jobs_done == 1
+    counts = Tally(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
+    assert row.status == "SUCCEEDED" and counts.shards_succeeded == 3 and row.jobs_done == 1
     # A duplicate terminal event publishes nothing more.
     again = deliver_job_event(stack, _ev(run_id, job_id, stack, "batch-array-parent-succeeded"), monkeypatch)
     assert again["status"] == "stale" and _outcomes(bus_events(aws, stack)) == []
@@ -88,7 +90,7 @@ def test_spot_reclaim_then_success_records_attempt_two(aws, stack, monkeypatch):
     for child, sample in seq:
         deliver_job_event(stack, _ev(run_id, job_id, stack, sample, child=child), monkeypatch)
     deliver_job_event(stack, _ev(run_id, job_id, stack, "batch-array-parent-succeeded"), monkeypatch)
-    items = {i.shard: i for i in Ledger(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)}
+    items = {i.shard: i for i in Tally(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)}
     assert items[1].status == "SUCCEEDED" and items[1].attempt == 2 and items[1].spot_reclaimed is True
     assert items[0].attempt == 1
     (done,) = _outcomes(bus_events(aws, stack))
@@ -232,8 +234,8 @@ def test_racing_invocations_lose_no_count(aws, stack, monkeypatch):
     for t in threads:
         t.join()
     assert errors == []
-    row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
-    assert row.shards_succeeded == 8 and row.shards_failed == 0
+    counts = Tally(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
+    assert counts.shards_succeeded == 8 and counts.shards_failed == 0
 
 
 # ---- property: any order, any duplicates -> same ledger state, exactly one outcome ------------
@@ -268,8 +270,11 @@ def test_any_order_and_duplicates_give_the_same_state_and_one_outcome(monkeypatc
             deliver_job_event(stack, _ev(run_id, job_id, stack, sample, child=child), monkeypatch)
         ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
         row = ledger.get(run_id)
-        shards = sorted((i.shard, i.status, i.seq) for i in ledger.shard_items(run_id))
+        shards = sorted(
+            (i.shard, i.status, i.seq) for i in Tally(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)
+        )
+        counts = Tally(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
         outcomes = _outcomes(bus_events(aws, stack))
-    assert row.status == "SUCCEEDED" and row.shards_succeeded == N_SHARDS and row.jobs_done == 1
+    assert row.status == "SUCCEEDED" and counts.shards_succeeded == N_SHARDS and row.jobs_done == 1
     assert shards == [(i, "SUCCEEDED", 15) for i in range(N_SHARDS)]
     assert len(outcomes) == 1 and outcomes[0]["detail"]["processed"] == 4 * N_SHARDS

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from botocore.exceptions import ClientError
 
 from sluice import aws as sluice_aws
-from sluice.errors import AwsFatalError, RetriableError
+from sluice.errors import RetriableError
 from sluice.ledger import Ledger
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, object_created_event
 
@@ -52,13 +53,20 @@ def test_transient_failure_releases_the_claim_and_the_retry_submits(aws, stack, 
     assert len(all_jobs(aws)) == 1
 
 
-def test_a_missing_bucket_is_fatal_with_advice_and_frees_the_claim(aws, stack, monkeypatch):
+def test_a_missing_bucket_fails_the_run_with_advice_instead_of_retrying(aws, stack, monkeypatch):
     event = _upload(aws, stack, "manifests/nobucket.json")
-    with pytest.raises(AwsFatalError, match=r"writing s3://missing-scratch.*NoSuchBucket.*check that it exists"):
-        deliver(stack, event, monkeypatch, extra_env={"SLUICE_CONTROL_BUCKET": "missing-scratch"})
-    (item,) = aws.dynamodb.scan(TableName=stack.names["RunsTable"])["Items"]
-    assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(item["pk"]["S"]).status == "RELEASED"
-    assert all_jobs(aws) == [] and bus_events(aws, stack) == []
+    out = deliver(stack, event, monkeypatch, extra_env={"SLUICE_CONTROL_BUCKET": "missing-scratch"})
+    assert out["status"] == "failed"
+    assert re.search(r"writing s3://missing-scratch.*NoSuchBucket.*check that it exists", out["reasons"][0])
+    (ev,) = bus_events(aws, stack)
+    assert ev["detail-type"] == "Run Failed" and ev["detail"]["stage"] == "plan"
+    assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"]).status == "FAILED"
+    assert all_jobs(aws) == []
+    # A redelivery is a duplicate: nothing is planned or announced twice.
+    assert deliver(stack, event, monkeypatch, extra_env={"SLUICE_CONTROL_BUCKET": "missing-scratch"})["status"] == (
+        "duplicate"
+    )
+    assert bus_events(aws, stack) == []
 
 
 def test_a_claim_whose_holder_died_can_be_taken_over_after_its_lease(aws, stack):

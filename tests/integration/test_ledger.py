@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.contracts import JobStatus, RunItem, RunStatus
+from sluice.contracts import JobStatus, RunItem, RunProgress, RunStatus
 from sluice.errors import AwsFatalError
 from sluice.ledger import Ledger
+from sluice.tally import Tally
 
 
 def test_items_are_typed_views_of_what_is_stored(aws, stack):
@@ -15,10 +16,9 @@ def test_items_are_typed_views_of_what_is_stored(aws, stack):
     row = ledger.get("r1")
     assert isinstance(row, RunItem) and row.status is RunStatus.PLANNING and row.created_at == 1_000
     assert row.total_shards == 0 and row.jobs is None
-    assert ledger.record_shard(
-        "r1", 3, {"status": JobStatus.RUNNING, "attempt": 1, "job_id": "j:3"}, seq=14, terminal=False, failed=False
-    )
-    (item,) = ledger.shard_items("r1")
+    tally = Tally(aws.dynamodb, stack.names["RunsTable"])
+    assert tally.record_shard("r1", 3, {"status": JobStatus.RUNNING, "attempt": 1, "job_id": "j:3"}, seq=14)
+    (item,) = tally.shard_items("r1")
     assert (item.shard, item.status, item.seq, item.job_id) == (3, JobStatus.RUNNING, 14, "j:3")
     assert [r.run_id for r in ledger.recent_runs()] == ["r1"]
 
@@ -27,7 +27,9 @@ def test_a_field_outside_the_run_item_contract_is_refused(aws, stack):
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
     assert ledger.claim("r2", "s3://b/manifests/y.json")
     with pytest.raises(ValueError, match="not fields of the RUN item: \\['totl_keys'\\]"):
-        ledger.mark_submitted("r2", {"totl_keys": 3})
+        ledger.mark_submitted(
+            "r2", {"totl_keys": 3}, RunProgress(run_id="r2", shards_done=0, shards_failed=0, shards_total=1)
+        )
     assert ledger.get("r2").status is RunStatus.PLANNING
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
+from moto import mock_aws
 
 from sluice.batch import BatchAdapter, job_request
 from sluice.errors import RetriableError, SubmissionError
@@ -60,20 +62,24 @@ def test_single_job_names_its_shard():
     assert env["SLUICE_SHARD_INDEX"] == "7" and "arrayProperties" not in req
 
 
-class _Client:
-    def __init__(self, code: str, status: int) -> None:
-        self.code, self.status = code, status
+def _refusing(code: str, status: int):
+    """A real (moto) Batch client whose ListJobs (the look-up before submitting) and SubmitJob fail so."""
 
-    def submit_job(self, **_: object) -> dict[str, str]:
+    def refuse(**_: object) -> None:
         raise ClientError(
-            {"Error": {"Code": self.code, "Message": "nope"}, "ResponseMetadata": {"HTTPStatusCode": self.status}},
-            "SubmitJob",
+            {"Error": {"Code": code, "Message": "nope"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "SubmitJob"
         )
+
+    client = boto3.client("batch", region_name="us-east-1")
+    for op in ("ListJobs", "SubmitJob"):
+        client.meta.events.register(f"before-call.batch.{op}", refuse)
+    return client
 
 
 def test_throttling_is_retriable_and_a_missing_queue_is_fatal_with_advice():
     plan = _plan()
-    with pytest.raises(RetriableError):
-        BatchAdapter(_Client("TooManyRequestsException", 429)).submit(plan, "s3://c/p.json", Settings())
-    with pytest.raises(SubmissionError, match="Check that the queue and job definition exist"):
-        BatchAdapter(_Client("ClientException", 400)).submit(plan, "s3://c/p.json", Settings())
+    with mock_aws():
+        with pytest.raises(RetriableError, match=r"TooManyRequestsException.*will retry"):
+            BatchAdapter(_refusing("TooManyRequestsException", 429)).submit(plan, "s3://c/p.json", Settings())
+        with pytest.raises(SubmissionError, match="Check that the queue and job definition exist"):
+            BatchAdapter(_refusing("ClientException", 400)).submit(plan, "s3://c/p.json", Settings())

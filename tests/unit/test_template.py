@@ -29,11 +29,66 @@ FUNCTIONS = {
     "HandleJobStateChangeFunction": "functions.handle_job_state_change.handler",
 }
 NO_VALUE = {"Ref": "AWS::NoValue"}
-# Actions whose API has no resource-level permissions: the only ones allowed on Resource "*".
-RESOURCE_STAR_OK = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+# Actions whose API has no resource-level permissions: the only ones allowed on Resource "*"
+# (X-Ray; AWS Batch's ListJobs and DescribeJobs, per Batch's service authorization reference).
+XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+RESOURCE_STAR_OK = XRAY | {"batch:ListJobs", "batch:DescribeJobs"}
 WRITE_VERBS = re.compile(
-    r"^(s3:(Put|Delete|Abort|Restore|Replicate)|aps:RemoteWrite|dynamodb:(Put|Update|Delete|Batch))"
+    r"^(s3:(Put|Delete|Abort|Restore|Replicate)|aps:RemoteWrite|dynamodb:(Put|Update|Delete|BatchWrite))"
 )
+KMS = {"kms:Decrypt", "kms:GenerateDataKey"}
+# Every action each function's code calls, and nothing else. TransactWriteItems is authorized
+# per constituent action (PutItem / UpdateItem), so it has no action of its own.
+FUNCTION_ACTIONS = {
+    "HandleManifestUploadRole": {
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        *XRAY,
+        "sqs:SendMessage",
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "s3:AbortMultipartUpload",
+        "s3:PutObjectTagging",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "events:PutEvents",
+        "batch:ListJobs",  # finds a job it already submitted before submitting again
+        "batch:SubmitJob",
+        "batch:TagResource",
+        *KMS,
+    },
+    "HandleJobStateChangeRole": {
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        *XRAY,
+        "sqs:SendMessage",
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "s3:AbortMultipartUpload",
+        "s3:PutObjectTagging",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:Query",
+        "dynamodb:BatchGetItem",
+        "events:PutEvents",
+        "batch:ListJobs",  # the reconciliation sweep
+        "batch:DescribeJobs",  # the reconciliation sweep
+        "batch:SubmitJob",
+        "batch:TagResource",
+        *KMS,
+    },
+}
+# Per role, the actions granted on Resource "*" (documented in docs/deploy.md, "Security model").
+STAR_ACTIONS = {
+    "HandleManifestUploadRole": XRAY | {"batch:ListJobs"},
+    "HandleJobStateChangeRole": XRAY | {"batch:ListJobs", "batch:DescribeJobs"},
+    "WorkerRole": set(),
+    "BatchInstanceRole": set(),
+}
 LIST_SUFFIXES = (".txt", ".csv", ".jsonl", ".json", ".gz", ".parquet")
 CONTROL = "${ControlBucket.Arn}"
 INPUTS = "arn:${AWS::Partition}:s3:::${InputBucketNames}"
@@ -144,6 +199,36 @@ def test_resource_star_only_where_the_api_allows_nothing_narrower() -> None:
     for n, line in enumerate((ROOT / "template.yaml").read_text().splitlines(), 1):
         if re.search(r"\bResource: \"\*\"", line):
             assert "#" in line, f'template.yaml:{n}: Resource "*" without a comment saying why'
+
+
+def test_function_roles_grant_exactly_the_actions_their_code_calls() -> None:
+    for role, want in FUNCTION_ACTIONS.items():
+        granted = {a for a, _, _ in role_grants(role)}
+        assert granted, role
+        assert granted == want, f"{role}: extra {granted - want}, missing {want - granted}"
+
+
+def test_resource_star_grants_are_exactly_the_documented_ones() -> None:
+    assert set(STAR_ACTIONS) == set(roles()), "every role's Resource '*' actions are listed"
+    for role, want in STAR_ACTIONS.items():
+        star = {a for a, r, _ in role_grants(role) if r == "*"}
+        assert star == want, f"{role}: Resource '*' for {star ^ want}"
+    # ... and those actions are granted on nothing narrower: "*" is the whole grant.
+    for role in roles():
+        for action, resource, _ in role_grants(role):
+            if action.startswith("batch:") and action in RESOURCE_STAR_OK:
+                assert resource == "*", (role, action, resource)
+
+
+def test_job_state_role_reads_for_the_sweep() -> None:
+    grants = role_grants("HandleJobStateChangeRole")
+    assert grants
+    batch_get = {r for a, r, _ in grants if a == "dynamodb:BatchGetItem"}
+    assert batch_get == {"${RunsTable.Arn}"}, batch_get
+    reads = {r for a, r, _ in grants if a == "s3:GetObject"}
+    assert reads == {f"{CONTROL}/runs/*"}, reads
+    query = {r for a, r, _ in grants if a == "dynamodb:Query"}
+    assert query == {"${RunsTable.Arn}", "${RunsTable.Arn}/index/*"}, query
 
 
 def test_one_role_per_function_and_one_for_the_worker() -> None:
@@ -279,7 +364,7 @@ def _rule_targets() -> list[tuple[str, dict[str, Any]]]:
     out = []
     for fn in FUNCTIONS:
         for name, ev in RES[fn]["Properties"]["Events"].items():
-            assert ev["Type"] == "EventBridgeRule"
+            assert ev["Type"] in ("EventBridgeRule", "Schedule"), (fn, name)
             out.append((f"{fn}.{name}", ev["Properties"]))
     for logical, spec in RES.items():
         if spec["Type"] == "AWS::Events::Rule":
@@ -312,6 +397,34 @@ def test_rules_route_manifests_batch_events_and_outcomes() -> None:
         "detail-type": ["Run Succeeded", "Run Failed", "Manifest Rejected"],
     }
     assert outcome["Targets"][0]["Arn"] == {"Ref": "NotificationsTopic"}
+
+
+def test_job_state_function_runs_the_sweep_every_five_minutes() -> None:
+    schedules = [
+        (fn, name, ev["Properties"])
+        for fn in FUNCTIONS
+        for name, ev in RES[fn]["Properties"]["Events"].items()
+        if ev["Type"] == "Schedule"
+    ]
+    assert schedules, "no Schedule event"
+    # A function's own Events target that function (SAM generates the rule <Function><Event>).
+    assert [(fn, name) for fn, name, _ in schedules] == [("HandleJobStateChangeFunction", "Reconcile")]
+    ((_, _, props),) = schedules
+    assert props["Schedule"] == "rate(5 minutes)"
+    assert props["Enabled"] is True and "State" not in props
+    assert props["Description"]
+    assert props["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": ["JobStateRuleDLQ", "Arn"]}}
+    assert "Input" not in props, "the handler recognizes the plain Scheduled Event"
+    # EventBridge may dead-letter the sweep into JobStateRuleDLQ: the queue policy names its rule.
+    (policy,) = [s for s in RES["RuleDLQPolicy"]["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
+    sources = policy["Condition"]["ArnEquals"]["aws:SourceArn"]
+    assert sources
+    assert {"Fn::GetAtt": ["HandleJobStateChangeFunctionReconcile", "Arn"]} in sources
+    # Every function event's rule is allowed to dead-letter (names follow SAM's <Function><Event>).
+    rules = [f"{fn}{name}" for fn in FUNCTIONS for name in RES[fn]["Properties"]["Events"]]
+    assert rules
+    for rule in rules:
+        assert {"Fn::GetAtt": [rule, "Arn"]} in sources, rule
 
 
 def test_functions_share_runtime_code_and_safety_settings() -> None:

@@ -132,6 +132,22 @@ def test_shard_result_writes_failures_and_result(paths):
     assert write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.5, info=INFO).ok is True
 
 
+def test_transient_failures_never_fail_the_shard(paths):
+    # Heavy throttling: 3 of 4 keys outlived every retry. They go to the run's retry pass, so
+    # the threshold judges only the data failure.
+    s = sink(paths, [[(0, 4)]])
+    s.add_rows([0], ["u0"], [0], emb(0))
+    for pos in (1, 2):
+        s.add_failure(pos, f"u{pos}", 0, "s3_error_transient", "SlowDown", False)
+    s.add_failure(3, "u3", 0, "corrupt", "truncated", False)
+    s.close()
+    store = Store()
+    result = write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.25, info=INFO)
+    assert (result.failed, result.failed_transient, result.failed_fraction, result.ok) == (3, 2, 0.25, True)
+    strict = write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.2, info=INFO)
+    assert strict.ok is False  # the one corrupt key is over a 20% threshold
+
+
 def test_shard_result_refuses_gaps_and_double_coverage(paths):
     store = Store()
     with pytest.raises(WorkerError, match="3 of 3 keys were never settled"):

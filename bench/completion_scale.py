@@ -1,0 +1,316 @@
+"""Completion at scale: the full Batch event set of a 30,000-shard run through the real handler.
+
+    .venv/bin/python bench/completion_scale.py                    # 3,000 and 30,000 shards
+    .venv/bin/python bench/completion_scale.py --shards 3000 --threads 8
+
+For each size: a run submitted through the real manifest handler (keys_per_shard 1, so
+30,000 shards are 3 array jobs of 10,000), every shard's result.json written as a worker
+would, then every event Batch sends (each child RUNNABLE, STARTING, RUNNING, SUCCEEDED; each
+parent PENDING, RUNNING, SUCCEEDED) in a random order from several threads to
+sluice.completion.handle_job_event, against in-process moto (each DynamoDB request atomic,
+as DynamoDB is). It prints events/s, DynamoDB and S3 calls per event, transactions retried,
+and the seconds the concluding invocation took, against the previous design's finalize,
+which read every result.json and failures file (2N+1 sequential GETs), timed on the same
+emulator in the same run.
+
+Emulator note: moto deep-copies every table a TransactWriteItems touches (for its rollback),
+which makes each transaction O(table size) there and a 30,000-shard run O(N^2); DynamoDB has
+no such cost. The bench replaces that copy with a shallow snapshot of the table's item maps
+(`cheap_transaction_snapshots`), which is enough for Sluice's transactions: their only
+condition is on the first item, so a cancelled one mutated nothing to roll back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+class Counting:
+    """A boto3 client whose calls are counted (and, for DynamoDB, one request at a time)."""
+
+    def __init__(self, client: Any, counter: Counter[str], service: str, lock: threading.Lock | None) -> None:
+        self._client, self._counter, self._service, self._lock = client, counter, service, lock
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._client, name)
+        if not callable(fn) or name.startswith(("get_paginator", "meta")):
+            return fn
+
+        def call(*a: Any, **kw: Any) -> Any:
+            self._counter[f"{self._service}.{name}"] += 1
+            if self._lock is None:
+                return fn(*a, **kw)
+            with self._lock:
+                return fn(*a, **kw)
+
+        return call
+
+
+def cheap_transaction_snapshots() -> None:
+    """Make moto's per-transaction table backup a shallow snapshot (see the module docstring)."""
+    import copy
+    import types
+    from collections import defaultdict
+
+    import moto.dynamodb.models as models
+
+    def snapshot(obj: Any, memo: Any = None) -> Any:
+        if isinstance(obj, models.Table):
+            t = copy.copy(obj)
+            t.items = defaultdict(dict, {h: dict(v) if isinstance(v, dict) else v for h, v in obj.items.items()})
+            return t
+        return copy.deepcopy(obj, memo)
+
+    models.copy = types.SimpleNamespace(deepcopy=snapshot, copy=copy.copy)  # type: ignore[assignment]
+
+
+def _events(run_id: str, jobs: list[Any], queue: str) -> list[dict[str, Any]]:
+    from sluice.contracts import JobStatus
+    from sluice.local.events import attempt, batch_job_state_change
+
+    out = []
+    for n, job in enumerate(jobs):
+        name = f"sluice-{run_id}-{n}"
+        common = {"job_name": name, "job_queue": queue, "run_id": run_id}
+        for st in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED):
+            out.append(batch_job_state_change(job_id=job.id, status=st, array_size=job.shard_count, **common))
+        for i in range(job.shard_count):
+            cid = f"{job.id}:{i}"
+            running = [attempt(1_000, None, None, "Task is running")]
+            done = [attempt(1_000, 2_000, 0, "Essential container in task exited")]
+            for st, att in (
+                (JobStatus.RUNNABLE, []),
+                (JobStatus.STARTING, []),
+                (JobStatus.RUNNING, running),
+                (JobStatus.SUCCEEDED, done),
+            ):
+                code = 0 if st == JobStatus.SUCCEEDED else None
+                out.append(
+                    batch_job_state_change(job_id=cid, status=st, attempts=att, exit_code=code, array_index=i, **common)
+                )
+    return out
+
+
+def _results(s3: Any, run_id: str, control: str, n: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sluice.contracts import ShardResult
+    from sluice.paths import RunPaths
+    from sluice.s3uri import parse_s3_uri
+
+    paths = RunPaths.in_bucket(control, run_id)
+
+    def put(i: int) -> None:
+        r = ShardResult(
+            run_id=run_id,
+            shard=i,
+            node=i,
+            attempt=1,
+            kind="array",
+            device="cuda",
+            world=8,
+            seconds=60.0,
+            pipeline_seconds=55.0,
+            pipeline_window=[0.0, 55.0],
+            resumed_chunks=0,
+            stats={},
+            n_keys=1,
+            processed=1,
+            failed=0,
+            failed_fraction=0.0,
+            max_failed_fraction=0.05,
+            ok=True,
+            failed_by_reason={},
+            chunks=1,
+        )
+        bucket, key = parse_s3_uri(paths.result(i))
+        s3.put_object(Bucket=bucket, Key=key, Body=r.model_dump_json().encode())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, range(n)))
+
+
+def _baseline_finalize(s3: Any, run_id: str, control: str, n: int) -> float:
+    """The previous finalize's S3 reads: every result.json and failures/<i>.jsonl, one after another."""
+    from botocore.exceptions import ClientError
+
+    from sluice.paths import RunPaths
+    from sluice.s3uri import parse_s3_uri
+
+    paths = RunPaths.in_bucket(control, run_id)
+    t = time.perf_counter()
+    s3.get_object(Bucket=control, Key=parse_s3_uri(paths.plan)[1])["Body"].read()
+    for i in range(n):
+        for uri in (paths.result(i), paths.failures(i)):
+            with contextlib.suppress(ClientError):  # no failures file: a 404, as on S3
+                s3.get_object(Bucket=control, Key=parse_s3_uri(uri)[1])["Body"].read()
+    return time.perf_counter() - t
+
+
+def run_size(n_shards: int, threads: int, seed: int) -> dict[str, Any]:
+    import os
+
+    from moto import mock_aws
+
+    from sluice import aws as sluice_aws
+    from sluice import ddb
+    from sluice.aws import Clients
+    from sluice.batch_events import BatchJobStateChangeEvent
+    from sluice.completion import handle_job_event
+    from sluice.ledger import Ledger
+    from sluice.local.infra import create_local
+    from sluice.local.lambda_context import LocalContext
+    from sluice.local.server import FAKE_CREDENTIALS
+    from sluice.settings import Settings
+
+    os.environ.update({k: v for k, v in FAKE_CREDENTIALS.items() if k not in os.environ})
+    os.environ["POWERTOOLS_LOG_LEVEL"] = os.environ.get("SLUICE_BENCH_LOG_LEVEL", "WARNING")
+    cheap_transaction_snapshots()
+    with mock_aws(config={"batch": {"use_docker": False}}):
+        sluice_aws.reset_clients()
+        import boto3
+
+        session = boto3.session.Session(region_name="us-east-1")
+        base = Clients(**{s: session.client(s) for s in ("s3", "dynamodb", "events", "sqs", "batch", "iam")})
+        stack = create_local(base)
+        os.environ.update(stack.env_for("HandleManifestUploadFunction"))
+        control = stack.names["ControlBucket"]
+        base.s3.create_bucket(Bucket="bench-images")
+        keys = [f"img/{i:06d}.jpg" for i in range(n_shards)]
+        body = json.dumps(
+            {
+                "version": 1,
+                "input": {"keys": keys, "bucket": "bench-images"},
+                "job": {"keys_per_shard": 1},
+                "retry_failed": 0,
+            }
+        )
+        put = base.s3.put_object(Bucket=control, Key="manifests/scale.json", Body=body)
+        from functions.handle_manifest_upload import handler as manifest_handler
+        from sluice.local.events import s3_object_created
+
+        t0 = time.perf_counter()
+        out = manifest_handler(
+            s3_object_created(
+                control,
+                "manifests/scale.json",
+                size=len(body),
+                etag=put["ETag"],
+                version_id=put.get("VersionId"),
+                sequencer="1",
+            ),
+            LocalContext(function_name="HandleManifestUploadFunction"),
+        )
+        plan_s = time.perf_counter() - t0
+        assert out["status"] == "submitted", out
+        run_id = out["run_id"]
+        _results(base.s3, run_id, control, n_shards)
+        os.environ.update(stack.env_for("HandleJobStateChangeFunction"))
+        settings = Settings.from_env()
+        row = Ledger(base.dynamodb, settings.runs_table).get(run_id)
+        assert row is not None and row.jobs is not None
+        evs = _events(run_id, row.jobs, stack.names["GpuJobQueue"])
+        random.Random(seed).shuffle(evs)
+        parsed = [BatchJobStateChangeEvent.model_validate(e).detail for e in evs]
+
+        calls: Counter[str] = Counter()
+        lock = threading.Lock()
+        clients = Clients(
+            dynamodb=Counting(base.dynamodb, calls, "dynamodb", lock),
+            s3=Counting(base.s3, calls, "s3", None),
+            events=Counting(base.events, calls, "events", None),
+            batch=Counting(base.batch, calls, "batch", None),
+        )
+        ddb.STATS.clear()
+        finalize: list[float] = []
+        errors: list[BaseException] = []
+
+        def work(part: list[Any]) -> None:
+            for d in part:
+                t = time.perf_counter()
+                try:
+                    res = handle_job_event(d, settings=settings, clients=clients)
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+                    continue
+                if res.status == "finalized":
+                    finalize.append(time.perf_counter() - t)
+
+        t1 = time.perf_counter()
+        pool = [threading.Thread(target=work, args=(parsed[i::threads],)) for i in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        wall = time.perf_counter() - t1
+        final = Ledger(base.dynamodb, settings.runs_table).get(run_id)
+        baseline = _baseline_finalize(base.s3, run_id, control, n_shards)
+    n_ev = len(parsed)
+    ddb_calls = sum(v for k, v in calls.items() if k.startswith("dynamodb."))
+    s3_calls = sum(v for k, v in calls.items() if k.startswith("s3."))
+    return {
+        "shards": n_shards,
+        "jobs": len(row.jobs),
+        "events": n_ev,
+        "threads": threads,
+        "errors": len(errors),
+        "first_error": repr(errors[0]) if errors else None,
+        "status": final.status.value if final else None,
+        "processed": final.processed if final else None,
+        "plan_s": round(plan_s, 1),
+        "events_per_s": round(n_ev / wall, 1),
+        "dynamodb_per_event": round(ddb_calls / n_ev, 2),
+        "s3_per_event": round(s3_calls / n_ev, 3),
+        "transactions_retried": ddb.STATS["transactions_retried"],
+        "finalize_s": round(finalize[0], 2) if finalize else None,
+        "finalizers": len(finalize),
+        "baseline_finalize_s": round(baseline, 2),
+        "calls": dict(sorted(calls.items())),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shards", type=int, action="append", help="run sizes (default: 3000 and 30000)")
+    ap.add_argument("--threads", type=int, default=8, help="concurrent deliveries (Lambda concurrency)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = [run_size(n, args.threads, args.seed) for n in (args.shards or [3000, 30000])]
+    print(f"command: python bench/completion_scale.py {' '.join(sys.argv[1:])}".rstrip())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    print(
+        "| shards | events | outcome | events/s | DynamoDB calls/event | S3 calls/event | transactions retried "
+        "| finalize s (ours) | finalize s (2N+1 GETs) | ours / baseline |"
+    )
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = (r["finalize_s"] / r["baseline_finalize_s"]) if r["finalize_s"] and r["baseline_finalize_s"] else None
+        ratio_text = f"{ratio:.3f}" if ratio is not None else "n/a"
+        print(
+            f"| {r['shards']:,} | {r['events']:,} | {r['status']} ({r['processed']:,} keys, {r['finalizers']} "
+            f"finalizer, {r['errors']} errors) | {r['events_per_s']:,} | {r['dynamodb_per_event']} | "
+            f"{r['s3_per_event']} | {r['transactions_retried']} | {r['finalize_s']} | {r['baseline_finalize_s']} | "
+            f"{ratio_text} |"
+        )
+    for r in rows:
+        print(f"calls at {r['shards']:,} shards: {r['calls']}")
+        if r["first_error"]:
+            print(f"first error: {r['first_error']}")
+
+
+if __name__ == "__main__":
+    main()
