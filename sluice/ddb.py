@@ -93,7 +93,7 @@ class Table:
                 raise
             raise translate(exc, f"DynamoDB {op} on table {self._table!r}") from exc
 
-    def transact(self, items: list[dict[str, Any]], *, sleep: Any = time.sleep) -> bool:
+    def transact(self, items: list[dict[str, Any]]) -> bool:
         """TransactWriteItems, retried in the process while cancelled for a transient reason.
 
         False when a condition failed (a duplicate or stale write); RetriableError when the
@@ -109,7 +109,7 @@ class Table:
                 return False
             if i < TRANSACT_TRIES - 1:
                 _count("transactions_retried")
-                sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**i)))
+                time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**i)))
         _count("transactions_given_up")
         raise RetriableError(
             f"DynamoDB transaction on table {self._table!r} still cancelled ({transient}) after "

@@ -151,22 +151,18 @@ class Ledger(Table):
 
     def release_outbox(self, run_id: str, detail_type: str) -> None:
         """Give up the claim after a failed publish, so the next delivery publishes at once."""
-        with contextlib.suppress(ClientError):
-            self.call(
-                "update_item",
-                Key=item({"pk": run_id, "sk": RUN_SK}),
-                UpdateExpression="REMOVE outbox.claimed_until",
-                ConditionExpression="outbox.detail_type = :dt",
-                ExpressionAttributeValues=item({":dt": detail_type}),
-            )
+        self._remove_from_outbox(run_id, detail_type, "outbox.claimed_until")
 
     def clear_outbox(self, run_id: str, detail_type: str) -> None:
         """Forget the published event (only if the outbox still holds that one)."""
+        self._remove_from_outbox(run_id, detail_type, "outbox")
+
+    def _remove_from_outbox(self, run_id: str, detail_type: str, path: str) -> None:
         with contextlib.suppress(ClientError):
             self.call(
                 "update_item",
                 Key=item({"pk": run_id, "sk": RUN_SK}),
-                UpdateExpression="REMOVE outbox",
+                UpdateExpression=f"REMOVE {path}",
                 ConditionExpression="outbox.detail_type = :dt",
                 ExpressionAttributeValues=item({":dt": detail_type}),
             )

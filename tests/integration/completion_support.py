@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from typing import Any
 
 from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReason, ShardResult
@@ -129,3 +130,21 @@ def deliver_job_event(stack: Any, event: dict[str, Any], monkeypatch: Any) -> di
     from functions.handle_job_state_change import handler
 
     return handler(event, LocalContext(function_name=FUNCTION))
+
+
+class Atomic:
+    """moto's DynamoDB does not serialise conditional writes: one request at a time, as DynamoDB is atomic."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self._lock = client, threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._client, name)
+        if not callable(fn):
+            return fn
+
+        def call(*a: Any, **kw: Any) -> Any:
+            with self._lock:
+                return fn(*a, **kw)
+
+        return call

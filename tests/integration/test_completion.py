@@ -13,7 +13,7 @@ from sluice.ledger import Ledger
 from sluice.shards import ShardReader
 from sluice.tally import Tally
 from tests.conftest import load_event
-from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result
+from tests.integration.completion_support import Atomic, deliver_job_event, job_event, submit_run, write_result
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events
 
 CHILD_OK = [
@@ -209,12 +209,17 @@ def test_racing_invocations_lose_no_count(aws, stack, monkeypatch):
         write_result(aws, stack, run_id, i, processed=2)
     for k, v in stack.env_for("HandleManifestUploadFunction").items():
         monkeypatch.setenv(k, v)
+    # Distinct shards finishing at once: a read-modify-write counter would lose increments here.
+    # moto does not serialise conditional writes (or transactions) the way DynamoDB does, so each
+    # request is made atomic, as DynamoDB's are; duplicates are raced in test_completion_order.
+    from sluice import aws as sluice_aws
+    from sluice.aws import Clients
     from sluice.batch_events import BatchJobStateChangeEvent
     from sluice.completion import handle_job_event
+    from sluice.settings import Settings
 
-    # Distinct shards finishing at once: a read-modify-write counter would lose increments here.
-    # (Concurrent *duplicates* are not raced: moto does not serialise conditional writes on one
-    # item the way DynamoDB does, so that case is covered sequentially by the property test.)
+    clients = Clients(dynamodb=Atomic(sluice_aws.client("dynamodb")))
+    settings = Settings.from_env()
     events = [
         BatchJobStateChangeEvent.model_validate(_ev(run_id, job_id, stack, "batch-array-child-succeeded", child=i))
         for i in range(8)
@@ -224,7 +229,7 @@ def test_racing_invocations_lose_no_count(aws, stack, monkeypatch):
     def worker(part):
         try:
             for e in part:
-                handle_job_event(e.detail)
+                handle_job_event(e.detail, settings=settings, clients=clients)
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 

@@ -24,7 +24,7 @@ from sluice.aws import Clients
 from sluice.contracts import JobStatus, RunStatus
 from sluice.local.events import attempt, batch_job_state_change
 from sluice.policy import HOST_LOST_REASON
-from tests.integration.completion_support import submit_run, write_result
+from tests.integration.completion_support import Atomic, submit_run, write_result
 from tests.integration.helpers import bus_events
 
 EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
@@ -223,24 +223,6 @@ def _run_example(monkeypatch: Any, sc: Scenario, order: list[int], copies: list[
         _check(aws, stack, run_id, sc)
 
 
-class _Atomic:
-    """moto's DynamoDB does not serialise conditional writes: one request at a time, as DynamoDB is atomic."""
-
-    def __init__(self, client: Any) -> None:
-        self._client, self._lock = client, threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self._client, name)
-        if not callable(fn):
-            return fn
-
-        def call(*a: Any, **kw: Any) -> Any:
-            with self._lock:
-                return fn(*a, **kw)
-
-        return call
-
-
 def _deliver_concurrently(stack: Any, seq: list[dict[str, Any]], threads: int, monkeypatch: Any) -> None:
     from sluice import aws as sluice_aws
     from sluice.batch_events import BatchJobStateChangeEvent
@@ -250,7 +232,7 @@ def _deliver_concurrently(stack: Any, seq: list[dict[str, Any]], threads: int, m
     for k, v in stack.env_for("HandleJobStateChangeFunction").items():
         monkeypatch.setenv(k, v)
     settings = Settings.from_env()
-    clients = Clients(dynamodb=_Atomic(sluice_aws.client("dynamodb")))
+    clients = Clients(dynamodb=Atomic(sluice_aws.client("dynamodb")))
     parsed = [BatchJobStateChangeEvent.model_validate(e).detail for e in seq]
     errors: list[BaseException] = []
 

@@ -39,3 +39,42 @@ def test_a_missing_table_is_fatal_with_advice_not_retried(aws, stack):
         ledger.get("r1")
     with pytest.raises(AwsFatalError, match="no-such-table"):
         ledger.claim("r1", "s3://b/manifests/x.json")
+
+
+def _conflicts(client, times: int):
+    """DynamoDB cancelling the next `times` TransactWriteItems for a TransactionConflict."""
+    from botocore.exceptions import ClientError
+
+    left = {"n": times}
+
+    def cancel(**_: object) -> None:
+        if left["n"] > 0:
+            left["n"] -= 1
+            raise ClientError(
+                {
+                    "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
+                    "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
+                    "ResponseMetadata": {"HTTPStatusCode": 400},
+                },
+                "TransactWriteItems",
+            )
+
+    client.meta.events.register("before-call.dynamodb.TransactWriteItems", cancel, unique_id=f"conflict-{id(left)}")
+
+
+def test_transaction_conflicts_are_retried_in_the_process_then_given_back(aws, stack, monkeypatch):
+    from sluice import ddb
+    from sluice.errors import RetriableError
+
+    monkeypatch.setattr(ddb.time, "sleep", lambda s: None)
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    assert ledger.claim("r9", "s3://b/manifests/z.json")
+    tally = Tally(aws.dynamodb, stack.names["RunsTable"])
+    ddb.STATS.clear()
+    _conflicts(aws.dynamodb, 3)
+    assert tally.record_job_terminal("r9", "job-a", JobStatus.SUCCEEDED, None)  # won on the 4th try
+    assert ddb.STATS["transactions_retried"] == 3 and ledger.get("r9").jobs_done == 1
+    _conflicts(aws.dynamodb, ddb.TRANSACT_TRIES)
+    with pytest.raises(RetriableError, match=r"TransactionConflict.*will retry"):
+        tally.record_job_terminal("r9", "job-b", JobStatus.SUCCEEDED, None)
+    assert ledger.get("r9").jobs_done == 1  # nothing half-applied

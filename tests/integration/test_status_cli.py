@@ -14,7 +14,7 @@ def test_status_shows_progress_and_runs_lists_newest_first(aws, stack, monkeypat
     first = submit_run(aws, stack, monkeypatch, n_keys=30, keys_per_shard=10, name="older")
     second = submit_run(aws, stack, monkeypatch, n_keys=30, keys_per_shard=10, name="newer")
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
-    ledger._call(
+    ledger.call(
         "update_item",
         Key={"pk": {"S": second["run_id"]}, "sk": {"S": "RUN"}},
         UpdateExpression="SET created_at = created_at + :d",
