@@ -26,6 +26,7 @@ from sluice.batch import BatchAdapter
 from sluice.batch_events import BatchJobStateChangeDetail
 from sluice.contracts import (
     TRANSIENT_FAILURE_REASONS,
+    Counts,
     FailureLine,
     FailureReason,
     JobLayoutItem,
@@ -111,17 +112,20 @@ def handle_job_event(
         return JobEventOutcome("ignored", run_id, reason=f"job {detail.parent_id} is not one of the run's jobs")
 
     out = JobEventOutcome("recorded", run_id)
+    counts: Counts | None = None
     is_shard_event = detail.child_index is not None or job.kind == "single"
     if is_shard_event:
         shard = job.shard_offset + (detail.child_index or 0)
         if not 0 <= shard < run.total_shards:
             return JobEventOutcome("ignored", run_id, reason=f"shard {shard} outside the run")
-        _record_shard(ctx, run, detail, shard, out)
+        counts = _record_shard(ctx, run, detail, shard, out)
     if detail.child_index is None and detail.status.terminal:
         first_time = ctx.tally.record_job_terminal(run_id, detail.parent_id, detail.status, detail.reason)
         if not first_time and not is_shard_event:
             out.status = "stale"
-    concluded = maybe_conclude(ctx, run_id)
+    if not detail.status.terminal and run.outbox is None:
+        return out  # only a terminal event (or its retry) can complete a run; 3 of 4 events stop here
+    concluded = maybe_conclude(ctx, run_id, counts=counts if is_shard_event else None)
     if concluded:
         out.status = "retrying" if concluded == RETRY_PASS else "finalized"
         out.published.append(concluded)
@@ -130,8 +134,12 @@ def handle_job_event(
 
 def _record_shard(
     ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail, shard: int, out: JobEventOutcome
-) -> None:
-    """Apply the event to the shard's item; a terminal one is settled, counted and announced."""
+) -> Counts | None:
+    """Apply the event to the shard's item; a terminal one is settled, counted and announced.
+
+    Returns the run's counters when it read them (after its own write, so the invocation that
+    settles the last shard sees them complete).
+    """
     out.shard = shard
     settlement = None
     if detail.status.terminal:
@@ -153,24 +161,26 @@ def _record_shard(
     )
     if not applied:
         out.status = "stale"
-        return
+        return None
     if detail.status == JobStatus.RUNNING and run.status == RunStatus.SUBMITTED:
         ctx.ledger.mark_running(run.run_id)
-    if settlement is not None and run.status.active:
-        # Progress is informational: a lost one is superseded by the next (and the outcome).
-        counts = ctx.tally.counts(run.run_id)
-        ctx.events.publish(
-            RunProgress(
-                run_id=run.run_id,
-                shards_done=counts.shards_done,
-                shards_failed=counts.shards_failed,
-                shards_total=run.total_shards,
-            )
+    if settlement is None or not run.status.active:
+        return None
+    # Progress is informational: a lost one is superseded by the next (and the outcome).
+    counts = ctx.tally.counts(run.run_id)
+    ctx.events.publish(
+        RunProgress(
+            run_id=run.run_id,
+            shards_done=counts.shards_done,
+            shards_failed=counts.shards_failed,
+            shards_total=run.total_shards,
         )
-        out.published.append(RunProgress.detail_type)
+    )
+    out.published.append(RunProgress.detail_type)
+    return counts
 
 
-def maybe_conclude(ctx: Context, run_id: str, *, now: float | None = None) -> str | None:
+def maybe_conclude(ctx: Context, run_id: str, *, now: float | None = None, counts: Counts | None = None) -> str | None:
     """Publish a pending outcome; conclude the run once every job is terminal and every shard settled.
 
     A FINALIZING run whose finalizer died (lease expired) is concluded again.
@@ -184,7 +194,7 @@ def maybe_conclude(ctx: Context, run_id: str, *, now: float | None = None) -> st
     stalled = run.status == RunStatus.FINALIZING and (run.lease_until or 0) < now
     if not (run.status.active or stalled) or run.jobs_done < len(run.jobs or []):
         return None
-    if ctx.tally.counts(run_id).shards_done < run.total_shards:
+    if (counts or ctx.tally.counts(run_id)).shards_done < run.total_shards:
         return None  # a job is terminal but some of its shards' events are still on their way
     return conclude_run(run_id, ctx, now=now)
 

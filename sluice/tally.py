@@ -15,8 +15,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
+from sluice.awserror import translate
 from sluice.contracts import CounterItem, Counts, JobItem, JobStatus, ShardItem, ShardOutcome
 from sluice.ddb import Table, item, value, values
 from sluice.errors import RetriableError
@@ -153,9 +154,7 @@ class Tally(Table):
         while request:
             try:
                 resp = self._client.batch_get_item(RequestItems=request)
-            except ClientError as exc:
-                from sluice.awserror import translate
-
+            except (ClientError, BotoCoreError) as exc:
                 raise translate(exc, f"DynamoDB BatchGetItem on table {self.table!r}") from exc
             for raw in resp.get("Responses", {}).get(self.table, []):
                 c = CounterItem.model_validate(values(raw))
