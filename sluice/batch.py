@@ -14,7 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sluice.awserror import Kind, classify
 from sluice.errors import RetriableError, SubmissionError
 from sluice.models import JobLayout, RunPlan
-from sluice.policy import retry_strategy
+from sluice.policy import PREPARE_TIMEOUT_S, prepare_retry_strategy, retry_strategy
 from sluice.settings import Settings
 
 RUN_TAG = "sluice:run-id"
@@ -57,6 +57,38 @@ def job_request(plan: RunPlan, plan_uri: str, job: JobLayout, index: int, settin
     return req
 
 
+PREPARE_STAGES = ("map", "reduce")
+
+
+def prepare_job_name(run_id: str, stage: str) -> str:
+    """The name of a run's prepare job (stage "map" or "reduce")."""
+    return f"sluice-{run_id}-prepare-{stage}"[:128]
+
+
+def prepare_request(
+    run_id: str, stage: str, spec_uri: str, size: int, settings: Settings, depends_on: str | None = None
+) -> dict[str, Any]:
+    """The SubmitJob request of one prepare stage: `size` children running `python -m sluice.prepare STAGE`."""
+    req: dict[str, Any] = {
+        "jobName": prepare_job_name(run_id, stage),
+        "jobQueue": settings.prepare_job_queue,
+        "jobDefinition": settings.prepare_job_definition,
+        "retryStrategy": prepare_retry_strategy(),
+        "timeout": {"attemptDurationSeconds": PREPARE_TIMEOUT_S},
+        "tags": {RUN_TAG: run_id},
+        "propagateTags": True,
+        "containerOverrides": {
+            "command": ["python", "-m", "sluice.prepare", stage, "--spec", spec_uri],
+            "environment": [{"name": "SLUICE_RUN_ID", "value": run_id}],
+        },
+    }
+    if size >= 2:  # Batch array jobs need >= 2 children; one worker is a plain job (index 0)
+        req["arrayProperties"] = {"size": size}
+    if depends_on:
+        req["dependsOn"] = [{"jobId": depends_on}]  # on an array job: waits for every child
+    return req
+
+
 class BatchAdapter:
     """Submits the jobs of a plan; the boto3 Batch client is injected or created lazily."""
 
@@ -77,6 +109,16 @@ class BatchAdapter:
             req = job_request(plan, plan_uri, job, i, settings)
             if queue:
                 req["jobQueue"] = queue
+            ids.append(self.find(req["jobQueue"], req["jobName"]) or self._submit(req))
+        return ids
+
+    def submit_prepare(
+        self, run_id: str, spec_uri: str, workers: int, partitions: int, settings: Settings
+    ) -> list[str]:
+        """Submit (or adopt, by name) the map job and the reduce job that depends on it: [map id, reduce id]."""
+        ids: list[str] = []
+        for stage, size in zip(PREPARE_STAGES, (workers, partitions), strict=True):
+            req = prepare_request(run_id, stage, spec_uri, size, settings, ids[-1] if ids else None)
             ids.append(self.find(req["jobQueue"], req["jobName"]) or self._submit(req))
         return ids
 
@@ -117,7 +159,7 @@ class BatchAdapter:
                 + (f" with definition {kwargs['jobDefinition']!r}" if "jobDefinition" in kwargs else "")
                 + f": {failure.message or failure.code}. "
                 "Check that the queue and job definition exist and are ENABLED "
-                "(SLUICE_JOB_QUEUE / SLUICE_ARRAY_JOB_DEFINITION / SLUICE_MNP_*)"
+                "(SLUICE_JOB_QUEUE / SLUICE_ARRAY_JOB_DEFINITION / SLUICE_MNP_* / SLUICE_PREPARE_*)"
                 + (
                     " and that the role may call batch:SubmitJob and batch:ListJobs."
                     if failure.kind is Kind.DENIED

@@ -13,6 +13,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.errors import ManifestRejected, ShardFormatError, SluiceError
+from sluice.prepare.offline import add_offline_arguments, offline_main
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -243,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
 
+    prep = sub.add_parser(
+        "prepare", help="the prepare stage on this machine, no AWS: key list -> shards and plan.json (N workers)"
+    )
+    add_offline_arguments(prep)
+    prep.set_defaults(func=offline_main)
+
     shard = sub.add_parser("shard", help="pack or print shard files").add_subparsers(dest="shard_cmd", required=True)
     pack = shard.add_parser("pack", help="key-list file -> shard file")
     pack.add_argument("keylist")
@@ -309,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nodes", type=int, help="multi-node parallel nodes (default 2)")
     run.add_argument("--ranks", type=int, default=1, help="CPU ranks per worker process (default 1)")
     run.add_argument("--slots", type=int, default=0, help="workers running at once (default: cores)")
+    run.add_argument(
+        "--prepare-workers",
+        type=int,
+        metavar="N",
+        help="shard the input with the prepare job's N workers, whatever its size (default: SLUICE_PREPARE_OVER_KEYS "
+        "decides)",
+    )
     run.add_argument("--image-size", type=int, default=128, help="model input side for generated manifests")
     run.add_argument(
         "--out", metavar="DIR", help="copy Parquet output and failures here (default ./sluice-output/<run>/)"

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sluice import outbox
+from sluice import outbox, staging
 from sluice.aws import Clients
 from sluice.batch import BatchAdapter
 from sluice.batch_events import BatchJobStateChangeDetail
@@ -57,7 +57,7 @@ from sluice.verdict import RunTally, settle_shard, tally
 class JobEventOutcome:
     """What handling one Batch event did."""
 
-    status: str  # ignored | recorded | stale | finalized | retrying
+    status: str  # ignored | recorded | stale | finalized | retrying | submitted (after prepare)
     run_id: str | None = None
     reason: str | None = None
     shard: int | None = None
@@ -90,6 +90,15 @@ class Context:
         )
 
 
+WAITING_STATES = frozenset({JobStatus.SUBMITTED, JobStatus.PENDING, JobStatus.RUNNABLE, JobStatus.STARTING})
+PROGRESS_EVENTS = 100  # "Run Progress" about every 1% of a run's shards, not once a shard
+
+
+def progress_step(total_shards: int) -> int:
+    """Shards between two "Run Progress" events: the shards whose index is a multiple announce."""
+    return max(1, total_shards // PROGRESS_EVENTS)
+
+
 def _queue_name(arn_or_name: str) -> str:
     return arn_or_name.rsplit("/", 1)[-1]
 
@@ -100,10 +109,19 @@ def handle_job_event(
     """Record one job state change and, when every job is terminal and every shard settled, conclude."""
     ctx = Context.build(settings, clients)
     run_id = detail.run_id
-    ours = {_queue_name(ctx.settings.job_queue), _queue_name(ctx.settings.mnp_job_queue)}
+    ours = {
+        _queue_name(q) for q in (ctx.settings.job_queue, ctx.settings.mnp_job_queue, ctx.settings.prepare_job_queue)
+    }
     if run_id is None or _queue_name(detail.job_queue) not in ours:
         return JobEventOutcome("ignored", reason="not a Sluice job")
+    if detail.child_index is not None and detail.status in WAITING_STATES:
+        # A child still waiting tells neither the outcome nor `sluice status` anything (a shard
+        # with no item has not started; a lost host shows in the terminal event's attempts),
+        # and half of a run's events are these: they cost no AWS call.
+        return JobEventOutcome("ignored", run_id, reason=f"{detail.status.value}: waiting states are not recorded")
     run = ctx.ledger.get(run_id)
+    if run is not None and run.prepare is not None and detail.parent_id in run.prepare.job_ids:
+        return _prepare_event(ctx, run, detail)
     if run is None or run.jobs is None:
         logger.warning("event for an unknown or unsubmitted run", extra={"run_id": run_id, "job_id": detail.job_id})
         return JobEventOutcome("ignored", run_id, reason="unknown run")
@@ -129,6 +147,18 @@ def handle_job_event(
     if concluded:
         out.status = "retrying" if concluded == RETRY_PASS else "finalized"
         out.published.append(concluded)
+    return out
+
+
+def _prepare_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail) -> JobEventOutcome:
+    """A prepare job's event: only the jobs' own terminal states decide (sluice.staging)."""
+    if detail.child_index is not None or not detail.status.terminal:
+        return JobEventOutcome("ignored", run.run_id, reason="prepare: only a prepare job's end decides")
+    # A redelivery after a death past the decision publishes what that delivery could not.
+    pending = outbox.deliver(ctx.ledger, ctx.events, run) if run.outbox is not None else None
+    decided = staging.on_prepare_job(run, detail.parent_id, detail.status, detail.reason, ctx.settings, ctx.clients)
+    out = JobEventOutcome("submitted" if decided else "stale", run.run_id)
+    out.published += [d for d in (pending, decided) if d]
     return out
 
 
@@ -164,7 +194,7 @@ def _record_shard(
         return None
     if detail.status == JobStatus.RUNNING and run.status == RunStatus.SUBMITTED:
         ctx.ledger.mark_running(run.run_id)
-    if settlement is None or not run.status.active:
+    if settlement is None or not run.status.active or shard % progress_step(run.total_shards):
         return None
     # Progress is informational: a lost one is superseded by the next (and the outcome).
     counts = ctx.tally.counts(run.run_id)

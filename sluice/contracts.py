@@ -8,7 +8,7 @@ writes the JSON Schema of each event detail into docs/schemas/ (CI checks it is 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,7 @@ class RunStatus(StrEnum):
     """The RUN item's status (docs/architecture.md has the state machine)."""
 
     PLANNING = "PLANNING"
+    PREPARING = "PREPARING"
     RELEASED = "RELEASED"
     REJECTED = "REJECTED"
     SUBMITTED = "SUBMITTED"
@@ -186,6 +187,7 @@ class RunItem(_Written):
     jobs_done: int = 0
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.outbox)
+    prepare: PrepareItem | None = None  # PREPARING: the prepare stage's jobs
     finalize_from: RunStatus | None = None
     retried_keys: int = 0
     processed: int | None = None  # the outcome's counts
@@ -285,6 +287,18 @@ class EventDetail(_Written):
     run_id: str
 
 
+class RunPreparing(EventDetail):
+    """The input is too big for the manifest Lambda: a prepare job shards it (then "Run Submitted")."""
+
+    detail_type: ClassVar[str] = "Run Preparing"
+    manifest: str
+    workers: int = Field(description="Prepare (map) workers: children of the prepare array job.")
+    partitions: int = Field(description="Dedup partitions: children of the prepare-reduce job.")
+    input_keys_estimate: int = Field(description="Keys the input holds, estimated from its size (not exact).")
+    input_bytes: int | None = Field(default=None, description="Bytes of the key list or inventory data files.")
+    job_ids: list[str]
+
+
 class RunSubmitted(EventDetail):
     """The run's jobs are submitted."""
 
@@ -341,14 +355,21 @@ class RunFailed(EventDetail):
     processed: int = 0
     failed: int = 0
     duration_s: float | None = None
-    stage: Literal["plan", "submit"] | None = Field(
+    stage: Literal["plan", "prepare", "submit"] | None = Field(
         default=None,
-        description='Set when the run never started: "submit" (Batch refused the jobs) or "plan" (an AWS error a '
-        "retry cannot fix: a missing bucket or permission).",
+        description='Set when the run never started: "submit" (Batch refused the jobs), "prepare" (the prepare '
+        'job failed) or "plan" (an AWS error a retry cannot fix: a missing bucket or permission).',
     )
 
 
-EVENT_DETAILS: tuple[type[EventDetail], ...] = (RunSubmitted, ManifestRejected, RunProgress, RunSucceeded, RunFailed)
+EVENT_DETAILS: tuple[type[EventDetail], ...] = (
+    RunPreparing,
+    RunSubmitted,
+    ManifestRejected,
+    RunProgress,
+    RunSucceeded,
+    RunFailed,
+)
 
 
 def parse_detail(detail_type: str, detail: dict[str, Any]) -> EventDetail:
@@ -357,6 +378,120 @@ def parse_detail(detail_type: str, detail: dict[str, Any]) -> EventDetail:
         if cls.detail_type == detail_type:
             return cls.model_validate(detail)
     raise ValueError(f"not a Sluice event: {detail_type!r}")
+
+
+# ---- the prepare stage (sluice.prepare; docs/architecture.md "Prepare") -----------------
+# The manifest Lambda writes a PrepareSpec; map worker w reads tasks[w::workers], validates
+# every key and routes it by digest to one of `partitions` partition files, then writes its
+# MapResult (last: its commit marker); reduce worker r deduplicates partition r across every
+# map worker, writes its shards and then its ReduceResult; the completion path reads the
+# ReduceResults, writes plan.json and submits the inference jobs.
+
+
+class KeyListRange(_Written):
+    """A byte range of a key-list object: the lines that start inside [start, end)."""
+
+    kind: Literal["key_list"] = "key_list"
+    uri: str = Field(description="s3:// URI (or, offline, a local path) of the key list.")
+    format: Literal[".txt", ".csv", ".jsonl"]
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    header: list[str] | None = Field(default=None, description="A .csv's header row, read once by the planner.")
+
+
+class InventoryFiles(_Written):
+    """Data files of an S3 Inventory report."""
+
+    kind: Literal["inventory"] = "inventory"
+    bucket: str = Field(description="Where the data files are (the inventory's destination bucket).")
+    keys: list[str]
+    format: Literal["CSV", "PARQUET"]
+    columns: list[str] = Field(description="The inventory's fileSchema, e.g. ['Bucket', 'Key', 'Size'].")
+    first_file: int = Field(default=0, description="Index of keys[0] among the report's files (for messages).")
+
+
+class PrefixRange(_Written):
+    """Keys under a prefix with start_after < key < stop_at (ListObjectsV2 StartAfter)."""
+
+    kind: Literal["prefix"] = "prefix"
+    bucket: str
+    prefix: str
+    start_after: str | None = None
+    stop_at: str | None = None
+
+
+PrepareTask = Annotated[KeyListRange | InventoryFiles | PrefixRange, Field(discriminator="kind")]
+
+
+class PrepareSpec(_Written):
+    """What the prepare workers do: written once by the planner to <run root>/prepare/spec.json."""
+
+    run_id: str
+    manifest_uri: str
+    root: str = Field(description="The run's root (RunPaths.root): shards and prepare files go under it.")
+    workers: int = Field(ge=1, description="P: map workers; worker w takes tasks[w::workers].")
+    partitions: int = Field(ge=1, description="R: dedup partitions, one reduce worker each.")
+    keys_per_shard: int = Field(ge=1)
+    mode: Literal["array", "multinode"] = "array"
+    nodes: int = Field(default=1, ge=1, description="multinode: one shard per node, so partitions == nodes.")
+    default_bucket: str | None = None
+    suffixes: list[str] | None = None
+    allowed_buckets: list[str] = Field(default_factory=list)
+    max_keys: int
+    input_keys_estimate: int = 0
+    tasks: list[PrepareTask]
+
+
+class PrepareProblem(_Written):
+    """One bad entry found by a map worker; `line` is within its task (made global when reported)."""
+
+    task: int
+    line: int | None = None
+    reason: str
+
+
+class MapResult(_Written):
+    """What map worker `worker` did: its commit marker, written after every partition file."""
+
+    worker: int
+    tasks: list[int]
+    task_lines: list[int] = Field(description="Lines (key lists) or rows (inventories) read per task, in order.")
+    keys_in: int
+    partition_keys: list[int] = Field(description="Keys routed to each partition (length = partitions).")
+    problems: list[PrepareProblem] = Field(default_factory=list)
+    problem_count: int = 0
+    seconds: float
+    peak_rss_mb: float
+
+
+class ReduceResult(_Written):
+    """What reduce worker `partition` did: written after its shards."""
+
+    partition: int
+    skipped: bool = Field(default=False, description="A map worker found bad input: nothing written.")
+    keys_in: int = 0
+    unique_keys: int = 0
+    duplicates: int = 0
+    first_shard: int = 0
+    shard_keys: list[int] = Field(default_factory=list, description="Keys in shards first_shard, first_shard+1, ...")
+    seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+
+
+class PrepareItem(_Written):
+    """The RUN item's record of its prepare stage."""
+
+    spec_uri: str
+    workers: int
+    partitions: int
+    map_job_id: str
+    reduce_job_id: str
+    input_keys_estimate: int
+    started_at: int
+
+    @property
+    def job_ids(self) -> tuple[str, str]:
+        return (self.map_job_id, self.reduce_job_id)
 
 
 RunItem.model_rebuild()

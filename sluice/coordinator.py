@@ -12,11 +12,10 @@ from urllib.parse import unquote_plus
 
 from botocore.exceptions import ClientError
 
-from sluice import outbox
+from sluice import outbox, staging
 from sluice.aws import Clients
-from sluice.batch import BatchAdapter
-from sluice.contracts import JobLayoutItem, ManifestRejected, PassItem, RunFailed, RunSubmitted, UploadItem
-from sluice.errors import AwsFatalError, SubmissionError
+from sluice.contracts import ManifestRejected, RunFailed, UploadItem
+from sluice.errors import AwsFatalError, SubmissionError, TooBigForLambda
 from sluice.errors import ManifestRejected as Rejection
 from sluice.ledger import Ledger
 from sluice.log import logger
@@ -28,12 +27,14 @@ from sluice.plan import SCRATCH_TAG, build_plan, layout, scan, write_shards
 from sluice.s3io import put_object
 from sluice.settings import Settings
 
+LAMBDA_CAP_FACTOR = 4  # 20M keys at the default threshold: ~55 CPU-s and ~550 MiB measured, inside the limits
+
 
 @dataclass
 class Outcome:
     """What handling one upload did."""
 
-    status: str  # submitted | rejected | duplicate | ignored | failed
+    status: str  # submitted | preparing | rejected | duplicate | ignored | failed
     run_id: str | None = None
     reasons: list[str] = field(default_factory=list)
     job_ids: list[str] = field(default_factory=list)
@@ -144,35 +145,22 @@ def _plan_and_submit(
     started = time.perf_counter()
     src = read_manifest_object(clients.s3, bucket, key, settings)
     manifest = parse_manifest(src, settings)
-    plan = _write_plan(run_id, src.uri, manifest, settings.control_bucket or bucket, settings, clients.s3)
+    control = settings.control_bucket or bucket
+    routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3)
+    if routed is None:
+        try:
+            plan = _write_plan(run_id, src.uri, manifest, control, settings, clients.s3)
+        except TooBigForLambda as exc:  # the estimate was low (long lines sampled first): prepare after all
+            routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3, at_least=exc.keys_seen)
+            if routed is None:
+                raise
+    if routed is not None:
+        spec, input_bytes = routed
+        prepared = staging.start(run_id, src.uri, manifest, spec, input_bytes, settings, clients, ledger)
+        return Outcome("preparing", run_id, job_ids=prepared.job_ids, total_keys=spec.input_keys_estimate)
     plan_uri = RunPaths.in_bucket(plan.control_bucket, run_id).plan
-    job_ids = BatchAdapter(clients.batch).submit(plan, plan_uri, settings, queue=manifest.job.queue)
-    submitted = RunSubmitted(
-        run_id=run_id,
-        manifest=src.uri,
-        total_keys=plan.total_keys,
-        duplicates=plan.duplicates,
-        shards=plan.n_shards,
-        mode=plan.mode,
-        job_ids=job_ids,
-        plan_uri=plan_uri,
-    )
-    ledger.mark_submitted(
-        run_id,
-        {
-            "total_keys": plan.total_keys,
-            "duplicates": plan.duplicates,
-            "shards": plan.n_shards,
-            "mode": plan.mode,
-            "job_ids": job_ids,
-            "jobs": [JobLayoutItem(id=i, **j.model_dump()) for i, j in zip(job_ids, plan.jobs)],
-            "passes": [PassItem(first_shard=0, n_shards=plan.n_shards)],
-            "plan_uri": plan_uri,
-            "output_prefix": plan.output_prefix,
-            "jobs_done": 0,
-        },
-        submitted,
-    )
+    submitted = staging.submit_plan(run_id, src.uri, plan, plan_uri, manifest.job.queue, settings, clients, ledger)
+    job_ids = submitted.job_ids
     logger.info(
         "run submitted",
         extra={
@@ -195,10 +183,20 @@ def _write_plan(
     run_id: str, manifest_uri: str, manifest: Manifest, control: str, settings: Settings, s3: Any
 ) -> RunPlan:
     """Pass 1 and 2 over the keys: shards under runs/<run>/shards/, then plan.json (written last)."""
-    with scan(iter_keys(manifest, s3, settings), max_keys=settings.max_keys, spill_dir=settings.spill_dir) as sc:
+    # Inline keys are bounded by the manifest's size; anything else stops at LAMBDA_CAP_FACTOR x
+    # the routing threshold, so a low estimate cannot push the Lambda past its memory or time.
+    cap = None if manifest.input.keys is not None else settings.prepare_over_keys * LAMBDA_CAP_FACTOR
+    keys = iter_keys(manifest, s3, settings)
+    with scan(keys, max_keys=settings.max_keys, spill_dir=settings.spill_dir, lambda_cap=cap) as sc:
         lay = layout(sc.unique_keys, manifest, settings.max_array_size)
         plan = build_plan(
-            run_id=run_id, manifest=manifest, manifest_uri=manifest_uri, control_bucket=control, sc=sc, lay=lay
+            run_id=run_id,
+            manifest=manifest,
+            manifest_uri=manifest_uri,
+            control_bucket=control,
+            total_keys=sc.unique_keys,
+            duplicates=sc.duplicates,
+            lay=lay,
         )
         write_shards(sc, lay, lambda i, data: put_object(s3, plan.shard_uri(i), data, tagging=SCRATCH_TAG))
     put_object(

@@ -11,6 +11,14 @@ class SettingsError(SluiceError):
     """An environment variable holds a value Sluice cannot use; the message names it."""
 
 
+class TooBigForLambda(SluiceError):
+    """The in-Lambda scan met more keys than the Lambda can plan: the input goes to the prepare job."""
+
+    def __init__(self, keys_seen: int):
+        super().__init__(f"over {keys_seen} keys: too many to plan in the manifest Lambda")
+        self.keys_seen = keys_seen
+
+
 class PlanError(SluiceError):
     """A plan.json cannot be read or is not a valid plan."""
 

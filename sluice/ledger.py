@@ -16,7 +16,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from sluice.contracts import EventDetail, OutboxEvent, RunItem, RunStatus, UploadItem
+from sluice.contracts import EventDetail, OutboxEvent, PrepareItem, RunItem, RunStatus, UploadItem
 from sluice.ddb import Table, item, set_clause, value, values
 
 RUN_SK = "RUN"
@@ -99,17 +99,27 @@ class Ledger(Table):
             ExpressionAttributeValues={**vals, ":expect": value(expect)},
         )
 
-    def mark_rejected(self, run_id: str, reasons: list[str], outbox: EventDetail) -> None:
-        """PLANNING -> REJECTED with the reasons (and the "Manifest Rejected" to publish)."""
-        self._update(run_id, {"status": RunStatus.REJECTED, "reasons": reasons[:50]}, outbox=outbox)
+    def mark_rejected(
+        self, run_id: str, reasons: list[str], outbox: EventDetail, *, expect: RunStatus = RunStatus.PLANNING
+    ) -> None:
+        """PLANNING (or PREPARING) -> REJECTED with the reasons (and the "Manifest Rejected" to publish)."""
+        self._update(run_id, {"status": RunStatus.REJECTED, "reasons": reasons[:50]}, expect, outbox)
 
-    def mark_submitted(self, run_id: str, fields: dict[str, Any], outbox: EventDetail) -> None:
-        """PLANNING -> SUBMITTED with counts, job ids and where the plan lives (and "Run Submitted")."""
-        self._update(run_id, {**fields, "status": RunStatus.SUBMITTED}, outbox=outbox)
+    def mark_preparing(self, run_id: str, prepare: PrepareItem, outbox: EventDetail) -> None:
+        """PLANNING -> PREPARING with the prepare jobs (and "Run Preparing")."""
+        self._update(run_id, {"status": RunStatus.PREPARING, "prepare": prepare}, outbox=outbox)
 
-    def mark_failed(self, run_id: str, reason: str, outbox: EventDetail) -> None:
-        """PLANNING -> FAILED (a fatal error before any job ran), with its "Run Failed"."""
-        self._update(run_id, {"status": RunStatus.FAILED, "reason": reason}, outbox=outbox)
+    def mark_submitted(
+        self, run_id: str, fields: dict[str, Any], outbox: EventDetail, *, expect: RunStatus = RunStatus.PLANNING
+    ) -> None:
+        """PLANNING (or PREPARING) -> SUBMITTED with counts, job ids and the plan (and "Run Submitted")."""
+        self._update(run_id, {**fields, "status": RunStatus.SUBMITTED}, expect, outbox)
+
+    def mark_failed(
+        self, run_id: str, reason: str, outbox: EventDetail, *, expect: RunStatus = RunStatus.PLANNING
+    ) -> None:
+        """PLANNING (or PREPARING) -> FAILED (a fatal error before any job ran), with its "Run Failed"."""
+        self._update(run_id, {"status": RunStatus.FAILED, "reason": reason}, expect, outbox)
 
     def release(self, run_id: str, error: str) -> bool:
         """PLANNING -> RELEASED after a transient error, so the retried delivery can claim it.
@@ -202,6 +212,38 @@ class Ledger(Table):
         """FINALIZING -> previous status after a transient error (the retried event finalizes)."""
         with contextlib.suppress(ClientError):
             self._update(run_id, {"status": previous}, expect=RunStatus.FINALIZING)
+
+    def lease_prepared(self, run_id: str, *, lease_s: int = 300, now: float | None = None) -> bool:
+        """Take the PREPARING run's submit step (a lease): False when another invocation holds it."""
+        now = time.time() if now is None else now
+        try:
+            self.call(
+                "update_item",
+                Key=item({"pk": run_id, "sk": RUN_SK}),
+                UpdateExpression="SET lease_until = :until, updated_at = :now",
+                ConditionExpression="#s = :prep AND (attribute_not_exists(lease_until) OR lease_until < :now)",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues=item(
+                    {":prep": RunStatus.PREPARING, ":until": int(now) + lease_s, ":now": int(now)}
+                ),
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def release_prepared(self, run_id: str) -> None:
+        """Give the submit step's lease back after a transient error (the retry takes it again)."""
+        with contextlib.suppress(ClientError):
+            self.call(
+                "update_item",
+                Key=item({"pk": run_id, "sk": RUN_SK}),
+                UpdateExpression="REMOVE lease_until",
+                ConditionExpression="#s = :prep",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues=item({":prep": RunStatus.PREPARING}),
+            )
 
     def recent_runs(self, limit: int = 20, *, since: int = 0) -> list[RunItem]:
         """Newest runs first (gsi1: gsi1pk = RUNS, sorted by created_at), created at or after `since`."""

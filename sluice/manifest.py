@@ -208,9 +208,13 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
                 yield n, None, "\0not a key: expected a JSON string or an object with 'uri' or 'key'"
         return
     # .csv: optional header naming uri / key / bucket; else 1 column = key or URI, 2+ = bucket,key
-    reader = csv.reader(line.removesuffix("\r") for line in lines)
     cols: dict[str, int] | None = None
-    for n, row in enumerate(reader, 1):
+    for n, line in enumerate(lines, 1):
+        try:  # a line at a time: one bad line (a bare \r in a field) is that line's problem
+            row = next(csv.reader([line.removesuffix("\r")]), [])
+        except csv.Error as exc:
+            yield n, None, f"\0not CSV: {exc} (quote the field or remove the character)"
+            continue
         if not row or not any(c.strip() for c in row):
             continue
         if n == 1 and {c.strip().lower() for c in row} & {"uri", "key", "s3_uri", "url"}:
@@ -431,16 +435,12 @@ def read_manifest_object(s3: Any, bucket: str, key: str, settings: Settings) -> 
     """Fetch the uploaded manifest (bounded by the size limits before reading the body)."""
     what = f"s3://{bucket}/{key}"
     if key.lower().endswith(KEYLIST_SUFFIXES):
-        # Key lists are streamed later by iter_keylist; only their size matters here.
+        # Key lists are streamed later (by the Lambda up to SLUICE_MAX_KEYLIST_BYTES, else by the
+        # prepare job); here only their existence matters.
         try:
-            head = s3.head_object(Bucket=bucket, Key=key)
+            s3.head_object(Bucket=bucket, Key=key)
         except (ClientError, BotoCoreError) as exc:
             raise _s3_error(exc, what) from exc
-        limit = settings.max_keylist_bytes
-        if int(head.get("ContentLength", 0)) > limit:
-            raise ManifestRejected(
-                f"{what} is {head['ContentLength']} bytes, over the {limit}-byte limit (SLUICE_MAX_KEYLIST_BYTES)"
-            )
         return ManifestSource(bucket, key, b"")
     chunks = _get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES")
     return ManifestSource(bucket, key, b"".join(chunks))

@@ -8,6 +8,11 @@ standalone workers):
     shards/<i>.shard               shard i (docs/shard-format.md)
     shards/<i>.result.json         the worker's result for shard i (sluice.contracts.ShardResult)
     failures/<i>.jsonl             keys of shard i that failed (sluice.contracts.FailureLine)
+    prepare/spec.json              the prepare stage's work (sluice.contracts.PrepareSpec)
+    prepare/manifest.json          the parsed manifest the submit step plans from
+    prepare/map/<w>/<r>.part       keys map worker w routed to partition r (shard format)
+    prepare/map/<w>.json           map worker w's result (MapResult), written after its parts
+    prepare/reduce/<r>.json        reduce worker r's result (ReduceResult), written after its shards
     output/shard=<i>/part-*.parquet             embeddings (the default output prefix)
     output/shard=<i>/_commits/part-*.json       commit markers, written after each Parquet object
 """
@@ -61,6 +66,23 @@ class RunPaths:
     def output_prefix(self) -> str:
         """The default output prefix (a manifest may name another)."""
         return self.root + "output/"
+
+    @property
+    def prepare_spec(self) -> str:
+        return self.root + "prepare/spec.json"
+
+    @property
+    def prepare_manifest(self) -> str:
+        return self.root + "prepare/manifest.json"
+
+    def prepare_part(self, worker: int, partition: int) -> str:
+        return self.root + f"prepare/map/{worker}/{partition}.part"
+
+    def map_result(self, worker: int) -> str:
+        return self.root + f"prepare/map/{worker}.json"
+
+    def reduce_result(self, partition: int) -> str:
+        return self.root + f"prepare/reduce/{partition}.json"
 
     def shard(self, i: int) -> str:
         return shard_uri(self.shards_prefix, i)

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from sluice.dedup import DuplicateFinder
-from sluice.errors import ManifestRejected, PlanError
+from sluice.errors import ManifestRejected, PlanError, TooBigForLambda
 from sluice.models import JobLayout, Manifest, RunPlan
 from sluice.paths import RunPaths
 from sluice.shards import FileSource, ShardReader, ShardWriter, encode_shard
@@ -57,8 +57,10 @@ class Scan:
         self.close()
 
 
-def scan(batches: Iterable[KeyBatch], *, max_keys: int, spill_dir: str | None = None) -> Scan:
-    """Pass 1: spill and digest every key; reject zero keys or too many."""
+def scan(
+    batches: Iterable[KeyBatch], *, max_keys: int, spill_dir: str | None = None, lambda_cap: int | None = None
+) -> Scan:
+    """Pass 1: spill and digest every key; reject zero keys or too many (TooBigForLambda past `lambda_cap`)."""
     finder = DuplicateFinder()
     fd, path = tempfile.mkstemp(prefix="sluice-spill-", suffix=".shard", dir=spill_dir)
     buckets: set[str] = set()
@@ -66,6 +68,8 @@ def scan(batches: Iterable[KeyBatch], *, max_keys: int, spill_dir: str | None = 
         with os.fdopen(fd, "wb") as fh:
             writer = ShardWriter(fh, sort=False, level=1, block_keys=4096)
             for bucket, keys in batches:
+                if lambda_cap is not None and finder.count + len(keys) > lambda_cap:
+                    raise TooBigForLambda(finder.count + len(keys))
                 if finder.count + len(keys) > max_keys:
                     raise ManifestRejected(
                         f"more than {max_keys} keys (SLUICE_MAX_KEYS): split the input into several manifests"
@@ -111,15 +115,21 @@ def layout(unique_keys: int, manifest: Manifest, max_array_size: int) -> Layout:
     job = manifest.job
     if job.mode == "multinode":
         kps = max(1, math.ceil(unique_keys / job.nodes))
-        return Layout(job.nodes, kps, [JobLayout(kind="multinode", shard_offset=0, shard_count=job.nodes)])
-    kps = job.keys_per_shard
-    n = max(1, math.ceil(unique_keys / kps))
+        return Layout(job.nodes, kps, job_layouts(job.nodes, job.mode, max_array_size))
+    n = max(1, math.ceil(unique_keys / job.keys_per_shard))
+    return Layout(n, job.keys_per_shard, job_layouts(n, job.mode, max_array_size))
+
+
+def job_layouts(n_shards: int, mode: str, max_array_size: int) -> list[JobLayout]:
+    """The Batch jobs that cover shards 0..n_shards-1 (MNP: one job, node i = shard i)."""
+    if mode == "multinode":
+        return [JobLayout(kind="multinode", shard_offset=0, shard_count=n_shards)]
     jobs = []
-    for off in range(0, n, max_array_size):
-        count = min(max_array_size, n - off)
+    for off in range(0, n_shards, max_array_size):
+        count = min(max_array_size, n_shards - off)
         # Batch array jobs need >= 2 children: a lone shard becomes a plain job.
         jobs.append(JobLayout(kind="array" if count >= 2 else "single", shard_offset=off, shard_count=count))
-    return Layout(n, kps, jobs)
+    return jobs
 
 
 def write_shards(sc: Scan, lay: Layout, put: Callable[[int, bytes], None], *, sort: bool | None = None) -> list[int]:
@@ -156,7 +166,8 @@ def build_plan(
     manifest: Manifest,
     manifest_uri: str,
     control_bucket: str,
-    sc: Scan,
+    total_keys: int,
+    duplicates: int,
     lay: Layout,
 ) -> RunPlan:
     """The plan.json a worker reads."""
@@ -168,8 +179,8 @@ def build_plan(
         shards_prefix=root.shards_prefix,
         output_prefix=manifest.output.prefix or root.output_prefix,
         failures_prefix=root.failures_prefix,
-        total_keys=sc.unique_keys,
-        duplicates=sc.duplicates,
+        total_keys=total_keys,
+        duplicates=duplicates,
         n_shards=lay.n_shards,
         keys_per_shard=lay.keys_per_shard,
         mode=manifest.job.mode,

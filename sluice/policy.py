@@ -29,6 +29,15 @@ def retry_strategy(attempts: int) -> dict[str, Any]:
     return {"attempts": attempts, "evaluateOnExit": [dict(r) for r in EVALUATE_ON_EXIT]}
 
 
+PREPARE_ATTEMPTS = 3  # prepare workers are idempotent and bad input exits 0: any failure is worth a retry
+PREPARE_TIMEOUT_S = 4 * 3600
+
+
+def prepare_retry_strategy() -> dict[str, Any]:
+    """The prepare jobs' `retryStrategy`: every failure retried (no evaluateOnExit rule)."""
+    return {"attempts": PREPARE_ATTEMPTS}
+
+
 def is_host_lost(status_reason: str | None) -> bool:
     """True when a statusReason says the job's instance went away (Spot reclaim or host failure)."""
     return glob_match(HOST_LOST_PATTERN, status_reason or "")

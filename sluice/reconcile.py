@@ -8,7 +8,8 @@ job whose own event never came is counted; shards of a job that has been termina
 and their result.json, exactly as their events would have settled them; a pending
 announcement is published; a run whose jobs are all terminal and shards all settled is
 concluded. The grace keeps the sweep from racing events that are merely late, so event
-order alone still decides every run whose events all arrive.
+order alone still decides every run whose events all arrive. A PREPARING run whose
+prepare jobs ended is submitted, rejected or failed as their events would have done.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sluice import outbox
+from sluice import outbox, staging
 from sluice.awserror import translate
 from sluice.completion import Context, maybe_conclude, read_result
 from sluice.contracts import JobLayoutItem, JobStatus, RunItem, RunStatus
@@ -73,6 +74,12 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
             extra={"run_id": run.run_id, "upload": run.upload.model_dump() if run.upload else None},
         )
         out.actions.append("stranded in planning (redrive the manifest dead-letter queue)")
+    if run.status == RunStatus.PREPARING:
+        # Safe without a grace: the submit step is leased and every transition conditional.
+        decided = staging.reconcile_preparing(run, ctx.settings, ctx.clients, lambda ids: _describe(ctx, ids))
+        if decided:
+            out.actions.append(f"prepare ended without its event: {decided}")
+        return out
     expired = run.status == RunStatus.FINALIZING and (run.lease_until or 0) < now
     if not (run.status.active or expired) or not run.jobs:
         return out

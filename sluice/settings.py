@@ -88,3 +88,20 @@ class Settings(EnvSettings):
     max_keys: int = Field(100_000_000, description="SLUICE_MAX_KEYS: unique keys per run.")
     max_array_size: int = Field(10_000, ge=2, le=10_000, description="SLUICE_MAX_ARRAY_SIZE: children per array job.")
     spill_dir: str | None = Field(None, description="SLUICE_SPILL_DIR: temp files (Lambda: /tmp).")
+    # Measured (bench/lambda_sizing.py): the in-Lambda path costs 2.75 CPU-s, 27 MiB of RSS and
+    # 7.3 MB of /tmp per million keys, so 5M keys stay near 14 s, 135 MiB and 37 MB: well inside
+    # the function's 900 s, memory and /tmp. Bigger inputs go to the prepare job.
+    prepare_over_keys: int = Field(
+        5_000_000, ge=0, description="SLUICE_PREPARE_OVER_KEYS: inputs estimated above this go to the prepare job."
+    )
+    prefix_sample_pages: int = Field(
+        50,
+        ge=1,
+        description="SLUICE_PREFIX_SAMPLE_PAGES: ListObjectsV2 pages the Lambda lists itself; longer prefixes are "
+        "prepared.",
+    )
+    prepare_workers: int | None = Field(
+        None, ge=1, description="SLUICE_PREPARE_WORKERS: force the prepare path with this many workers (local runs)."
+    )
+    prepare_job_queue: str = Field("sluice-prepare", description="SLUICE_PREPARE_JOB_QUEUE: the CPU queue.")
+    prepare_job_definition: str = Field("sluice-prepare", description="SLUICE_PREPARE_JOB_DEFINITION.")

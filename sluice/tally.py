@@ -80,11 +80,15 @@ class Tally(Table):
         `settlement` (terminal states only) is stored with it and counted; the contribution of
         a terminal state it replaces is taken back in the same transaction.
         """
+        new = self._new_item(run_id, shard, state, seq, settlement)
+        # First round without a read: most events find no item or an older non-terminal one
+        # (which counts for nothing), so one conditional write settles them.
+        if self._write(run_id, shard, None, new, replaces_waiting=True):
+            return True
         for _ in range(RECORD_TRIES):
             old = self.shard(run_id, shard)
             if old is not None and old.seq >= seq:
                 return False
-            new = self._new_item(run_id, shard, state, seq, settlement)
             if self._write(run_id, shard, old, new):
                 return True
         raise RetriableError(f"shard {shard} of run {run_id} kept changing under {RECORD_TRIES} writes; will retry")
@@ -97,10 +101,20 @@ class Tally(Table):
             pk=run_id, sk=shard_sk(shard), shard=shard, seq=seq, updated_at=int(time.time()), **fields, **extra
         )
 
-    def _write(self, run_id: str, shard: int, old: ShardItem | None, new: ShardItem) -> bool:
-        """Replace `old` by `new` if nobody changed it meanwhile; counters move with it."""
+    def _write(
+        self, run_id: str, shard: int, old: ShardItem | None, new: ShardItem, *, replaces_waiting: bool = False
+    ) -> bool:
+        """Replace `old` by `new` if nobody changed it meanwhile; counters move with it.
+
+        `replaces_waiting`: `old` is unknown (None); the write also replaces an older non-terminal
+        item, whose contribution, like a missing item's, is zero.
+        """
         put: dict[str, Any] = {"Item": item(new.model_dump(mode="json", exclude_none=True))}
-        if old is None:
+        if replaces_waiting:
+            put["ConditionExpression"] = "attribute_not_exists(sk) OR (#seq < :new AND attribute_not_exists(terminal))"
+            put["ExpressionAttributeNames"] = {"#seq": "seq"}
+            put["ExpressionAttributeValues"] = {":new": value(new.seq)}
+        elif old is None:
             put["ConditionExpression"] = "attribute_not_exists(sk)"
         else:
             put["ConditionExpression"] = "#seq = :old"

@@ -2,7 +2,8 @@
 
 moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits no events).
 This executor reads each new job back from the Batch API, runs its array children or MNP
-nodes as `python -m gpu_worker` processes with the AWS_BATCH_* variables Batch would set,
+nodes as `python -m gpu_worker` processes (a prepare job's as `python -m sluice.prepare
+STAGE`, after the jobs it depends on) with the AWS_BATCH_* variables Batch would set,
 applies the job's retry strategy to each failed attempt as Batch does
 (sluice.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
 remain, EXIT fails it), honours a concurrency limit, and emits the same "Batch Job State
@@ -87,6 +88,9 @@ class LocalJob:
     rules: Rules = EVALUATE_ON_EXIT  # the retry strategy's evaluateOnExit
     tasks: list[Task] = field(default_factory=list)
     done: bool = False
+    module: tuple[str, ...] = ("gpu_worker",)  # what `python -m` runs: the GPU worker, or sluice.prepare's stage
+    depends_on: tuple[str, ...] = ()  # job ids that must succeed first (dependsOn)
+    failed: bool = False
 
     def event_target(self) -> tuple[str, dict[str, int | None]]:
         """The job id an event about the whole job names, and its size field."""
@@ -126,6 +130,10 @@ def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -
     attempts = int(strategy.get("attempts") or 0) or DEFAULT_ATTEMPTS
     rules = tuple(strategy.get("evaluateOnExit") or ())
     job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts, rules)
+    command = [str(c) for c in (j.get("container") or {}).get("command") or []]
+    if command[:3] == ["python", "-m", "sluice.prepare"]:  # a prepare job (sluice.batch.prepare_request)
+        job.module = tuple(command[2:])
+    job.depends_on = tuple(d["jobId"] for d in j.get("dependsOn") or [] if d.get("jobId"))
     job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
     return job
 
@@ -250,7 +258,7 @@ class LocalExecutor:
                     self._reap(task)
         free = self._slots - self.running()
         for job in self.jobs.values():
-            if job.done or self._stopping:
+            if job.done or self._stopping or not self._dependencies_met(job):
                 continue
             queued = (JobStatus.PENDING, JobStatus.RUNNABLE)
             pending = [t for t in job.tasks if t.status in queued and t.proc is None]
@@ -269,6 +277,17 @@ class LocalExecutor:
         for job in self.jobs.values():
             if not job.done and all(t.status.terminal for t in job.tasks):
                 self._finish(job)
+
+    def _dependencies_met(self, job: LocalJob) -> bool:
+        """True once every job it depends on succeeded; a failed one fails it, as Batch does."""
+        deps = [self.jobs.get(d) for d in job.depends_on]
+        if any(d is not None and d.done and d.failed for d in deps):
+            for t in job.tasks:
+                t.status = JobStatus.FAILED
+            job.done = job.failed = True
+            self._emit(job, None, JobStatus.FAILED, reason="Dependent Job failed")
+            return False
+        return all(d is not None and d.done for d in deps)
 
     def _start(self, task: Task) -> None:
         job = task.job
@@ -296,7 +315,7 @@ class LocalExecutor:
         task.log_path = str(self._log_dir / f"{name}-attempt{task.attempt}.log")
         with open(task.log_path, "wb") as log:
             task.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpu_worker"],
+                [sys.executable, "-m", *job.module],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -339,10 +358,11 @@ class LocalExecutor:
 
     def _finish(self, job: LocalJob) -> None:
         job.done = True
+        failed = [t for t in job.tasks if t.status is JobStatus.FAILED]
+        job.failed = bool(failed)
         if job.kind == "single":
             return  # the plain job's own SUCCEEDED/FAILED was its task's event
         # The parent of an array fails if any child fails; an MNP job fails when a node fails.
-        failed = [t for t in job.tasks if t.status is JobStatus.FAILED]
         status = JobStatus.FAILED if failed else JobStatus.SUCCEEDED
         reason = f"{len(failed)} of {len(job.tasks)} failed" if failed else None
         self._emit(job, None, status, reason=reason)

@@ -6,8 +6,11 @@ Only the resource types Sluice runs against locally are created: S3 buckets, Dyn
 tables, event buses and rules (targets become an SQS queue the caller reads), SQS
 queues, and Batch compute environments, job queues and job definitions. Functions are
 not deployed: their resolved Environment is returned so the caller invokes the real
-handlers with exactly the settings the template gives them. Managed GPU compute
-environments become UNMANAGED ones locally (the local executor runs the jobs).
+handlers with exactly the settings the template gives them. Managed compute environments
+(the GPU ones and the prepare stage's Fargate one) become UNMANAGED ones locally (the local
+executor runs the jobs), and the job queues and job definitions on them keep the template's
+names: the prepare queue `<stack>-prepare` and definition `<stack>-prepare` that the
+functions' SLUICE_PREPARE_JOB_QUEUE / SLUICE_PREPARE_JOB_DEFINITION name, like the GPU ones.
 
 A function's EventBridgeRule events become `rule_patterns` (what the local router matches
 events against). Its Schedule events have no pattern: each is created on the emulator as a
@@ -395,7 +398,7 @@ class _Builder:
             self.record(logical, f"{stack_name}-{logical}", f"arn:aws:iam::{ACCOUNT}:{kind}/{stack_name}-{logical}")
 
     def compute_environments(self) -> None:
-        """Managed GPU environments become UNMANAGED ones: the local executor runs the jobs."""
+        """Managed environments (GPU on EC2, prepare on Fargate) become UNMANAGED: the local executor runs the jobs."""
         b, stack_name = self.c.batch, self.stack.stack_name
         service_role = f"arn:aws:iam::{ACCOUNT}:role/{stack_name}-batch-service"
         existing = {c["computeEnvironmentName"]: c for c in b.describe_compute_environments()["computeEnvironments"]}

@@ -44,8 +44,9 @@ NotePid = Callable[[int], None]
 class Router:
     """Delivers events to the functions whose template rules match (the real handlers)."""
 
-    def __init__(self, stack: Any) -> None:
+    def __init__(self, stack: Any, env: dict[str, str] | None = None) -> None:
         self._stack = stack
+        self._env = env or {}  # on top of every function's template environment
         self.delivered = Counter[str]()
 
     def __call__(self, event: dict[str, Any]) -> list[Any]:
@@ -57,7 +58,7 @@ class Router:
         return out
 
     def _invoke(self, function: str, event: dict[str, Any]) -> Any:
-        env = self._stack.env_for(function)
+        env = {**self._stack.env_for(function), **self._env}
         env["POWERTOOLS_LOG_LEVEL"] = os.environ.get("SLUICE_LOCAL_LOG_LEVEL", "WARNING")
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -257,9 +258,10 @@ def _run(
     reset_clients()  # AWS_ENDPOINT_URL is set: every client from here on talks to the emulator
     c = Clients()
     stack = create_local(c)
-    router = Router(stack)
+    forced = getattr(args, "prepare_workers", None)
+    router = Router(stack, {"SLUICE_PREPARE_WORKERS": str(forced)} if forced else None)
     outcome = _submit(c, stack, router, args)
-    if outcome.get("status") != "submitted":
+    if outcome.get("status") not in ("submitted", "preparing"):
         rejected = {"outcome": outcome.get("status"), "run_id": outcome.get("run_id")}
         _report(args, {**rejected, "reasons": outcome.get("reasons", []), "endpoint": svc.endpoint})
         return 1
@@ -269,7 +271,7 @@ def _run(
     executor = LocalExecutor(
         c.batch,
         ledger,
-        [stack.names["GpuJobQueue"], stack.names["MnpJobQueue"]],
+        [stack.names["GpuJobQueue"], stack.names["MnpJobQueue"], stack.names["PrepareJobQueue"]],
         router,
         slots=args.slots or os.cpu_count() or 1,
         worker_env=_worker_env(args, svc),
@@ -279,9 +281,13 @@ def _run(
     svc.executors.append(executor)
     progress = Progress(c, stack.names["RunsTable"], enabled=not args.json)
     if not args.json:
+        layout = "multinode" if args.mode == "multinode" else "array"
         print(
-            f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
-            f"({'multinode' if args.mode == 'multinode' else 'array'}); emulator {svc.endpoint}",
+            f"sluice: run {run_id}: about {outcome['total_keys']} keys to prepare with "
+            f"{len(outcome['job_ids'])} prepare job(s) (map, then reduce), then {layout} jobs; emulator {svc.endpoint}"
+            if outcome["status"] == "preparing"
+            else f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
+            f"({layout}); emulator {svc.endpoint}",
             file=sys.stderr,
         )
     row = _wait(executor, ledger, run_id, progress, interrupted)
@@ -375,6 +381,7 @@ def _summary(c: Any, stack: Any, row: RunItem, seconds: float, endpoint: str, lo
         "failed": failed,
         "failed_by_reason": _failure_reasons(c, row),
         "reason": final.reason if isinstance(final, RunFailed) else None,
+        "reasons": row.reasons or [],
         "shards": int(row.shards or 0),
         "retry_passes": max(1, len(row.passes)) - 1,
         "wall_s": round(seconds, 1),
@@ -383,7 +390,21 @@ def _summary(c: Any, stack: Any, row: RunItem, seconds: float, endpoint: str, lo
         "events": [e["detail-type"] for e in events],
         "endpoint": endpoint,
         "logs": log_dir,
+        "prepare": _prepare_summary(c, row),
     }
+
+
+def _prepare_summary(c: Any, row: RunItem) -> dict[str, Any] | None:
+    """What the prepare stage did (None when the manifest Lambda planned the run itself)."""
+    if row.prepare is None:
+        return None
+    from sluice.contracts import PrepareSpec
+    from sluice.prepare.collect import collect
+    from sluice.prepare.store import Store
+    from sluice.s3io import read_uri
+
+    spec = PrepareSpec.model_validate_json(read_uri(c.s3, row.prepare.spec_uri))
+    return collect(spec, Store(c.s3)).summary(spec)
 
 
 def _failures_prefix(row: RunItem) -> tuple[str, str]:
@@ -454,6 +475,16 @@ def _report(args: argparse.Namespace, s: dict[str, Any]) -> None:
         ]
         if s.get("metrics"):
             rows.append(("metrics", s["metrics"]))
+        if s.get("prepare"):
+            p = s["prepare"]
+            rows.append(
+                (
+                    "prepare",
+                    f"{p['workers']} workers, {p['keys_in']} keys in, {p['unique_keys']} unique "
+                    f"({p['duplicates']} duplicates), {p['shards']} shards, {p['seconds']} s, "
+                    f"peak {p['peak_rss_mb_per_worker']} MB a worker",
+                )
+            )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         w(f"  {k:<{width}}  {v}\n")

@@ -75,6 +75,21 @@ def test_half_corrupt_folder_fails_with_a_reason_and_non_zero_exit(tmp_path):
     assert "1 of 1 shards failed: shard 0" in proc.stdout
 
 
+def test_prepare_path_embeds_every_readable_image_of_a_folder_exactly_once(tmp_path):
+    _folder(tmp_path / "imgs", good=60, corrupt=1, non_image=0)
+    args = ("--images", str(tmp_path / "imgs"), "--prepare-workers", "3", "--shards", "2")
+    proc = _run(*args, "--json", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 60, 1)
+    assert s["events"].index("Run Preparing") < s["events"].index("Run Submitted")
+    p = s["prepare"]
+    assert (p["workers"], p["keys_in"], p["unique_keys"], p["duplicates"]) == (3, 61, 61, 0)
+    assert p["shards"] == s["shards"] and p["peak_rss_mb_per_worker"] > 0
+    keys = [r["key"] for r in _rows(s["output_dir"])]
+    assert len(keys) == 60 == len(set(keys))
+
+
 @pytest.mark.parametrize("layout", [("--mode", "multinode", "--nodes", "2"), ("--shards", "3")])
 def test_multinode_and_three_shard_array_runs_complete(tmp_path, layout):
     proc = _run("--demo", "30", "--json", "--out", str(tmp_path / "o"), *layout)

@@ -112,14 +112,6 @@ CASES = [
         "over the 50-byte limit (SLUICE_MAX_MANIFEST_BYTES)",
     ),
     (
-        "keylist-too-big",
-        "list.txt",
-        "a.jpg\n" * 20,
-        {"SLUICE_MAX_KEYLIST_BYTES": "100"},
-        {},
-        "over the 100-byte limit (SLUICE_MAX_KEYLIST_BYTES)",
-    ),
-    (
         "line-not-a-key",
         "list.txt",
         f"s3://{INPUT_BUCKET}/ok.jpg\ns3://{INPUT_BUCKET}\n",

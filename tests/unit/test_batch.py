@@ -14,10 +14,6 @@ from sluice.plan import Layout, build_plan
 from sluice.settings import Settings
 
 
-class _Scan:
-    unique_keys, duplicates = 100, 0
-
-
 def _plan(mode: str = "array", jobs: list[JobLayout] | None = None):
     m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": {"mode": mode, "nodes": 3}})
     jobs = jobs or [JobLayout(kind="array", shard_offset=0, shard_count=4)]
@@ -26,9 +22,10 @@ def _plan(mode: str = "array", jobs: list[JobLayout] | None = None):
         manifest=m,
         manifest_uri="s3://c/manifests/m.json",
         control_bucket="c",
-        sc=_Scan(),
+        total_keys=100,
+        duplicates=0,
         lay=Layout(4, 25, jobs),
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_array_request_has_plan_uri_tag_timeout_and_spot_retry():

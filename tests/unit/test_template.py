@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
+from sluice.batch import prepare_request
 from sluice.ledger import Ledger
 from sluice.local.infra import load_template
 from sluice.models import JobSpec
-from sluice.policy import EVALUATE_ON_EXIT
+from sluice.policy import EVALUATE_ON_EXIT, PREPARE_ATTEMPTS, PREPARE_TIMEOUT_S
 from sluice.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,9 +31,10 @@ FUNCTIONS = {
 }
 NO_VALUE = {"Ref": "AWS::NoValue"}
 # Actions whose API has no resource-level permissions: the only ones allowed on Resource "*"
-# (X-Ray; AWS Batch's ListJobs and DescribeJobs, per Batch's service authorization reference).
+# (X-Ray; AWS Batch's ListJobs and DescribeJobs, per Batch's service authorization reference;
+# ECR's GetAuthorizationToken, for the prepare jobs' Fargate execution role).
 XRAY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
-RESOURCE_STAR_OK = XRAY | {"batch:ListJobs", "batch:DescribeJobs"}
+RESOURCE_STAR_OK = XRAY | {"batch:ListJobs", "batch:DescribeJobs", "ecr:GetAuthorizationToken"}
 WRITE_VERBS = re.compile(
     r"^(s3:(Put|Delete|Abort|Restore|Replicate)|aps:RemoteWrite|dynamodb:(Put|Update|Delete|BatchWrite))"
 )
@@ -87,6 +89,8 @@ STAR_ACTIONS = {
     "HandleManifestUploadRole": XRAY | {"batch:ListJobs"},
     "HandleJobStateChangeRole": XRAY | {"batch:ListJobs", "batch:DescribeJobs"},
     "WorkerRole": set(),
+    "PrepareRole": set(),
+    "PrepareExecutionRole": {"ecr:GetAuthorizationToken"},
     "BatchInstanceRole": set(),
 }
 LIST_SUFFIXES = (".txt", ".csv", ".jsonl", ".json", ".gz", ".parquet")
@@ -248,7 +252,16 @@ def test_one_role_per_function_and_one_for_the_worker() -> None:
         for c in _containers(jd)
     }
     assert job_roles == {"WorkerRole"}
-    assert len(set(used)) == len(FUNCTIONS) and "WorkerRole" not in used
+    (prepare,) = _containers("PrepareJobDefinition")
+    assert prepare["JobRoleArn"] == {"Fn::GetAtt": ["PrepareRole", "Arn"]}
+    assert prepare["ExecutionRoleArn"] == {"Fn::GetAtt": ["PrepareExecutionRole", "Arn"]}
+    for role in ("PrepareRole", "PrepareExecutionRole"):
+        props = RES[role]["Properties"]
+        assert not props.get("ManagedPolicyArns"), f"{role}: managed policies are too broad"
+        (trust,) = props["AssumeRolePolicyDocument"]["Statement"]
+        assert trust["Principal"] == {"Service": "ecs-tasks.amazonaws.com"}
+        assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    assert len(set(used)) == len(FUNCTIONS) and not {"WorkerRole", "PrepareRole", "PrepareExecutionRole"} & set(used)
     assert "Policies" not in RES["BatchInstanceRole"]["Properties"], "the ECS agent role gets no data access"
 
 
@@ -308,7 +321,11 @@ def test_functions_write_only_under_runs() -> None:
             if action.startswith("s3:") and WRITE_VERBS.match(action):
                 assert resource.startswith(f"{CONTROL}/runs/"), (role, action, resource)
     retry = {r for a, r, _ in role_grants("HandleJobStateChangeRole") if a == "s3:PutObject"}
-    assert retry == {f"{CONTROL}/runs/*/shards/*", f"{CONTROL}/runs/*/plan-retry-*"}, "retry pass only"
+    assert retry == {
+        f"{CONTROL}/runs/*/shards/*",
+        f"{CONTROL}/runs/*/plan-retry-*",
+        f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.staging)
+    }, "retry pass and prepared plan only"
 
 
 def test_function_grants_name_sluice_resources_only() -> None:
@@ -326,8 +343,8 @@ def test_function_grants_name_sluice_resources_only() -> None:
                 if action.startswith(prefix):
                     assert must in resource, (role, action, resource)
             if action == "batch:SubmitJob":
-                assert resource in ("${GpuJobQueue}", "${MnpJobQueue}") or re.search(
-                    r":job-definition/\$\{AWS::StackName\}-worker(-mnp)?:\*$", resource
+                assert resource in ("${GpuJobQueue}", "${MnpJobQueue}", "${PrepareJobQueue}") or re.search(
+                    r":job-definition/\$\{AWS::StackName\}-(worker|worker-mnp|prepare):\*$", resource
                 ), resource
             if action == "batch:TagResource":
                 assert cond == {"StringEquals": {"batch:CreateAction": "SubmitJob"}}
@@ -389,7 +406,11 @@ def test_rules_route_manifests_batch_events_and_outcomes() -> None:
     assert "EventBusName" not in jobs, "Batch events arrive on the default bus"
     assert jobs["Pattern"]["source"] == ["aws.batch"]
     assert jobs["Pattern"]["detail-type"] == ["Batch Job State Change"]
-    assert jobs["Pattern"]["detail"]["jobQueue"] == [{"Ref": "GpuJobQueue"}, {"Ref": "MnpJobQueue"}]
+    assert jobs["Pattern"]["detail"]["jobQueue"] == [
+        {"Ref": "GpuJobQueue"},
+        {"Ref": "MnpJobQueue"},
+        {"Ref": "PrepareJobQueue"},  # the reduce job's end starts the GPU jobs
+    ]
     outcome = RES["RunOutcomeRule"]["Properties"]
     assert outcome["EventBusName"] == {"Ref": "SluiceBus"}
     assert outcome["EventPattern"] == {
@@ -527,9 +548,98 @@ def test_queues_order_spot_then_on_demand_and_mnp_never_on_spot() -> None:
     assert envs
     for logical, spec in envs:
         cr = spec["Properties"]["ComputeResources"]
-        assert cr["InstanceTypes"] == {"Ref": "GpuInstanceTypes"}, logical
+        if cr["Type"] in ("FARGATE", "FARGATE_SPOT"):
+            assert logical == "PrepareComputeEnvironment", f"{logical}: only the prepare stage runs on Fargate"
+            assert "InstanceTypes" not in cr and "InstanceRole" not in cr, logical
+        else:
+            assert cr["InstanceTypes"] == {"Ref": "GpuInstanceTypes"}, logical
         assert cr["Subnets"] == {"Ref": "SubnetIds"} and cr["SecurityGroupIds"] == {"Ref": "SecurityGroupIds"}
         assert isinstance(cr["MaxvCpus"], dict), f"{logical}: MaxvCpus comes from a parameter"
+
+
+# ---------------------------------------------------------------- prepare stage (CPU, Fargate)
+
+
+def test_prepare_queue_and_job_definition() -> None:
+    queue = RES["PrepareJobQueue"]["Properties"]
+    (order,) = queue["ComputeEnvironmentOrder"]
+    assert order["ComputeEnvironment"] == {"Ref": "PrepareComputeEnvironment"}
+    assert RES["PrepareComputeEnvironment"]["Properties"]["ComputeResources"]["Type"] == "FARGATE"
+    # Named as Settings' defaults for a stack called "sluice" (SLUICE_PREPARE_JOB_QUEUE / _DEFINITION).
+    assert queue["JobQueueName"] == {"Fn::Sub": "${AWS::StackName}-prepare"}
+    assert Settings.model_fields["prepare_job_queue"].default == "sluice-prepare"
+    props = RES["PrepareJobDefinition"]["Properties"]
+    assert props["JobDefinitionName"] == {"Fn::Sub": "${AWS::StackName}-prepare"}
+    assert Settings.model_fields["prepare_job_definition"].default == "sluice-prepare"
+    assert props["Type"] == "container" and props["PlatformCapabilities"] == ["FARGATE"]
+    assert props["PropagateTags"] is True
+    # The retry strategy and timeout SubmitJob passes (sluice.batch.prepare_request), in PascalCase.
+    req = prepare_request("r", "map", "s3://b/runs/r/prepare/spec.json", 4, Settings())
+    assert props["RetryStrategy"] == _pascal(req["retryStrategy"]) == {"Attempts": PREPARE_ATTEMPTS}
+    assert props["Timeout"]["AttemptDurationSeconds"] == PREPARE_TIMEOUT_S == req["timeout"]["attemptDurationSeconds"]
+    (c,) = _containers("PrepareJobDefinition")
+    assert c["Command"][:3] == req["containerOverrides"]["command"][:3] == ["python", "-m", "sluice.prepare"]
+    assert c["Image"] == {"Fn::If": ["HasPrepareImage", {"Ref": "PrepareImage"}, {"Ref": "WorkerImage"}]}
+    assert {r["Type"]: r["Value"] for r in c["ResourceRequirements"]} == {"VCPU": "2", "MEMORY": "4096"}
+    assert c["LogConfiguration"]["LogDriver"] == "awslogs"
+    assert c["LogConfiguration"]["Options"]["awslogs-group"] == {"Ref": "WorkerLogGroup"}
+    assert c["NetworkConfiguration"] == {"AssignPublicIp": "DISABLED"}
+
+
+def test_prepare_worker_reads_lists_never_images_and_writes_only_prepare_files_and_shards() -> None:
+    grants = role_grants("PrepareRole")
+    assert grants
+    assert {a for a, _, _ in grants} == {
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "s3:PutObjectTagging",
+        *KMS,
+    }
+    for action, resource, cond in grants:
+        if action in ("s3:PutObject", "s3:PutObjectTagging"):
+            assert resource in (f"{CONTROL}/runs/*/prepare/*", f"{CONTROL}/runs/*/shards/*"), (action, resource)
+        elif action == "s3:GetObject":
+            if resource.startswith(INPUTS) or resource.startswith(f"{CONTROL}/inputs/"):
+                assert resource.endswith(LIST_SUFFIXES) and not resource.endswith("/*"), resource
+            else:
+                assert resource in (
+                    f"{CONTROL}/runs/*/prepare/*",
+                    f"{CONTROL}/runs/*/shards/*",
+                    f"{CONTROL}/manifests/*",
+                ), resource
+        elif action == "s3:ListBucket":
+            if resource == "${ControlBucket.Arn}":
+                assert cond == {"StringLike": {"s3:prefix": ["runs/*", "inputs/*"]}}
+            else:
+                assert resource == INPUTS and not cond, resource
+    reads = {r for a, r, _ in grants if a == "s3:GetObject"}
+    assert {f"{INPUTS}/*{s}" for s in LIST_SUFFIXES} <= reads, "key lists and inventory reports in input buckets"
+    execution = role_grants("PrepareExecutionRole")
+    assert execution
+    for action, resource, _ in execution:
+        assert action.startswith(("ecr:", "logs:")), action
+        if action.startswith("logs:"):
+            assert resource == "${WorkerLogGroup.Arn}", resource
+        elif resource != "*":
+            assert resource == "arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/*", resource
+
+
+def test_manifest_function_routes_big_inputs_to_the_prepare_stage() -> None:
+    env = T["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["SLUICE_PREPARE_JOB_QUEUE"] == {"Ref": "PrepareJobQueue"}
+    assert env["SLUICE_PREPARE_JOB_DEFINITION"] == {"Ref": "PrepareJobDefinition"}
+    own = RES["HandleManifestUploadFunction"]["Properties"]["Environment"]["Variables"]
+    over = int(own["SLUICE_PREPARE_OVER_KEYS"])
+    assert over == Settings.model_fields["prepare_over_keys"].default
+    # The run-level cap admits the prepare stage's 1-billion-key goal; the in-Lambda path stops at `over`.
+    assert int(own["SLUICE_MAX_KEYS"]) == 1_000_000_000 > over
+    submit = {r for a, r, _ in role_grants("HandleManifestUploadRole") if a == "batch:SubmitJob"}
+    assert "${PrepareJobQueue}" in submit
+    assert any(r.endswith(":job-definition/${AWS::StackName}-prepare:*") for r in submit), submit
+    # Only the manifest function starts prepare jobs; the job-state function submits GPU jobs only.
+    retry = {r for a, r, _ in role_grants("HandleJobStateChangeRole") if a == "batch:SubmitJob"}
+    assert retry and not any("prepare" in r.lower() for r in retry), retry
 
 
 # ---------------------------------------------------------------- AMP, outputs, packaging
@@ -552,6 +662,8 @@ def test_outputs() -> None:
         "EventBusName",
         "JobQueueName",
         "MnpJobQueueName",
+        "PrepareJobQueueName",
+        "PrepareJobQueueArn",
         "RemoteWriteUrl",
         "NotificationsTopicArn",
     }

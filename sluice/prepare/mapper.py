@@ -1,0 +1,141 @@
+"""Map worker w: read tasks[w::workers], validate every entry, route each key to its partition's part file.
+
+Each key goes, by partition_of, to one of R local spill files (shard format, unsorted blocks,
+bounded memory); then all R are uploaded (empty ones too, so a reducer never guesses) and the
+MapResult is written last: it is the worker's commit marker. The same input gives the same
+bytes, so a retried worker overwrites its parts with identical objects.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from sluice.awserror import AwsFailure, Kind
+from sluice.contracts import InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
+from sluice.errors import AwsFatalError, ManifestRejected
+from sluice.manifest import _inventory_csv, _inventory_parquet
+from sluice.paths import RunPaths
+from sluice.prepare import peak_rss_mb
+from sluice.prepare.keylist import map_keylist
+from sluice.prepare.sink import Parts, Sink, TaskProblems
+from sluice.prepare.store import Store
+
+UPLOAD_THREADS = 8
+
+
+def _input_problem(exc: AwsFatalError, what: str) -> str:
+    """The rejection reason for an input object S3 will not give (sluice.manifest._s3_error's words)."""
+    failure = exc.failure
+    if isinstance(failure, AwsFailure) and failure.kind is Kind.NOT_FOUND:
+        return f"{what}: the bucket does not exist" if failure.code == "NoSuchBucket" else f"{what} does not exist"
+    if isinstance(failure, AwsFailure) and failure.kind is Kind.DENIED:
+        return f"{what} cannot be read: access denied (grant the prepare job role read access)"
+    raise exc
+
+
+def map_inventory(
+    task: InventoryFiles, store: Store, problems: TaskProblems, emit_batch: Callable[[str, list[str]], None]
+) -> int:
+    """Read each data file (gzip CSV or Parquet, via sluice.manifest); returns the keys it held."""
+    rows = 0
+    read = _inventory_csv if task.format == "CSV" else _inventory_parquet
+    for key in task.keys:
+        what = f"inventory file s3://{task.bucket}/{key}"
+        try:
+            data = store.get(f"s3://{task.bucket}/{key}")
+        except AwsFatalError as exc:
+            problems.add(_input_problem(exc, what))
+            continue
+        try:
+            for bucket, keys in read(data, task.columns, key, problems):
+                rows += len(keys)
+                emit_batch(bucket, keys)
+        except ManifestRejected as exc:
+            problems.add("; ".join(exc.reasons))
+        except Exception as exc:  # pyarrow's errors (a damaged Parquet file), a schema without Bucket/Key
+            problems.add(f"inventory file {key}: cannot be read as {task.format}: {type(exc).__name__}: {exc}")
+    return rows
+
+
+def map_prefix(
+    task: PrefixRange, store: Store, problems: TaskProblems, emit_batch: Callable[[str, list[str]], None]
+) -> int:
+    """List start_after < key < stop_at under the prefix (folder markers skipped); returns the keys listed."""
+    listed, token = 0, None
+    what = f"prefix s3://{task.bucket}/{task.prefix}"
+    while True:
+        try:
+            page, _ = store.list_page(task.bucket, task.prefix, start_after=task.start_after, token=token)
+        except AwsFatalError as exc:
+            problems.add(_input_problem(exc, what))
+            return listed
+        keys = page.keys
+        done = not page.truncated
+        if task.stop_at is not None and keys and keys[-1] >= task.stop_at:
+            keys = [k for k in keys if k < task.stop_at]
+            done = True
+        keys = [k for k in keys if not k.endswith("/")]
+        listed += len(keys)
+        if keys:
+            emit_batch(task.bucket, keys)
+        if done:
+            return listed
+        token = page.token
+
+
+def run_map(spec: PrepareSpec, worker: int, store: Store, *, spill_dir: str | None = None) -> MapResult:
+    """Map worker `worker`: its parts, then its MapResult (last)."""
+    t0 = time.monotonic()
+    if not 0 <= worker < spec.workers:
+        raise ValueError(f"map worker {worker} is outside 0..{spec.workers - 1} (AWS_BATCH_JOB_ARRAY_INDEX)")
+    paths = RunPaths(spec.root)
+    suffixes = tuple(s.lower() for s in spec.suffixes) if spec.suffixes else None
+    problems = TaskProblems()
+    mine = list(range(worker, len(spec.tasks), spec.workers))
+    task_lines: list[int] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-map-", dir=spill_dir) as tmp:
+        parts = Parts(tmp, spec.partitions)
+        sink = Sink(parts, problems, frozenset(spec.allowed_buckets), suffixes)
+        try:
+            for t in mine:
+                task = spec.tasks[t]
+                problems.task, problems.line = t, None
+                if isinstance(task, KeyListRange):
+                    task_lines.append(map_keylist(task, store, spec.default_bucket, sink))
+                elif isinstance(task, InventoryFiles):
+                    task_lines.append(map_inventory(task, store, problems, sink.batch))
+                else:
+                    task_lines.append(map_prefix(task, store, problems, sink.batch))
+            parts.close()
+        except BaseException:
+            parts.abort()
+            raise
+        _upload(store, [(paths.prepare_part(worker, r), p) for r, p in enumerate(parts.paths)])
+    result = MapResult(
+        worker=worker,
+        tasks=mine,
+        task_lines=task_lines,
+        keys_in=sink.keys_in,
+        partition_keys=parts.counts,
+        problems=problems.kept,
+        problem_count=problems.count,
+        seconds=round(time.monotonic() - t0, 3),
+        peak_rss_mb=peak_rss_mb(),
+    )
+    store.put(paths.map_result(worker), result.model_dump_json().encode(), content_type="application/json")
+    return result
+
+
+def _upload(store: Store, items: list[tuple[str, str]]) -> None:
+    """PUT each local part file to its URI (threads: S3 PUT latency, not bandwidth, bounds this)."""
+
+    def put(item: tuple[str, str]) -> None:
+        uri, path = item
+        with open(path, "rb") as fh:
+            store.put(uri, fh.read(), scratch=True)
+
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        list(pool.map(put, items))

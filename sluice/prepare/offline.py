@@ -1,0 +1,159 @@
+"""`sluice prepare KEYLIST --out DIR`: the prepare stage's map and reduce on this machine, no AWS.
+
+The same run_map / run_reduce as the Batch jobs, over a local directory (one process per
+worker, at most one per CPU at a time), then a plan.json a standalone worker can run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from hashlib import blake2b
+from multiprocessing import get_context
+from typing import Any
+
+from sluice.contracts import PrepareSpec
+from sluice.dedup import MAX_POSITIONS
+from sluice.errors import ManifestRejected
+from sluice.models import MAX_ARRAY_SIZE, RunPlan
+from sluice.paths import RunPaths
+from sluice.plan import job_layouts
+from sluice.prepare.collect import collect
+from sluice.prepare.reducer import PrepareError
+from sluice.prepare.split import choose_partitions, estimate_keylist, keylist_tasks
+from sluice.prepare.store import Store
+
+
+def _map_child(spec_uri: str, worker: int) -> float:
+    """Map worker `worker`; returns its CPU seconds (its wall seconds are in its MapResult)."""
+    from sluice.prepare.__main__ import load_spec
+    from sluice.prepare.mapper import run_map
+
+    cpu, store = time.process_time(), Store()
+    run_map(load_spec(store, spec_uri), worker, store)
+    return time.process_time() - cpu
+
+
+def _reduce_child(spec_uri: str, partition: int) -> float:
+    """Reduce worker `partition`; returns its CPU seconds."""
+    from sluice.prepare.__main__ import load_spec
+    from sluice.prepare.reducer import run_reduce
+
+    cpu, store = time.process_time(), Store()
+    run_reduce(load_spec(store, spec_uri), partition, store)
+    return time.process_time() - cpu
+
+
+def _run_all(fn: Callable[[str, int], float], spec_uri: str, n: int, processes: bool) -> list[float]:
+    """fn(spec, i) for i < n: a fresh process each (its peak RSS is its own), at most one per CPU at once."""
+    if not processes:
+        return [fn(spec_uri, i) for i in range(n)]
+    slots = max(1, min(n, os.cpu_count() or 1))
+    # forkserver: children fork from a small clean server (not from a caller that may hold a
+    # big key list), with sluice already imported there, so each starts fast and measures its own RSS.
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(["sluice.prepare.offline", "sluice.prepare.mapper", "sluice.prepare.reducer"])
+    with ProcessPoolExecutor(slots, mp_context=ctx, max_tasks_per_child=1) as pool:
+        return list(pool.map(fn, [spec_uri] * n, range(n)))
+
+
+def prepare_offline(
+    keylist_path: str,
+    out_dir: str,
+    workers: int,
+    keys_per_shard: int = 10_000,
+    bucket: str | None = None,
+    partitions: int | None = None,
+    *,
+    processes: bool = True,
+    max_keys: int = MAX_POSITIONS - 1,
+    keep_parts: bool = False,
+) -> dict[str, Any]:
+    """Shard a local key list into out_dir/shards/ and write out_dir/plan.json; ManifestRejected on bad input."""
+    t0 = time.monotonic()
+    path = os.path.abspath(keylist_path)
+    root = os.path.abspath(out_dir) + "/"
+    paths, store = RunPaths(root), Store()
+    est = estimate_keylist(store, path)
+    run_id = "offline-" + blake2b(path.encode(), digest_size=6).hexdigest()
+    spec = PrepareSpec(
+        run_id=run_id,
+        manifest_uri=path,
+        root=root,
+        workers=workers,
+        partitions=partitions or choose_partitions(est.keys_estimate),
+        keys_per_shard=keys_per_shard,
+        default_bucket=bucket,
+        max_keys=max_keys,
+        input_keys_estimate=est.keys_estimate,
+        tasks=list(keylist_tasks(path, est.size, est.format, est.header, workers)),
+    )
+    store.put(paths.prepare_spec, spec.model_dump_json(indent=2).encode())
+    map_cpu = _run_all(_map_child, paths.prepare_spec, spec.workers, processes)
+    reduce_cpu = _run_all(_reduce_child, paths.prepare_spec, spec.partitions, processes)
+    got = collect(spec, store)
+    if not keep_parts:
+        shutil.rmtree(root + "prepare/map", ignore_errors=True)
+    if got.rejected:
+        raise ManifestRejected(got.rejected)
+    plan = RunPlan.standalone(
+        run_id,
+        root,
+        n_shards=got.n_shards,
+        total_keys=got.unique_keys,
+        manifest_uri=path,
+        duplicates=got.duplicates,
+        keys_per_shard=keys_per_shard,
+        jobs=job_layouts(got.n_shards, "array", MAX_ARRAY_SIZE),
+    )
+    store.put(paths.plan, plan.model_dump_json(indent=2).encode())
+    return {
+        **got.summary(spec),
+        "seconds": round(time.monotonic() - t0, 3),  # wall time here, not the critical path of the workers
+        "map_seconds": got.map_seconds,
+        "reduce_seconds": got.reduce_seconds,
+        "map_cpu_seconds": round(max(map_cpu), 3),  # the busiest worker's CPU time: its rate when alone on a core
+        "reduce_cpu_seconds": round(max(reduce_cpu), 3),
+        "plan": paths.plan,
+    }
+
+
+def add_offline_arguments(p: argparse.ArgumentParser) -> None:
+    """The `sluice prepare` arguments (offline_main reads them)."""
+    p.add_argument("keylist", help="a local .txt/.csv/.jsonl key list")
+    p.add_argument("--out", required=True, help="directory for shards/, prepare/ and plan.json")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="map workers (default: CPUs)")
+    p.add_argument("--partitions", type=int, default=None, help="reduce workers (default: one per 4M keys)")
+    p.add_argument("--keys-per-shard", type=int, default=10_000)
+    p.add_argument("--bucket", help="bucket for bare keys")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def offline_main(args: argparse.Namespace) -> int:
+    """`sluice prepare`: run prepare_offline and print its summary; ManifestRejected propagates (cli prints it)."""
+    if args.workers < 1 or (args.partitions is not None and args.partitions < 1) or args.keys_per_shard < 1:
+        raise PrepareError("--workers, --partitions and --keys-per-shard must be at least 1")
+    summary = prepare_offline(
+        args.keylist,
+        args.out,
+        args.workers,
+        keys_per_shard=args.keys_per_shard,
+        bucket=args.bucket,
+        partitions=getattr(args, "partitions", None),
+    )
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{summary['unique_keys']:,} unique keys ({summary['keys_in']:,} read, {summary['duplicates']:,} "
+            f"duplicates) -> {summary['shards']:,} shards in {summary['seconds']:.1f} s "
+            f"({summary['workers']} map x {summary['partitions']} reduce workers, "
+            f"peak {summary['peak_rss_mb_per_worker']:.0f} MiB a worker)"
+        )
+        print(f"plan {summary['plan']}")
+    return 0

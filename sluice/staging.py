@@ -1,0 +1,352 @@
+"""The prepare stage from the control plane's side: route big inputs to it, and submit after it.
+
+The manifest Lambda only decides: it sizes the input cheaply (sluice.prepare.split) and
+either plans in-process (inputs up to SLUICE_PREPARE_OVER_KEYS) or writes a PrepareSpec
+and submits the two prepare jobs (map, then reduce depending on it) on the CPU queue:
+PLANNING -> PREPARING with "Run Preparing". The reduce job's terminal event (or the
+reconciliation sweep, when that event is lost) runs the submit step: it reads the
+reducers' results (sluice.prepare.collect), writes plan.json and submits the inference
+jobs: PREPARING -> SUBMITTED with "Run Submitted", or -> REJECTED ("Manifest Rejected")
+when a worker found bad input, or -> FAILED (stage "prepare") when a prepare job failed.
+A lease on the RUN item keeps two deliveries from submitting at once; job names make the
+submission itself idempotent (sluice.batch).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from sluice import outbox
+from sluice.aws import Clients
+from sluice.batch import BatchAdapter
+from sluice.contracts import (
+    JobLayoutItem,
+    JobStatus,
+    ManifestRejected,
+    PassItem,
+    PrepareItem,
+    PrepareSpec,
+    PrepareTask,
+    RunFailed,
+    RunItem,
+    RunPreparing,
+    RunStatus,
+    RunSubmitted,
+)
+from sluice.errors import AwsFatalError
+from sluice.errors import ManifestRejected as Rejection
+from sluice.ledger import Ledger
+from sluice.log import logger
+from sluice.models import Manifest, RunPlan
+from sluice.notify import EventPublisher
+from sluice.paths import RunPaths
+from sluice.plan import Layout, build_plan, job_layouts
+from sluice.prepare import split
+from sluice.prepare.collect import collect
+from sluice.prepare.store import Store
+from sluice.s3io import put_object, read_uri
+from sluice.s3uri import parse_s3_uri
+from sluice.settings import Settings
+
+
+@dataclass(frozen=True)
+class Started:
+    """The prepare jobs a run got."""
+
+    spec: PrepareSpec
+    job_ids: list[str]
+    input_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Sized:
+    """An input's size as the Lambda can learn it cheaply, and how to cut it into P workers' tasks."""
+
+    keys: int
+    input_bytes: int | None
+    fits_lambda: bool
+    tasks: Callable[[int], Sequence[PrepareTask]]
+
+
+def size_input(manifest: Manifest, s3: Any, settings: Settings) -> Sized | None:
+    """Sized input, or None for inline keys and input names the Lambda path rejects with its own reasons."""
+    spec, over = manifest.input, settings.prepare_over_keys
+    store = Store(s3)
+    try:
+        if spec.key_list is not None:
+            uri = spec.key_list
+            parse_s3_uri(uri)
+            kl = split.estimate_keylist(store, uri)
+            fits = kl.keys_estimate <= over and kl.size <= settings.max_keylist_bytes
+            return Sized(
+                kl.keys_estimate, kl.size, fits, lambda p: split.keylist_tasks(uri, kl.size, kl.format, kl.header, p)
+            )
+        if spec.inventory is not None:
+            parse_s3_uri(spec.inventory)
+            inv = split.estimate_inventory(store, spec.inventory)
+            return Sized(
+                inv.keys_estimate,
+                inv.total_bytes,
+                inv.keys_estimate <= over,
+                lambda p: split.inventory_tasks(inv.report, p),
+            )
+        if spec.prefix is not None:
+            bucket, prefix = parse_s3_uri(spec.prefix, allow_empty_key=True)
+            pe = split.estimate_prefix(
+                store, bucket, prefix, max_pages=settings.prefix_sample_pages, max_keys=settings.max_keys
+            )
+            return Sized(
+                pe.keys_estimate,
+                None,
+                pe.exact and pe.keys_estimate <= over,
+                lambda p: split.prefix_tasks(s3, bucket, prefix, p),
+            )
+    except (ValueError, AwsFatalError, Rejection):
+        return None  # a bad URI or a missing / unreadable input: the Lambda path says exactly what
+    return None
+
+
+def route(
+    run_id: str,
+    manifest_uri: str,
+    manifest: Manifest,
+    control: str,
+    settings: Settings,
+    s3: Any,
+    *,
+    at_least: int = 0,
+) -> tuple[PrepareSpec, int | None] | None:
+    """The prepare spec when the input is too big for the Lambda (or prepare is forced), else None.
+
+    `at_least`: keys the Lambda's own scan already met, beyond its cap (the estimate was low).
+    """
+    sized = size_input(manifest, s3, settings)
+    forced = settings.prepare_workers
+    if sized is not None and at_least > sized.keys:
+        sized = Sized(at_least, sized.input_bytes, False, sized.tasks)
+    if sized is None or (forced is None and sized.fits_lambda):
+        return None
+    job = manifest.job
+    workers = forced or split.choose_workers(sized.keys)
+    spec = PrepareSpec(
+        run_id=run_id,
+        manifest_uri=manifest_uri,
+        root=RunPaths.in_bucket(control, run_id).root,
+        workers=workers,
+        partitions=split.choose_partitions(sized.keys, job.mode, job.nodes),
+        keys_per_shard=job.keys_per_shard,
+        mode=job.mode,
+        nodes=job.nodes if job.mode == "multinode" else 1,
+        default_bucket=manifest.input.bucket or settings.default_input_bucket,
+        suffixes=manifest.input.suffixes,
+        allowed_buckets=list(settings.allowed_buckets),
+        max_keys=settings.max_keys,
+        input_keys_estimate=sized.keys,
+        tasks=list(sized.tasks(workers)),
+    )
+    return spec, sized.input_bytes
+
+
+def start(
+    run_id: str,
+    manifest_uri: str,
+    manifest: Manifest,
+    spec: PrepareSpec,
+    input_bytes: int | None,
+    settings: Settings,
+    clients: Clients,
+    ledger: Ledger,
+) -> Started:
+    """Write the spec (and the manifest it came from), submit the prepare jobs, record PREPARING."""
+    paths = RunPaths(spec.root)
+    put_object(clients.s3, paths.prepare_manifest, manifest.model_dump_json().encode(), "application/json")
+    put_object(clients.s3, paths.prepare_spec, spec.model_dump_json().encode(), "application/json")
+    ids = BatchAdapter(clients.batch).submit_prepare(
+        run_id, paths.prepare_spec, spec.workers, spec.partitions, settings
+    )
+    preparing = RunPreparing(
+        run_id=run_id,
+        manifest=manifest_uri,
+        workers=spec.workers,
+        partitions=spec.partitions,
+        input_keys_estimate=spec.input_keys_estimate,
+        input_bytes=input_bytes,
+        job_ids=ids,
+    )
+    item = PrepareItem(
+        spec_uri=paths.prepare_spec,
+        workers=spec.workers,
+        partitions=spec.partitions,
+        map_job_id=ids[0],
+        reduce_job_id=ids[1],
+        input_keys_estimate=spec.input_keys_estimate,
+        started_at=int(time.time()),
+    )
+    ledger.mark_preparing(run_id, item, preparing)
+    logger.info("run preparing", extra=preparing.model_dump(exclude={"run_id"}))
+    return Started(spec, ids, input_bytes)
+
+
+def on_prepare_job(
+    run: RunItem, job_id: str, status: JobStatus, reason: str | None, settings: Settings, clients: Clients
+) -> str | None:
+    """A prepare job reached `status`: submit after the reduce job, fail after any failure.
+
+    Returns the event it decided ("Run Submitted", "Manifest Rejected", "Run Failed"), or None.
+    """
+    prep = run.prepare
+    if prep is None or run.status != RunStatus.PREPARING or not status.terminal:
+        return None
+    if status == JobStatus.FAILED:
+        stage = "map" if job_id == prep.map_job_id else "reduce"
+        return fail(run, f"prepare {stage} job {job_id} failed: {reason or 'no reason given'}", settings, clients)
+    if job_id == prep.reduce_job_id:
+        return submit(run, settings, clients)
+    return None  # the map job: the reduce job, which depends on it, decides
+
+
+def fail(run: RunItem, why: str, settings: Settings, clients: Clients) -> str | None:
+    """PREPARING -> FAILED (stage "prepare") with what to look at."""
+    ledger = Ledger(clients.dynamodb, settings.runs_table)
+    events = EventPublisher(clients.events, settings.event_bus)
+    outbox.deliver(ledger, events, run)  # the outbox holds one event: "Run Preparing" goes first
+    reason = (
+        f"{why}. Its log is in CloudWatch Logs, the worker log group (/aws/batch/<stack>-worker), streams "
+        "prepare/*; fix the cause and upload the manifest again"
+    )
+    failed = RunFailed(run_id=run.run_id, reason=reason, shards_failed=[], failed_keys_uri=None, stage="prepare")
+    try:
+        ledger.mark_failed(run.run_id, reason, failed, expect=RunStatus.PREPARING)
+    except ClientError:  # a lost condition: another delivery decided first
+        return None
+    outbox.deliver(ledger, events, ledger.get(run.run_id))
+    return RunFailed.detail_type
+
+
+def submit(run: RunItem, settings: Settings, clients: Clients) -> str | None:
+    """The submit step: the reducers' results -> plan.json -> the inference jobs, once."""
+    ledger = Ledger(clients.dynamodb, settings.runs_table)
+    events = EventPublisher(clients.events, settings.event_bus)
+    outbox.deliver(ledger, events, run)  # "Run Preparing" before the transition replaces the outbox
+    if run.prepare is None or not ledger.lease_prepared(run.run_id):
+        return None
+    try:
+        decided = _submit(run, run.prepare, settings, clients, ledger)
+    except BaseException:
+        ledger.release_prepared(run.run_id)
+        raise
+    outbox.deliver(ledger, events, ledger.get(run.run_id))
+    return decided
+
+
+def _submit(run: RunItem, prep: PrepareItem, settings: Settings, clients: Clients, ledger: Ledger) -> str:
+    read = functools.partial(read_uri, clients.s3)
+    spec = PrepareSpec.model_validate_json(read(prep.spec_uri))
+    paths = RunPaths(spec.root)
+    manifest = Manifest.model_validate_json(read(paths.prepare_manifest))
+    got = collect(spec, Store(clients.s3))
+    if got.rejected is not None:
+        rejected = ManifestRejected(run_id=run.run_id, manifest=run.manifest_uri, reasons=got.rejected)
+        ledger.mark_rejected(run.run_id, got.rejected, rejected, expect=RunStatus.PREPARING)
+        logger.warning("manifest rejected by the prepare stage", extra={"reasons": got.rejected[:5]})
+        return ManifestRejected.detail_type
+    mode = manifest.job.mode
+    kps = spec.keys_per_shard if mode == "array" else max(1, math.ceil(got.unique_keys / spec.nodes))
+    lay = Layout(got.n_shards, kps, job_layouts(got.n_shards, mode, settings.max_array_size))
+    control = paths.root.removeprefix("s3://").split("/", 1)[0]
+    plan = build_plan(
+        run_id=run.run_id,
+        manifest=manifest,
+        manifest_uri=run.manifest_uri,
+        control_bucket=control,
+        total_keys=got.unique_keys,
+        duplicates=got.duplicates,
+        lay=lay,
+    )
+    put_object(clients.s3, paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
+    submit_plan(
+        run.run_id,
+        run.manifest_uri,
+        plan,
+        paths.plan,
+        manifest.job.queue,
+        settings,
+        clients,
+        ledger,
+        expect=RunStatus.PREPARING,
+    )
+    logger.info(
+        "run submitted after prepare",
+        extra={"total_keys": plan.total_keys, "duplicates": plan.duplicates, "shards": plan.n_shards},
+    )
+    return RunSubmitted.detail_type
+
+
+def submit_plan(
+    run_id: str,
+    manifest_uri: str,
+    plan: RunPlan,
+    plan_uri: str,
+    queue: str | None,
+    settings: Settings,
+    clients: Clients,
+    ledger: Ledger,
+    *,
+    expect: RunStatus = RunStatus.PLANNING,
+) -> RunSubmitted:
+    """Submit the plan's jobs (adopted by name when already out), then record SUBMITTED with "Run Submitted"."""
+    job_ids = BatchAdapter(clients.batch).submit(plan, plan_uri, settings, queue=queue)
+    submitted = RunSubmitted(
+        run_id=run_id,
+        manifest=manifest_uri,
+        total_keys=plan.total_keys,
+        duplicates=plan.duplicates,
+        shards=plan.n_shards,
+        mode=plan.mode,
+        job_ids=job_ids,
+        plan_uri=plan_uri,
+    )
+    ledger.mark_submitted(run_id, submitted_fields(plan, job_ids, plan_uri), submitted, expect=expect)
+    return submitted
+
+
+def submitted_fields(plan: RunPlan, job_ids: list[str], plan_uri: str) -> dict[str, Any]:
+    """The RUN item's fields once its inference jobs are out."""
+    return {
+        "total_keys": plan.total_keys,
+        "duplicates": plan.duplicates,
+        "shards": plan.n_shards,
+        "mode": plan.mode,
+        "job_ids": job_ids,
+        "jobs": [JobLayoutItem(id=i, **j.model_dump()) for i, j in zip(job_ids, plan.jobs, strict=True)],
+        "passes": [PassItem(first_shard=0, n_shards=plan.n_shards)],
+        "plan_uri": plan_uri,
+        "output_prefix": plan.output_prefix,
+        "jobs_done": 0,
+    }
+
+
+def reconcile_preparing(run: RunItem, settings: Settings, clients: Clients, describe: Any) -> str | None:
+    """The sweep's part: a PREPARING run whose prepare jobs ended without their events reaching us."""
+    prep = run.prepare
+    if prep is None:
+        return None
+    jobs = describe([prep.map_job_id, prep.reduce_job_id])
+    for jid in (prep.map_job_id, prep.reduce_job_id):
+        desc = jobs.get(jid)
+        if desc is None:
+            continue
+        decided = on_prepare_job(run, jid, JobStatus(desc["status"]), desc.get("statusReason"), settings, clients)
+        if decided:
+            return decided
+    return None
+
+
+__all__ = ["Started", "fail", "on_prepare_job", "reconcile_preparing", "route", "start", "submit"]

@@ -1,0 +1,88 @@
+"""The prepare stage's store: S3 and local directories alike; transient S3 errors retried, others fatal."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from sluice.errors import AwsFatalError, RetriableError
+from sluice.prepare import partition_of, partitions_of
+from sluice.prepare.store import RETRIES, Store
+
+
+def _error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op")
+
+
+class Flaky:
+    """An S3 client whose put_object fails with `code` the first `failures` times."""
+
+    def __init__(self, code: str, status: int, failures: int) -> None:
+        self.code, self.status, self.failures, self.calls = code, status, failures, 0
+
+    def put_object(self, **kw: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise _error(self.code, self.status)
+        return {}
+
+
+def test_throttling_is_retried_then_raised_as_retriable():
+    slept: list[float] = []
+    flaky = Flaky("SlowDown", 503, 3)
+    Store(flaky, sleep=slept.append).put("s3://ctl/k", b"x")
+    assert flaky.calls == 4 and slept == [0.5, 1.0, 2.0]
+    always = Flaky("SlowDown", 503, 10**6)
+    with pytest.raises(RetriableError, match="SlowDown"):
+        Store(always, sleep=lambda s: None).put("s3://ctl/k", b"x")
+    assert always.calls == RETRIES + 1
+
+
+def test_denied_is_fatal_at_once():
+    denied = Flaky("AccessDenied", 403, 10**6)
+    with pytest.raises(AwsFatalError, match="writing s3://ctl/k: AccessDenied"):
+        Store(denied, sleep=lambda s: None).put("s3://ctl/k", b"x")
+    assert denied.calls == 1
+
+
+def test_local_store(tmp_path):
+    store = Store()
+    path = str(tmp_path / "a" / "b" / "obj")
+    assert not store.exists(path)
+    store.put(path, b"0123456789", scratch=True)
+    assert store.exists(path) and store.size(path) == 10 and store.get(path) == b"0123456789"
+    assert store.get_range(path, 3, 6) == b"345" and store.get_range(path, 8, 20) == b"89"
+    assert store.get_range(path, 20, 30) == b""
+    assert list(store.stream(path, 1, chunk=4)) == [b"1234", b"5678", b"9"]
+    assert list(store.stream(path, 0, 8, chunk=4)) == [b"0123", b"4567"]
+    assert os.listdir(tmp_path / "a" / "b") == ["obj"]  # no temporary file left behind
+
+
+@mock_aws
+def test_s3_store_on_moto():
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ctl")
+    store = Store(s3)
+    store.put("s3://ctl/runs/r/shards/0.shard", b"abcdef", scratch=True)
+    tags = s3.get_object_tagging(Bucket="ctl", Key="runs/r/shards/0.shard")["TagSet"]
+    assert tags == [{"Key": "sluice-scratch", "Value": "true"}]
+    assert store.get_range("s3://ctl/runs/r/shards/0.shard", 2, 4) == b"cd"
+    assert store.get_range("s3://ctl/runs/r/shards/0.shard", 10, 20) == b""
+    assert b"".join(store.stream("s3://ctl/runs/r/shards/0.shard", 1, chunk=2)) == b"bcdef"
+    assert store.exists("s3://ctl/runs/r/shards/0.shard") and not store.exists("s3://ctl/nope")
+    with pytest.raises(AwsFatalError, match="NoSuchKey"):
+        store.get("s3://ctl/nope")
+
+
+def test_partition_is_stable_and_spread():
+    pairs = [("images", f"k/{i}.jpg") for i in range(4000)]
+    parts = partitions_of(pairs, 8)
+    assert parts == partitions_of(pairs, 8) and parts[17] == partition_of("images", "k/17.jpg", 8)
+    counts = [parts.count(r) for r in range(8)]
+    assert min(counts) > 400  # ~500 each
+    assert partition_of("a", "b/c", 1000) == 465  # fixed forever: a retried worker must route alike
