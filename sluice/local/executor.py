@@ -138,6 +138,21 @@ def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -
     return job
 
 
+def dependencies(job: LocalJob, jobs: Mapping[str, LocalJob]) -> str:
+    """ "met" once every job it depends on (dependsOn) succeeded, "failed" when one failed, else "waiting"."""
+    deps = [jobs.get(d) for d in job.depends_on]
+    if any(d is not None and d.done and d.failed for d in deps):
+        return "failed"
+    return "met" if all(d is not None and d.done for d in deps) else "waiting"
+
+
+def fail_all(job: LocalJob) -> None:
+    """Mark every task of the job, and the job, FAILED without running them."""
+    for t in job.tasks:
+        t.status = JobStatus.FAILED
+    job.done = job.failed = True
+
+
 def plan_attempts(plan_uri: str | None) -> int:
     """The plan's attempts (what Sluice's SubmitJob puts in retryStrategy); the default if unreadable."""
     from sluice.aws import client
@@ -258,7 +273,11 @@ class LocalExecutor:
                     self._reap(task)
         free = self._slots - self.running()
         for job in self.jobs.values():
-            if job.done or self._stopping or not self._dependencies_met(job):
+            deps = "met" if job.done or self._stopping else dependencies(job, self.jobs)
+            if deps == "failed":  # as Batch does: a job whose dependency failed fails
+                fail_all(job)
+                self._emit(job, None, JobStatus.FAILED, reason="Dependent Job failed")
+            if job.done or self._stopping or deps != "met":
                 continue
             queued = (JobStatus.PENDING, JobStatus.RUNNABLE)
             pending = [t for t in job.tasks if t.status in queued and t.proc is None]
@@ -277,17 +296,6 @@ class LocalExecutor:
         for job in self.jobs.values():
             if not job.done and all(t.status.terminal for t in job.tasks):
                 self._finish(job)
-
-    def _dependencies_met(self, job: LocalJob) -> bool:
-        """True once every job it depends on succeeded; a failed one fails it, as Batch does."""
-        deps = [self.jobs.get(d) for d in job.depends_on]
-        if any(d is not None and d.done and d.failed for d in deps):
-            for t in job.tasks:
-                t.status = JobStatus.FAILED
-            job.done = job.failed = True
-            self._emit(job, None, JobStatus.FAILED, reason="Dependent Job failed")
-            return False
-        return all(d is not None and d.done for d in deps)
 
     def _start(self, task: Task) -> None:
         job = task.job

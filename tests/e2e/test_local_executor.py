@@ -110,3 +110,23 @@ def test_reaping_a_killed_worker_requeues_it_then_fails_it_on_the_last_attempt(s
         assert detail["status"] == want.value
         assert detail["statusReason"] == HOST_LOST_REASON.format(instance=f"local-{pid}")
         assert detail["arrayProperties"] == {"index": 1}
+
+
+def test_a_job_waits_for_its_dependencies_and_fails_when_one_fails():
+    from sluice.local.executor import LocalJob, Task, dependencies, fail_all
+
+    def job(jid: str, deps: tuple[str, ...] = ()) -> LocalJob:
+        j = LocalJob(jid, f"n-{jid}", "q", "array", 2, {}, "run", 3, depends_on=deps)
+        j.tasks = [Task(j, 0), Task(j, 1)]
+        return j
+
+    mapper, reducer = job("map"), job("reduce", ("map",))
+    jobs = {"map": mapper, "reduce": reducer}
+    assert dependencies(reducer, {"reduce": reducer}) == "waiting"  # the map job not discovered yet
+    assert dependencies(reducer, jobs) == "waiting"
+    mapper.done = True
+    assert dependencies(reducer, jobs) == "met"
+    mapper.failed = True
+    assert dependencies(reducer, jobs) == "failed"
+    fail_all(reducer)
+    assert reducer.done and reducer.failed and all(t.status is JobStatus.FAILED for t in reducer.tasks)
