@@ -23,6 +23,8 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
     plain = row.model_dump(mode="json", include=set(SHOWN), exclude_none=True)
     if row.job_ids:
         plain["job_ids"] = row.job_ids
+    if row.prepare is not None:
+        plain["prepare"] = row.prepare.model_dump(mode="json")
     counts = Tally(ledger.client, ledger.table).counts(run_id)
     plain.update(
         shards_total=row.total_shards,
@@ -54,6 +56,12 @@ def render(s: dict[str, Any], out: TextIO) -> None:
             out.write(f"reason    {r}\n")
     if s.get("reason"):
         out.write(f"reason    {s['reason']}\n")
+    if s.get("prepare"):
+        p = s["prepare"]
+        out.write(
+            f"prepare   {p['workers']} workers, {p['partitions']} partitions, about {p['input_keys_estimate']:,} keys "
+            f"(jobs {p['map_job_id']}, {p['reduce_job_id']})\n"
+        )
     if s.get("total_keys") is not None:
         out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
         keys_done = s["keys_processed"] + s["keys_failed"]

@@ -26,6 +26,7 @@ from sluice.prepare.reducer import run_reduce
 from sluice.prepare.store import Store
 from sluice.reconcile import reconcile
 from sluice.s3io import read_uri
+from sluice.status import run_status
 from tests.integration.completion_support import Atomic, deliver_job_event
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler, shard_pairs
 
@@ -100,6 +101,8 @@ def test_a_big_key_list_is_prepared_then_submitted_once_in_any_event_order(aws, 
     assert events == ["Run Preparing"]
     assert spec.workers == WORKERS and len(spec.tasks) == WORKERS
     assert not _gpu_jobs(aws, stack), "nothing runs on a GPU before prepare ends"
+    shown = run_status(Ledger(aws.dynamodb, stack.names["RunsTable"]), out["run_id"])
+    assert shown is not None and shown["status"] == "PREPARING" and shown["prepare"]["workers"] == WORKERS
     _run_workers(aws, spec)
     evs = _all_prepare_events(stack, out, spec)
     evs += random.Random(5).sample(evs, len(evs) // 2)  # duplicates
