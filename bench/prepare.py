@@ -151,12 +151,15 @@ def table(rows: list[dict[str, Any]]) -> None:
     print("|" + "---:|" * len(head))
     for r in rows:
         s, b, x = r["summary"], r["baseline"], rates(r["summary"])
-        base = b["keys"] / b["seconds"]
         cells = [
             fmt(s["keys_in"]), s["workers"], s["partitions"], fmt(x["map_cpu"]), fmt(x["map_wall"]),
             fmt(x["reduce_cpu"]), fmt(x["total"]), f"{s['seconds']:.1f}", f"{s['peak_rss_mb_per_worker']:.0f}",
-            fmt(base), fmt(b["keys"] / b["cpu"]), f"{b['rss']:.0f}", f"{x['total'] / base:.2f}x",
         ]  # fmt: skip
+        if "cpu" in b:  # --no-baseline leaves it out
+            base = b["keys"] / b["seconds"]
+            cells += [fmt(base), fmt(b["keys"] / b["cpu"]), f"{b['rss']:.0f}", f"{x['total'] / base:.2f}x"]
+        else:
+            cells += ["not run"] * 4
         print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
