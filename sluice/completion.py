@@ -154,11 +154,10 @@ def _prepare_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail
     """A prepare job's event: only the jobs' own terminal states decide (sluice.staging)."""
     if detail.child_index is not None or not detail.status.terminal:
         return JobEventOutcome("ignored", run.run_id, reason="prepare: only a prepare job's end decides")
-    # A redelivery after a death past the decision publishes what that delivery could not.
-    pending = outbox.deliver(ctx.ledger, ctx.events, run) if run.outbox is not None else None
     decided = staging.on_prepare_job(run, detail.parent_id, detail.status, detail.reason, ctx.settings, ctx.clients)
     out = JobEventOutcome("submitted" if decided else "stale", run.run_id)
-    out.published += [d for d in (pending, decided) if d]
+    if decided:
+        out.published.append(decided)
     return out
 
 

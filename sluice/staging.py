@@ -201,22 +201,28 @@ def on_prepare_job(
 
     Returns the event it decided ("Run Submitted", "Manifest Rejected", "Run Failed"), or None.
     """
+    ledger = Ledger(clients.dynamodb, settings.runs_table)
+    events = EventPublisher(clients.events, settings.event_bus)
+    # The outbox holds one event: what is pending ("Run Preparing", or the "Run Submitted" of a
+    # delivery that died after deciding) goes out before a transition replaces it.
+    outbox.deliver(ledger, events, run)
     prep = run.prepare
     if prep is None or run.status != RunStatus.PREPARING or not status.terminal:
         return None
     if status == JobStatus.FAILED:
         stage = "map" if job_id == prep.map_job_id else "reduce"
-        return fail(run, f"prepare {stage} job {job_id} failed: {reason or 'no reason given'}", settings, clients)
-    if job_id == prep.reduce_job_id:
-        return submit(run, settings, clients)
-    return None  # the map job: the reduce job, which depends on it, decides
+        decided = fail(run, f"prepare {stage} job {job_id} failed: {reason or 'no reason given'}", ledger)
+    elif job_id == prep.reduce_job_id:
+        decided = submit(run, prep, settings, clients, ledger)
+    else:
+        return None  # the map job: the reduce job, which depends on it, decides
+    if decided:
+        outbox.deliver(ledger, events, ledger.get(run.run_id))
+    return decided
 
 
-def fail(run: RunItem, why: str, settings: Settings, clients: Clients) -> str | None:
+def fail(run: RunItem, why: str, ledger: Ledger) -> str | None:
     """PREPARING -> FAILED (stage "prepare") with what to look at."""
-    ledger = Ledger(clients.dynamodb, settings.runs_table)
-    events = EventPublisher(clients.events, settings.event_bus)
-    outbox.deliver(ledger, events, run)  # the outbox holds one event: "Run Preparing" goes first
     reason = (
         f"{why}. Its log is in CloudWatch Logs, the worker log group (/aws/batch/<stack>-worker), streams "
         "prepare/*; fix the cause and upload the manifest again"
@@ -226,24 +232,18 @@ def fail(run: RunItem, why: str, settings: Settings, clients: Clients) -> str | 
         ledger.mark_failed(run.run_id, reason, failed, expect=RunStatus.PREPARING)
     except ClientError:  # a lost condition: another delivery decided first
         return None
-    outbox.deliver(ledger, events, ledger.get(run.run_id))
     return RunFailed.detail_type
 
 
-def submit(run: RunItem, settings: Settings, clients: Clients) -> str | None:
-    """The submit step: the reducers' results -> plan.json -> the inference jobs, once."""
-    ledger = Ledger(clients.dynamodb, settings.runs_table)
-    events = EventPublisher(clients.events, settings.event_bus)
-    outbox.deliver(ledger, events, run)  # "Run Preparing" before the transition replaces the outbox
-    if run.prepare is None or not ledger.lease_prepared(run.run_id):
+def submit(run: RunItem, prep: PrepareItem, settings: Settings, clients: Clients, ledger: Ledger) -> str | None:
+    """The submit step: the reducers' results -> plan.json -> the inference jobs, once (leased)."""
+    if not ledger.lease_prepared(run.run_id):
         return None
     try:
-        decided = _submit(run, run.prepare, settings, clients, ledger)
+        return _submit(run, prep, settings, clients, ledger)
     except BaseException:
         ledger.release_prepared(run.run_id)
         raise
-    outbox.deliver(ledger, events, ledger.get(run.run_id))
-    return decided
 
 
 def _submit(run: RunItem, prep: PrepareItem, settings: Settings, clients: Clients, ledger: Ledger) -> str:
