@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned to the local CPU wheel: anything else downloads GBs.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,worker,lambda]'
+	$(BIN)/pip install -q -e '.[dev,worker,lambda,export]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -102,7 +102,12 @@ def _events(run_id: str, jobs: list[Any], queue: str) -> list[dict[str, Any]]:
     return out
 
 
-def _results(s3: Any, run_id: str, control: str, n: int) -> None:
+def failing_shards(n: int, k: int) -> set[int]:
+    """k shards spread over the run whose result.json is not ok (every key corrupt)."""
+    return {i * n // k for i in range(k)} if k else set()
+
+
+def _results(s3: Any, run_id: str, control: str, n: int, failing: set[int]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from sluice.contracts import ShardResult
@@ -112,6 +117,7 @@ def _results(s3: Any, run_id: str, control: str, n: int) -> None:
     paths = RunPaths.in_bucket(control, run_id)
 
     def put(i: int) -> None:
+        bad = i in failing
         r = ShardResult(
             run_id=run_id,
             shard=i,
@@ -126,12 +132,12 @@ def _results(s3: Any, run_id: str, control: str, n: int) -> None:
             resumed_chunks=0,
             stats={},
             n_keys=1,
-            processed=1,
-            failed=0,
-            failed_fraction=0.0,
+            processed=int(not bad),
+            failed=int(bad),
+            failed_fraction=float(bad),
             max_failed_fraction=0.05,
-            ok=True,
-            failed_by_reason={},
+            ok=not bad,
+            failed_by_reason={"corrupt": 1} if bad else {},
             chunks=1,
         )
         bucket, key = parse_s3_uri(paths.result(i))
@@ -158,23 +164,30 @@ def _baseline_finalize(s3: Any, run_id: str, control: str, n: int) -> float:
     return time.perf_counter() - t
 
 
-def _settle_in_bulk(dynamodb: Any, table: str, run_id: str, jobs: list[Any]) -> None:
+def _settle_in_bulk(dynamodb: Any, table: str, run_id: str, jobs: list[Any], failing: set[int]) -> None:
     """The runs table as every event but the last parent's SUCCEEDED leaves it, written in bulk.
 
     Each SHARD item is what its SUCCEEDED event writes (seq 15, settled from its result.json),
-    the COUNT items hold their sums, every job but the last is counted terminal.
+    the COUNT items hold their sums, a failing shard has its FAIL# mark, every job but the last
+    is counted terminal.
     """
-    from sluice.contracts import CounterItem, JobItem, JobStatus, ShardItem
+    from sluice.contracts import CounterItem, JobItem, JobStatus, MarkItem, ShardItem
     from sluice.ddb import item
-    from sluice.tally import COUNTER_SHARDS, counter_sk, job_sk, shard_sk
+    from sluice.tally import COUNTER_SHARDS, FAIL, counter_sk, job_sk, shard_sk
 
     now = int(time.time())
     rows: list[dict[str, Any]] = []
-    per_counter: Counter[int] = Counter()
+    per_counter: dict[int, Counter[str]] = {k: Counter() for k in range(COUNTER_SHARDS)}
     for job in jobs:
         for i in range(job.shard_count):
             shard = job.shard_offset + i
-            per_counter[shard % COUNTER_SHARDS] += 1
+            bad = shard in failing
+            c = per_counter[shard % COUNTER_SHARDS]
+            c.update(
+                {"shards_failed": 1, "keys_failed": 1, "failed_corrupt": 1}
+                if bad
+                else {"shards_succeeded": 1, "keys_processed": 1}
+            )
             s = ShardItem(
                 pk=run_id,
                 sk=shard_sk(shard),
@@ -188,13 +201,19 @@ def _settle_in_bulk(dynamodb: Any, table: str, run_id: str, jobs: list[Any]) -> 
                 reason="Essential container in task exited",
                 terminal=True,
                 settled_by="event",
-                outcome="succeeded",
-                processed=1,
+                outcome="failed" if bad else "succeeded",
+                why="1 of 1 keys failed for their data (100.00% > 5.00%)" if bad else None,
+                processed=int(not bad),
+                failed_keys=int(bad),
+                failed_by_reason={"corrupt": 1} if bad else {},
             )
             rows.append(s.model_dump(mode="json", exclude_none=True))
-    for k, n in per_counter.items():
-        c = CounterItem(pk=run_id, sk=counter_sk(k), updated_at=now, shards_succeeded=n, keys_processed=n)
-        rows.append(c.model_dump(mode="json"))
+            if bad:  # the FAIL# mark its transaction writes with it
+                mark = MarkItem(pk=run_id, sk=f"{FAIL}{shard:06d}", shard=shard, updated_at=now, why=s.why)
+                rows.append(mark.model_dump(mode="json", exclude_none=True))
+    for k, sums in per_counter.items():
+        if sums:
+            rows.append(CounterItem(pk=run_id, sk=counter_sk(k), updated_at=now, **sums).model_dump(mode="json"))
     for job in jobs[:-1]:
         rows.append(
             JobItem(pk=run_id, sk=job_sk(job.id), status=JobStatus.SUCCEEDED, updated_at=now).model_dump(
@@ -213,7 +232,7 @@ def _settle_in_bulk(dynamodb: Any, table: str, run_id: str, jobs: list[Any]) -> 
     )
 
 
-def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False) -> dict[str, Any]:
+def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False, fail: int = 0) -> dict[str, Any]:
     import os
 
     from moto import mock_aws
@@ -270,7 +289,8 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False) -> dict
         plan_s = time.perf_counter() - t0
         assert out["status"] == "submitted", out
         run_id = out["run_id"]
-        _results(base.s3, run_id, control, n_shards)
+        failing = failing_shards(n_shards, fail)
+        _results(base.s3, run_id, control, n_shards, failing)
         os.environ.update(stack.env_for("HandleJobStateChangeFunction"))
         settings = Settings.from_env()
         row = Ledger(base.dynamodb, settings.runs_table).get(run_id)
@@ -278,7 +298,7 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False) -> dict
         evs = _events(run_id, row.jobs, stack.names["GpuJobQueue"])
         random.Random(seed).shuffle(evs)
         if bulk:
-            _settle_in_bulk(base.dynamodb, settings.runs_table, run_id, row.jobs)
+            _settle_in_bulk(base.dynamodb, settings.runs_table, run_id, row.jobs, failing)
             last = row.jobs[-1].id
             evs = [e for e in evs if e["detail"]["jobId"] == last and e["detail"]["status"] == "SUCCEEDED"]
         parsed = [BatchJobStateChangeEvent.model_validate(e).detail for e in evs]
@@ -320,7 +340,7 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False) -> dict
     s3_calls = sum(v for k, v in calls.items() if k.startswith("s3."))
     return {
         "shards": n_shards,
-        "mode": "bulk state + last event" if bulk else "every event",
+        "mode": ("bulk state + last event" if bulk else "every event") + (f", {fail} shards fail" if fail else ""),
         "jobs": len(row.jobs),
         "events": n_ev,
         "threads": threads,
@@ -351,8 +371,15 @@ def main() -> None:
         action="store_true",
         help="write the state every event but the last leaves in bulk, then deliver the last (times finalize only)",
     )
+    ap.add_argument(
+        "--fail-shards",
+        type=int,
+        default=0,
+        help="this many shards' result.json is not ok, so the run fails (decided from the SHARD items)",
+    )
     args = ap.parse_args()
-    rows = [run_size(n, args.threads, args.seed, args.bulk) for n in (args.shards or [3000, 30000])]
+    sizes = args.shards or [3000, 30000]
+    rows = [run_size(n, args.threads, args.seed, args.bulk, args.fail_shards) for n in sizes]
     print(f"command: python bench/completion_scale.py {' '.join(sys.argv[1:])}".rstrip())
     if args.json:
         print(json.dumps(rows, indent=2))

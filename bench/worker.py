@@ -12,20 +12,23 @@ the same model, batch size, output geometry (shorter side to --image-size, centr
 torch thread count.
 
     a      model only: pre-decoded uint8 batches, normalize + forward + L2 norm (gpu_worker.infer)
-    b      our pipeline end to end: `python -m gpu_worker` on a shard of the images with its
-           default settings (on CPU: loader threads in the rank), timed by its own
-           pipeline_seconds (first shard read to last chunk committed; excludes process start
-           and model load, as the others exclude model load)
+    b      our pipeline: `python -m gpu_worker` on a shard of the images with its default
+           settings (on CPU: loader threads in the rank), timed by its own pipeline_seconds
+           (model ready to last chunk committed; the loaders started earlier, while the model
+           loaded)
+    e      the same worker run, end to end: images / the node's own seconds (plan read, model
+           load, trace and dry run, every batch, result.json); only interpreter start and
+           module imports before the node starts are left out. It is taken from b's run.
     b-proc the same with SLUICE_WORKER_LOADERS=1 (a loader process, the GPU default's shape)
     c      naive: for each key, GET, plain Pillow decode, forward a batch of one
     d      torch DataLoader: map-style dataset doing GET + plain Pillow decode, num_workers=2
     d-dec  the same DataLoader with our decoder (gpu_worker.decode: JPEG draft mode): isolates
            what the pipeline's structure buys from what the cheaper decode buys
 
-Each round runs a, b, a, c, a, d, a: this VM's CPU speed swings by up to 4x over minutes, so
+Each round runs a, b (+e), a, c, a, d, a: this VM's CPU speed swings by up to 4x over minutes, so
 each variant is divided by the model-only rate measured right before and right after it, and
 pairs whose two model-only rates disagree by more than --drift are left out of the medians.
-Prints images/s and the ratios b/a, b/c, b/d. No assertions: figures go in docs/performance.md.
+Prints images/s and the ratios b/a, e/a, b/c, b/d. No assertions: figures go in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -103,7 +106,9 @@ def bench_model_only(model_uri: str, size: int, batch: int, n: int) -> float:
     return steps * batch / (time.perf_counter() - t)
 
 
-def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra_env: dict[str, str]) -> float:
+def bench_pipeline(
+    keys: list[str], model_uri: str, size: int, batch: int, extra_env: dict[str, str]
+) -> dict[str, float]:
     from sluice.contracts import ShardResult
     from sluice.models import ModelSpec, RunPlan
     from sluice.paths import RunPaths
@@ -143,7 +148,7 @@ def bench_pipeline(keys: list[str], model_uri: str, size: int, batch: int, extra
     assert result.processed == len(keys), result
     if os.environ.get("BENCH_STATS"):  # the worker's own counters (wait, model, loader CPU seconds ...)
         print("STATS", json.dumps(result.stats))
-    return result.processed / result.pipeline_seconds
+    return {"pipeline": result.processed / result.pipeline_seconds, "node": result.processed / result.seconds}
 
 
 def plain_decode(data: bytes, size: int) -> np.ndarray:
@@ -213,12 +218,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="rounds of a, b, a, c, a, d, a")
     ap.add_argument("--drift", type=float, default=0.1, help="drop pairs whose two model-only rates differ more")
     ap.add_argument("--also", default="", help="extra variants per round, comma list: b-proc,d-dec")
+    ap.add_argument("--skip", default="", help="variants left out, comma list: c,d (b and e run together)")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--min-side", type=int, default=300)
     ap.add_argument("--max-side", type=int, default=800)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader num_workers")
     args = ap.parse_args()
     also = set(filter(None, args.also.split(",")))
+    skip = set(filter(None, args.skip.split(",")))
     threads = torch.get_num_threads()
     server, env = start_s3(args.latency_ms)
     os.environ.update(env)
@@ -244,17 +251,24 @@ def main() -> None:
             # Every variant is bracketed by model-only runs: its ratio uses the mean of the two.
             runs.setdefault("a", []).append(model_only())
             for name, fn in steps:
-                if name in ("a", "a'") or (name in ("b-proc", "d-dec") and name not in also):
+                if name in ("a", "a'") or name in skip or (name in ("b-proc", "d-dec") and name not in also):
                     continue
-                runs.setdefault(name, []).append(fn())
-                runs.setdefault(f"a|{name}", []).append(runs["a"][-1])
+                got = fn()
+                # A worker run gives two rows: the pipeline (b) and the whole node (e).
+                rows = {name: got}
+                if isinstance(got, dict):
+                    rows = {name: got["pipeline"], "e" + name[1:]: got["node"]}
+                before = runs["a"][-1]
                 runs["a"].append(model_only())
-                runs.setdefault(f"a'|{name}", []).append(runs["a"][-1])
-                print(
-                    f"  round {r + 1} {name:6s} {runs[name][-1]:8.2f} images/s "
-                    f"(model only before/after {runs[f'a|{name}'][-1]:.1f}/{runs['a'][-1]:.1f})",
-                    flush=True,
-                )
+                for row, value in rows.items():
+                    runs.setdefault(row, []).append(value)
+                    runs.setdefault(f"a|{row}", []).append(before)
+                    runs.setdefault(f"a'|{row}", []).append(runs["a"][-1])
+                    print(
+                        f"  round {r + 1} {row:6s} {value:8.2f} images/s "
+                        f"(model only before/after {before:.1f}/{runs['a'][-1]:.1f})",
+                        flush=True,
+                    )
     finally:
         server.stop()
     print(f"\ncommand: python bench/worker.py {' '.join(sys.argv[1:])}".rstrip())
@@ -265,6 +279,8 @@ LABELS = {
     "a": "model only (pre-decoded tensors)",
     "b": "our pipeline, end to end (default settings)",
     "b-proc": "our pipeline, a loader process (SLUICE_WORKER_LOADERS=1)",
+    "e": "end to end incl. start-up (node seconds: plan read, model load, dry run, pipeline)",
+    "e-proc": "end to end incl. start-up, a loader process",
     "c": "naive sequential loop (GET, plain decode, forward 1 image)",
     "d": "torch DataLoader (map-style GET + plain decode, num_workers={w})",
     "d-dec": "torch DataLoader with our decoder (num_workers={w})",
@@ -277,7 +293,7 @@ def report(runs: dict[str, list[float]], workers: int, drift: float) -> None:
     This VM's CPU speed drifts (up to 4x over minutes); a pair whose before and after model-only
     rates differ by more than `drift` is marked * and left out of the medians.
     """
-    names = [n for n in ("b", "b-proc", "c", "d", "d-dec") if n in runs]
+    names = [n for n in ("b", "e", "b-proc", "e-proc", "c", "d", "d-dec") if n in runs]
     ok: dict[str, list[bool]] = {}
     ref: dict[str, list[float]] = {}
     for n in names:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from gpu_worker.errors import ConfigError
 from sluice.errors import SettingsError
@@ -87,6 +87,14 @@ class WorkerConfig(WorkerSettings):
     push_metrics: str = Field(
         "", description="metric families pushed to AMP, comma list; empty: the critical ones; all"
     )
+
+    @field_validator("push_metrics")
+    @classmethod
+    def _known_metrics(cls, v: str) -> str:
+        from gpu_worker.metrics import keep_list
+
+        keep_list(v)  # raises ValueError naming an unknown metric and the valid ones
+        return v
 
     def replace(self, **changes: Any) -> WorkerConfig:
         """A copy with `changes`, validated like the environment (ConfigError names the variable)."""

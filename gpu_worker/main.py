@@ -136,7 +136,7 @@ def _rank_specs(
     n_keys: int,
 ) -> list[RankSpec]:
     """One spec per rank; fetches the model and writes the resume state into `work` for them."""
-    from gpu_worker.model import resolve_uri
+    from gpu_worker.modelspec import resolve_uri
 
     model_path = resolve_uri(plan.model.uri, work, store)
     state_path = os.path.join(work, f"state-{asg.shard}.json")
@@ -266,8 +266,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _over_threshold(result: ShardResult) -> str:
-    reasons = {str(k): v for k, v in result.failed_by_reason.items()}
-    return (
-        f"shard {result.shard}: {result.failed - result.failed_transient} of {result.n_keys} keys failed "
-        f"for their data ({result.failed_fraction:.2%} > {result.max_failed_fraction:.2%}); reasons {reasons}"
-    )
+    return f"shard {result.shard}: {result.reason}"

@@ -1,10 +1,10 @@
 """Per-rank Prometheus metrics: a registry whose collector reads the rank's live Stats.
 
-One registry per rank process. Every series carries the same bounded label set (run_id,
-shard, node, rank, gpu, attempt, instance_type) plus, for two families, a label from a
-small fixed set (failure reason, S3 retry class): never a per-object label. The budget is
-40 series per rank (tests/unit/test_worker_metrics.py counts them): at 16,000 GPUs that is
-640,000 active series, 1.3% of an AMP workspace's 50M.
+One registry per rank process. Every series carries the rank's identity labels (run_id,
+shard, node, rank, gpu, attempt, instance_type; an empty one, such as a CPU rank's gpu, is
+left out) plus, for a few families, a label from a small fixed set (failure reason, S3 retry
+class, histogram bucket): never a per-object label. The budget is 40 series per rank
+(tests/unit/test_worker_metrics.py counts them); docs/metrics.md has the fleet figures.
 
 Histograms are recorded into Stats as bucket counters (`observe`), so loader processes ship
 them to their rank with the same deltas as every other counter.
@@ -29,15 +29,33 @@ LABELS = ("run_id", "shard", "node", "rank", "gpu", "attempt", "instance_type")
 INFER_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)  # seconds per batch (copy + forward + normalize)
 FETCH_BUCKETS = (0.01, 0.05, 0.2, 1.0, 5.0)  # seconds per GET
 RETRY_CLASSES = ("throttle", "server", "timeout", "other", "sdk")  # sdk: botocore's own retries (code unknown)
-# Forwarded to AMP by default (the seed's keep-list relabeling); the rest stay on /metrics.
+DROPPED = "sluice_remote_write_dropped_samples_total"  # the remote writer's own counter
+# Every family a rank can export; SLUICE_WORKER_PUSH_METRICS may name only these.
+FAMILIES = (
+    "sluice_images_processed_total",
+    "sluice_images_failed_total",
+    "sluice_bytes_read_total",
+    "sluice_s3_retries_total",
+    "sluice_batch_inference_seconds",
+    "sluice_object_fetch_seconds",
+    "sluice_data_wait_seconds_total",
+    "sluice_prefetch_queue_depth",
+    "sluice_gpu_utilization_ratio",
+    "sluice_gpu_memory_used_bytes",
+    "sluice_gpu_power_watts",
+    "sluice_gpu_temperature_celsius",
+    DROPPED,
+)
+# Forwarded to AMP by default: exactly what observability/rules.yml reads (a test keeps the two
+# equal); the rest stay on /metrics for a scraper that wants them.
 CRITICAL = (
     "sluice_images_processed_total",
     "sluice_images_failed_total",
-    "sluice_gpu_utilization_ratio",
-    "sluice_gpu_memory_used_bytes",
-    "sluice_data_wait_ratio",
     "sluice_s3_retries_total",
-    "sluice_remote_write_dropped_samples_total",
+    "sluice_batch_inference_seconds",
+    "sluice_data_wait_seconds_total",
+    "sluice_gpu_utilization_ratio",
+    DROPPED,
 )
 
 
@@ -125,7 +143,11 @@ class GpuProbe:
 
 
 class RankCollector(Collector):
-    """Yields the rank's metric families from its Stats at every scrape or push."""
+    """Yields the rank's metric families from its Stats at every scrape or push.
+
+    `started` and `clock` are accepted for callers written when data-wait was a lifetime
+    ratio; the wait is now a counter of seconds, turned into a ratio by rate() downstream.
+    """
 
     def __init__(
         self,
@@ -139,26 +161,32 @@ class RankCollector(Collector):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._snapshot = snapshot
-        self._values = [str(labels.get(k, "")) for k in LABELS]
+        # An empty value means "absent" to Prometheus (a CPU rank has no gpu): leave the label out.
+        self.labels = {k: str(labels[k]) for k in LABELS if str(labels.get(k, ""))}
+        self._names, self._values = list(self.labels), list(self.labels.values())
         self._reasons = reasons
         self._queue_depth = queue_depth
         self._gpu = gpu
-        self._clock = clock
-        self._started = clock() if started is None else started
 
-    def _counter(self, name: str, doc: str, value: float, extra: tuple[str, str] | None = None) -> Metric:
-        names = [*LABELS, extra[0]] if extra else list(LABELS)
-        m = CounterMetricFamily(name, doc, labels=names)
-        m.add_metric([*self._values, extra[1]] if extra else self._values, value)
+    def _counter(self, name: str, doc: str, value: float) -> Metric:
+        m = CounterMetricFamily(name, doc, labels=self._names)
+        m.add_metric(self._values, value)
+        return m
+
+    def _by(self, name: str, doc: str, label: str, values: Mapping[str, float]) -> Metric:
+        """A counter family with one extra label from a fixed set."""
+        m = CounterMetricFamily(name, doc, labels=[*self._names, label])
+        for v, n in sorted(values.items()):
+            m.add_metric([*self._values, str(v)], float(n))
         return m
 
     def _gauge(self, name: str, doc: str, value: float) -> Metric:
-        m = GaugeMetricFamily(name, doc, labels=list(LABELS))
+        m = GaugeMetricFamily(name, doc, labels=self._names)
         m.add_metric(self._values, value)
         return m
 
     def _hist(self, name: str, doc: str, s: Mapping[str, float], key: str, buckets: Sequence[float]) -> Metric:
-        m = HistogramMetricFamily(name, doc, labels=list(LABELS))
+        m = HistogramMetricFamily(name, doc, labels=self._names)
         cum, out = 0.0, []
         for i, b in enumerate(buckets):
             cum += s.get(f"hist:{key}:{i}", 0.0)
@@ -173,29 +201,20 @@ class RankCollector(Collector):
         yield self._counter("sluice_images_processed", "Images embedded and committed.", s.get("images", 0.0))
         reasons = self._reasons()
         if reasons:
-            fam = CounterMetricFamily(
-                "sluice_images_failed", "Images that failed, by reason.", labels=[*LABELS, "reason"]
-            )
-            for reason, n in sorted(reasons.items()):
-                fam.add_metric([*self._values, str(reason)], float(n))
-            yield fam
+            yield self._by("sluice_images_failed", "Images that failed, by reason.", "reason", reasons)
         yield self._counter("sluice_bytes_read", "Bytes read from S3 (image objects).", s.get("s3_bytes", 0.0))
         classes = {c: s.get(f"s3_retry:{c}", 0.0) for c in RETRY_CLASSES}
         if any(classes.values()):
-            fam = CounterMetricFamily("sluice_s3_retries", "S3 GET retries, by error class.", labels=[*LABELS, "code"])
-            for c, v in classes.items():
-                if v:
-                    fam.add_metric([*self._values, c], v)
-            yield fam
+            retried = {c: v for c, v in classes.items() if v}
+            yield self._by("sluice_s3_retries", "S3 GET retries, by error class.", "code", retried)
         yield self._hist(
             "sluice_batch_inference_seconds", "Seconds per batch: copy, forward, normalize.", s, "infer", INFER_BUCKETS
         )
         yield self._hist("sluice_object_fetch_seconds", "Seconds per S3 GET of an image.", s, "fetch", FETCH_BUCKETS)
-        wall = max(1e-9, self._clock() - self._started)
-        yield self._gauge(
-            "sluice_data_wait_ratio",
-            "Share of wall time the model waited for input (GPU starved).",
-            min(1.0, s.get("wait_seconds", 0.0) / wall),
+        yield self._counter(
+            "sluice_data_wait_seconds",
+            "Seconds the model waited for input; rate() of it is the share of time the GPU starved.",
+            s.get("wait_seconds", 0.0),
         )
         yield self._gauge(
             "sluice_prefetch_queue_depth", "Batches decoded and waiting for the model.", float(self._queue_depth())
@@ -249,6 +268,7 @@ class RankMetrics:
         remote_write_url: str = "",
         push_interval_s: float = 30.0,
         keep: Sequence[str] | None = CRITICAL,
+        shutdown_s: float = 5.0,
     ) -> None:
         self.registry = rank_registry(collector)
         self._server: Any = None
@@ -264,13 +284,20 @@ class RankMetrics:
         if remote_write_url:
             from gpu_worker.remote_write import RemoteWriter
 
-            self.writer = RemoteWriter(remote_write_url, self.registry, interval_s=push_interval_s, keep=keep).start()
+            self.writer = RemoteWriter(
+                remote_write_url,
+                self.registry,
+                labels=collector.labels,
+                interval_s=push_interval_s,
+                keep=keep,
+                shutdown_s=shutdown_s,
+            ).start()
 
     def series(self) -> int:
         return series_count(self.registry)
 
     def stop(self) -> None:
-        """Push once more (a short job's last samples), stop serving."""
+        """Push once more (a short job's last samples) within the writer's shutdown bound, stop serving."""
         if self.writer is not None:
             res = self.writer.stop(flush=True)
             log.info("final remote write: %s", res)
@@ -281,10 +308,21 @@ class RankMetrics:
 
 
 def keep_list(setting: str) -> Sequence[str] | None:
-    """SLUICE_WORKER_PUSH_METRICS: empty = CRITICAL, "all" = everything, else a comma list."""
+    """SLUICE_WORKER_PUSH_METRICS: empty = CRITICAL, "all" = everything, else a comma list of FAMILIES.
+
+    A name may omit a counter's "_total"; an unknown name raises ValueError naming it and the
+    valid ones, so a typo cannot silently stop a metric from being pushed.
+    """
     s = setting.strip()
     if not s:
         return CRITICAL
     if s == "all":
         return None
-    return tuple(x.strip() for x in s.split(",") if x.strip())
+    known = {**{f.removesuffix("_total"): f for f in FAMILIES}, **{f: f for f in FAMILIES}}
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(
+            f"unknown metric {', '.join(map(repr, bad))}; valid: all, or a comma list of {', '.join(FAMILIES)}"
+        )
+    return tuple(dict.fromkeys(known[n] for n in names))

@@ -9,27 +9,27 @@
 
 A file's spec comes from, in order: a sidecar `<file>.json`, an embedded extra file
 `sluice.json` (torch.jit.save _extra_files / torch.export.save extra_files), defaults
-(ImageNet mean/std, the plan's image_size, output dim found by a dry run). Nothing is ever
-downloaded from a model hub: weights live in the file.
+(ImageNet mean/std, the plan's image_size, output dim found by a dry run); gpu_worker.modelspec
+reads it. Nothing is ever downloaded from a model hub: weights live in the file
+(`sluice model export` makes such files from torchvision, timm, open_clip and Hugging Face).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from gpu_worker.errors import ConfigError
+from gpu_worker.modelspec import META_NAME, parse_spec
+from gpu_worker.modelspec import resolve_uri as resolve_uri  # its old home: autotune and callers import it here
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-META_NAME = "sluice.json"
 SEED = 20240601
 
 
@@ -43,6 +43,7 @@ class ModelInfo:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     output_dim: int | None = None  # None: found by the dry run
+    version: str = ""  # the spec's version (exported artifacts: the weights' tag)
     eager: bool = False  # a plain nn.Module (may be traced on CPU)
 
 
@@ -155,28 +156,12 @@ def build_builtin(name: str) -> nn.Module:
     return model
 
 
-def _read_meta(path: str, embedded: str | bytes | None) -> dict[str, Any]:
-    sidecar = Path(path + ".json")
-    raw: str | bytes | None = sidecar.read_bytes() if sidecar.is_file() else (embedded or None)
-    if not raw:
-        return {}
-    try:
-        meta = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"model spec for {path} is not JSON: {exc}") from None
-    allowed = {"name", "image_size", "mean", "std", "output_dim"}
-    if not isinstance(meta, dict) or set(meta) - allowed:
-        raise ConfigError(f"model spec for {path}: expected an object with keys {sorted(allowed)}")
-    for k in ("mean", "std"):
-        if k in meta and (not isinstance(meta[k], list) or len(meta[k]) != 3):
-            raise ConfigError(f"model spec for {path}: {k} must be a list of 3 numbers")
-    return meta
-
-
 def _apply_meta(info: ModelInfo, meta: dict[str, Any]) -> ModelInfo:
     changes: dict[str, Any] = {}
     if "name" in meta:
         changes["name"] = str(meta["name"])
+    if "version" in meta:
+        changes["version"] = str(meta["version"])
     if "image_size" in meta:
         changes["image_size"] = int(meta["image_size"])
     if "mean" in meta:
@@ -217,7 +202,7 @@ def load_model(uri: str, image_size: int) -> tuple[Any, ModelInfo]:
     except Exception as exc:
         hint = "torch.export.save" if base.kind == "export" else "torch.jit.save (or name the file *.pt2)"
         raise ConfigError(f"cannot load model {uri}: {type(exc).__name__}: {exc}; expected a {hint} file") from None
-    info = _apply_meta(base, _read_meta(uri, extra.get(META_NAME)))
+    info = _apply_meta(base, parse_spec(uri, extra.get(META_NAME)))
     if info.image_size != image_size:
         from gpu_worker.log import logger
 
@@ -226,26 +211,3 @@ def load_model(uri: str, image_size: int) -> tuple[Any, ModelInfo]:
             extra={"model_image_size": info.image_size, "plan_image_size": image_size},
         )
     return model, info
-
-
-def resolve_uri(uri: str, work_dir: str, store: Any) -> str:
-    """A local path for the model: s3:// objects (and their .json sidecar) are downloaded once."""
-    if uri.startswith("builtin:") or not uri.startswith("s3://"):
-        return uri
-    name = uri.rsplit("/", 1)[-1] or "model"
-    local = os.path.join(work_dir, "model", name)
-    os.makedirs(os.path.dirname(local), exist_ok=True)
-    try:
-        data = store.get(uri)
-    except Exception as exc:
-        raise ConfigError(f"cannot download model {uri}: {exc}") from None
-    with open(local, "wb") as fh:
-        fh.write(data)
-    try:
-        sidecar = store.get(uri + ".json")
-    except Exception:
-        sidecar = None
-    if sidecar is not None:
-        with open(local + ".json", "wb") as fh:
-            fh.write(sidecar)
-    return local

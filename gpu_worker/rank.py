@@ -124,6 +124,15 @@ class _Loaders:
                 t.start()
                 self.threads.append(t)
 
+    def put_task(self, task: list[tuple[int, str, str, int]] | None) -> None:
+        """Queue a task for the loaders; gives up once they are closed (the model failed to load)."""
+        while not self._stop.is_set():
+            try:
+                self.task_q.put(task, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
     def dead(self, done: set[int]) -> list[int]:
         """Loader processes that exited without reporting done."""
         return [i for i, p in enumerate(self.procs) if i not in done and not p.is_alive()]
@@ -162,7 +171,7 @@ def _feed(
             nonlocal task
             task.append(item)
             if len(task) >= TASK_KEYS:
-                loaders.task_q.put(task)
+                loaders.put_task(task)
                 task = []
 
         if remaining:
@@ -177,12 +186,12 @@ def _feed(
             bucket, key = parse_s3_uri(uri)
             put((pos, bucket, key, 1))
         if task:
-            loaders.task_q.put(task)
+            loaders.put_task(task)
     except BaseException as exc:
         errors.append(exc)
     finally:
         for _ in range(loaders.n):
-            loaders.task_q.put(None)
+            loaders.put_task(None)
 
 
 def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: Any = None) -> dict[str, Any]:
@@ -214,21 +223,24 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
         summary.update(seconds=0.0, stats={}, chunks=0)
         return summary
     stats = Stats()
-    pipe = _build_pipeline(spec, cfg, plan, store, remaining, stats, fetcher)
-    metrics = _start_metrics(cfg, plan, spec, stats, pipe.sink, pipe.loaders, started)
     reader_factory = lambda: ShardReader(store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
+    pipe = _build_pipeline(spec, cfg, plan, store, _Work(reader_factory, remaining, retry), stats, fetcher)
+    stats.incr("model_ready_seconds", time.perf_counter() - started)
+    metrics = _start_metrics(cfg, plan, spec, stats, pipe.sink, pipe.loaders, started)
     t_pipe, window_start = time.perf_counter(), time.time()
     try:
-        _stream(pipe, stats, reader_factory, remaining, retry)
+        _stream(pipe, stats)
     finally:
         summary["metrics_series"] = metrics.series()
         metrics.stop()
-    pipeline_s = time.perf_counter() - t_pipe
+    t_end = time.perf_counter()
     stats.incr("rank_cpu_seconds", time.process_time())
     summary.update(
-        seconds=round(time.perf_counter() - started, 3),
-        pipeline_seconds=round(pipeline_s, 3),
-        pipeline_window=[round(window_start, 3), round(window_start + pipeline_s, 3)],
+        seconds=round(t_end - started, 3),
+        # From the model being ready to the last commit: the part that runs at the model's rate
+        # (the loaders started earlier, while the model loaded).
+        pipeline_seconds=round(t_end - t_pipe, 3),
+        pipeline_window=[round(window_start, 3), round(window_start + (t_end - t_pipe), 3)],
         chunks=pipe.sink.committed,
         stats=stats.snapshot(),
         reasons=dict(pipe.sink.reasons),
@@ -247,6 +259,15 @@ def _todo(spec: RankSpec) -> tuple[tuple[int, int], list[intervals.Span], list[t
     return (lo, hi), remaining, retry
 
 
+@dataclass(frozen=True)
+class _Work:
+    """What the feeder hands the loaders: the rank's remaining spans, then its deferred keys."""
+
+    reader_factory: Any
+    remaining: list[intervals.Span]
+    retry: list[tuple[int, str]]
+
+
 @dataclass
 class _Pipeline:
     """One rank's running parts: loaders fill batches, the engine embeds them, the sink commits chunks."""
@@ -255,6 +276,8 @@ class _Pipeline:
     engine: Any
     sink: Any
     batch: int
+    feeder: threading.Thread
+    feed_errors: list[BaseException]
 
 
 def _build_pipeline(
@@ -262,34 +285,70 @@ def _build_pipeline(
     cfg: WorkerConfig,
     plan: RunPlan,
     store: Any,
-    remaining: list[intervals.Span],
+    work: _Work,
     stats: Stats,
     fetcher: Any,
 ) -> _Pipeline:
-    """Pin the device, load the model, start the loaders and open the sink."""
+    """Start the loaders and the feeder, then load the model and open the sink.
+
+    The loaders and the feeder start first, before this function imports torch: the first GETs
+    and decodes run while the model loads, traces and dry-runs (seconds on CPU), so the model
+    has full batches waiting when it is ready. How far they get ahead is bounded by their batch
+    buffers (BUFFERS_PER_LOADER) and in-flight limits, as in steady state.
+    """
+    from gpu_worker.modelspec import input_size
+
     n_loaders, decode_threads, torch_threads = plan_loaders(cfg, spec.device, spec.world)
     cfg = cfg.replace(decode_threads=decode_threads)
-    import torch
-
-    from gpu_worker.infer import Engine
-    from gpu_worker.model import load_model
-    from gpu_worker.sink import ChunkSink
-
-    torch.set_num_threads(torch_threads)
-    device = "cpu"
-    if spec.device == "cuda":
-        torch.cuda.set_device(spec.local_rank)
-        device = f"cuda:{spec.local_rank}"
     batch = cfg.batch_size or plan.model.batch_size
-    model, info = load_model(spec.model_path, plan.model.image_size)
-    # Loaders start now: their imports and S3 client setup overlap the model's trace and dry run.
-    loaders = _Loaders(spec, cfg, plan, n_loaders, batch, info.image_size, fetcher)
+    size = input_size(spec.model_path, plan.model.image_size)
+    loaders = _Loaders(spec, cfg, plan, n_loaders, batch, size, fetcher)
+    feed_errors: list[BaseException] = []
+    feeder = threading.Thread(
+        target=_feed,
+        args=(loaders, work.reader_factory, work.remaining, work.retry, feed_errors),
+        name="feeder",
+        daemon=True,
+    )
+    feeder.start()
     try:
-        engine = Engine(model, info, device, batch, autocast=cfg.autocast, jit=cfg.jit, observer=MetricsObserver(stats))
+        t0 = time.perf_counter()
+        engine, device = _load_engine(spec, cfg, plan, batch, torch_threads, stats, size)
+        stats.incr("model_load_seconds", time.perf_counter() - t0)
+        stats.incr("prefetched_batches", loaders.out_q.qsize())
+        sink = _open_sink(spec, cfg, plan, store, work.remaining, engine.output_dim, stats)
     except BaseException:
         loaders.close()
         raise
-    sink = ChunkSink(
+    logger.info(
+        "model ready",
+        extra={
+            "model": engine.info.name,
+            "dim": engine.output_dim,
+            "device": device,
+            "batch_size": batch,
+            "image_size": size,
+            "loaders": n_loaders,
+            "decode_threads": decode_threads,
+            "torch_threads": torch_threads,
+            "prefetched_batches": int(stats.snapshot().get("prefetched_batches", 0)),
+        },
+    )
+    return _Pipeline(loaders, engine, sink, batch, feeder, feed_errors)
+
+
+def _open_sink(
+    spec: RankSpec,
+    cfg: WorkerConfig,
+    plan: RunPlan,
+    store: Any,
+    remaining: list[intervals.Span],
+    dim: int,
+    stats: Stats,
+) -> Any:
+    from gpu_worker.sink import ChunkSink
+
+    return ChunkSink(
         store,
         Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, spec.shard),
         rank=spec.global_rank,
@@ -297,44 +356,41 @@ def _build_pipeline(
         windows=intervals.cut(remaining, cfg.chunk_keys),
         chunk_keys=cfg.chunk_keys,
         dtype=cfg.output_dtype or plan.output_dtype,
-        metadata={"model": plan.model.uri, "dim": str(engine.output_dim), "run": plan.run_id, "shard": str(spec.shard)},
+        metadata={"model": plan.model.uri, "dim": str(dim), "run": plan.run_id, "shard": str(spec.shard)},
         observer=stats,
     )
-    logger.info(
-        "model ready",
-        extra={
-            "model": info.name,
-            "dim": engine.output_dim,
-            "device": device,
-            "batch_size": batch,
-            "image_size": info.image_size,
-            "loaders": n_loaders,
-            "decode_threads": decode_threads,
-            "torch_threads": torch_threads,
-        },
-    )
-    return _Pipeline(loaders, engine, sink, batch)
 
 
-def _stream(
-    pipe: _Pipeline,
-    stats: Stats,
-    reader_factory: Any,
-    remaining: list[intervals.Span],
-    retry: list[tuple[int, str]],
-) -> None:
-    """Feed the loaders, run every batch through the model into the sink, commit the last chunks.
+def _load_engine(
+    spec: RankSpec, cfg: WorkerConfig, plan: RunPlan, batch: int, torch_threads: int, stats: Stats, size: int
+) -> tuple[Any, str]:
+    """(the model on its device, traced and dry-run; the device name)."""
+    import torch
+
+    from gpu_worker.errors import ConfigError
+    from gpu_worker.infer import Engine
+    from gpu_worker.model import load_model
+
+    torch.set_num_threads(torch_threads)
+    device = "cpu"
+    if spec.device == "cuda":
+        torch.cuda.set_device(spec.local_rank)
+        device = f"cuda:{spec.local_rank}"
+    model, info = load_model(spec.model_path, plan.model.image_size)
+    if info.image_size != size:  # modelspec and load_model read the same spec: a mismatch is a bug
+        raise ConfigError(f"model {info.name}: input size {info.image_size}, but its spec file said {size}")
+    engine = Engine(model, info, device, batch, autocast=cfg.autocast, jit=cfg.jit, observer=MetricsObserver(stats))
+    return engine, device
+
+
+def _stream(pipe: _Pipeline, stats: Stats) -> None:
+    """Run every batch through the model into the sink, commit the last chunks.
 
     On any failure the sink commits nothing more; the loaders are stopped either way.
     """
-    feed_errors: list[BaseException] = []
-    feeder = threading.Thread(
-        target=_feed, args=(pipe.loaders, reader_factory, remaining, retry, feed_errors), name="feeder", daemon=True
-    )
-    feeder.start()
     ok = False
     try:
-        _consume(pipe, stats, feed_errors)
+        _consume(pipe, stats, pipe.feed_errors)
         for msg, emb in pipe.engine.drain():
             pipe.sink.add_rows(msg.positions, msg.uris, msg.phases, emb[: msg.n])
         pipe.sink.close()

@@ -1,28 +1,33 @@
 """Prometheus remote-write 1.0 to Amazon Managed Service for Prometheus (or any receiver).
 
-AMP's SDKs have no remote-write call, so this is ours: the registry's samples become a
-WriteRequest protobuf (hand-encoded: labels sorted, `__name__` included, histograms as their
-_bucket/_sum/_count series), compressed with raw (block) snappy, SigV4-signed for service
-`aps` when the URL is an AMP workspace, and POSTed by a background thread every
-`interval_s` and once more at exit. 429/5xx are retried with backoff; other 4xx (e.g.
-out-of-order samples) drop that batch and count it. Nothing here ever raises into inference.
+AMP's SDKs have no remote-write call, so this is ours: a registry's samples become a
+WriteRequest (gpu_worker.write_request), SigV4-signed for service `aps` when the URL is an
+AMP workspace, and POSTed by a background thread at start, every `interval_s`, and once more at exit,
+followed by staleness markers so the rank's series end when it does. 429/5xx are retried
+with backoff (429's Retry-After honoured); other 4xx (e.g. out-of-order samples) drop that
+batch and count it. Every push has a deadline, and `stop()` takes at most `shutdown_s`.
+Nothing here ever raises into inference.
 """
 
 from __future__ import annotations
 
+import email.utils
 import random
-import struct
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gpu_worker.log import child
-from sluice.sigv4 import region_of, sign_aps
+from gpu_worker.write_request import Series, encode_write_request, registry_series, snappy_block
+from sluice.sigv4 import normalize, region_of, sign_aps
 
 log = child("remote_write")
 
@@ -32,75 +37,22 @@ HEADERS = {
     "X-Prometheus-Remote-Write-Version": "0.1.0",
     "User-Agent": "sluice-worker",
 }
-Series = tuple[tuple[tuple[str, str], ...], float]  # (sorted labels incl. __name__, value)
+DROPPED = "sluice_remote_write_dropped_samples_total"
+Signer = Callable[[str, str, bytes | None, Mapping[str, str], str], dict[str, str]]
 
 
-# ---- protobuf (prometheus/prompb/remote.proto, types.proto) ---------------------------------
-
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # int64 two's complement, as protobuf encodes negatives
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(num: int, payload: bytes) -> bytes:
-    """A length-delimited field (wire type 2)."""
-    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
-
-
-def encode_write_request(series: Iterable[Series], timestamp_ms: int) -> bytes:
-    """WriteRequest{timeseries: [TimeSeries{labels, samples: [Sample{value, timestamp}]}]}."""
-    ts_tag = _varint(2 << 3 | 0)
-    out = bytearray()
-    for labels, value in series:
-        body = bytearray()
-        for name, val in labels:
-            body += _field(1, _field(1, name.encode()) + _field(2, val.encode()))
-        sample = b"\x09" + struct.pack("<d", value) + ts_tag + _varint(timestamp_ms)  # 0x09: field 1, fixed64
-        body += _field(2, sample)
-        out += _field(1, bytes(body))
-    return bytes(out)
-
-
-def registry_series(
-    registry: CollectorRegistry, keep: Sequence[str] | None = None, extra: dict[str, str] | None = None
-) -> list[Series]:
-    """Every sample of the registry as a series; `keep` lists the metric families to include."""
-    wanted = set(keep) if keep is not None else None
-    out: list[Series] = []
-    for family in registry.collect():
-        # prometheus_client names a counter family without "_total"; accept either spelling.
-        if wanted is not None and family.name not in wanted and f"{family.name}_total" not in wanted:
-            continue
-        for s in family.samples:
-            if s.name.endswith("_created"):
-                continue  # prometheus_client's creation timestamps: not worth a series each
-            labels = {**(extra or {}), **s.labels, "__name__": s.name}
-            out.append((tuple(sorted(labels.items())), float(s.value)))
-    return out
-
-
-# ---- snappy + SigV4 ------------------------------------------------------------------------
-
-
-def snappy_block(data: bytes) -> bytes:
-    """Raw (block) snappy, as remote write requires (not the framed format)."""
-    import cramjam
-
-    return bytes(cramjam.snappy.compress_raw(data))
-
-
-def sigv4_headers(url: str, body: bytes, headers: dict[str, str], region: str) -> dict[str, str]:
-    """Headers with a SigV4 signature for service `aps` (the container's credentials)."""
-    return sign_aps("POST", url, body, headers, region)
-
-
-# ---- the pusher ----------------------------------------------------------------------------
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a Retry-After header asks for (delta-seconds or an HTTP date); None when absent or unreadable."""
+    v = (value or "").strip()
+    if not v:
+        return None
+    if v.isdigit():
+        return float(v)
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 @dataclass
@@ -111,93 +63,137 @@ class PushResult:
     http_status: int | None = None
 
 
+class _Drops(Collector):
+    """The writer's own drop counter, with its rank's identity labels like every other series."""
+
+    def __init__(self, writer: RemoteWriter, labels: Mapping[str, str]) -> None:
+        self._writer = writer
+        self._labels = {k: str(v) for k, v in labels.items() if str(v)}
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily(
+            DROPPED,
+            "Samples the remote-write receiver refused (4xx) or that outlived every retry.",
+            labels=list(self._labels),
+        )
+        fam.add_metric(list(self._labels.values()), self._writer.dropped_samples)
+        yield fam
+
+
 class RemoteWriter:
-    """Pushes a registry to a remote-write URL from a daemon thread; never raises into its caller."""
+    """Pushes a registry to a remote-write URL from a daemon thread; never raises into its caller.
+
+    `labels` is the rank's identity (run_id, rank, ...): the writer's own drop counter carries
+    it, so concurrent ranks never write the same series.
+    """
 
     def __init__(
         self,
         url: str,
         registry: CollectorRegistry,
         *,
+        labels: Mapping[str, str],
         interval_s: float = 30.0,
         keep: Sequence[str] | None = None,
-        extra_labels: dict[str, str] | None = None,
         timeout_s: float = 10.0,
         max_attempts: int = 5,
         backoff_s: float = 0.5,
-        sign: Callable[[str, bytes, dict[str, str], str], dict[str, str]] = sigv4_headers,
+        shutdown_s: float = 5.0,
+        max_retry_after_s: float = 60.0,
+        region: str | None = None,
+        sign: Signer = sign_aps,
     ) -> None:
-        self.url = url
+        self.url = normalize(url)
         self.registry = registry
         self.interval_s = interval_s
         self.keep = keep
-        self.extra_labels = extra_labels or {}
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        self.shutdown_s = shutdown_s
+        self.max_retry_after_s = max_retry_after_s
+        self._region = region or region_of(self.url)
         self._sign = sign
-        self._region = region_of(url)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._last_ts = 0
-        self.dropped = Counter(
-            "sluice_remote_write_dropped_samples_total",
-            "Samples the remote-write receiver refused (4xx) or that outlived every retry.",
-            registry=registry,
-        )
-        self.pushes = 0
+        self._last_series: list[Series] = []
+        self.dropped_samples = 0.0
+        self.outcomes: Counter[str] = Counter()
         self.last: PushResult | None = None
+        registry.register(_Drops(self, labels))
 
-    def push_once(self) -> PushResult:
-        """Encode, compress, sign and send the current values (with retries)."""
+    @property
+    def pushes(self) -> int:
+        return sum(self.outcomes.values())
+
+    def _next_ts(self) -> int:
+        self._last_ts = max(int(time.time() * 1000), self._last_ts + 1)  # strictly increasing per series
+        return self._last_ts
+
+    def push_once(self, deadline: float | None = None) -> PushResult:
+        """Encode, compress, sign and send the current values (with retries, until `deadline`)."""
         with self._lock:  # the exit flush and the timer never interleave
-            series = registry_series(self.registry, self.keep, self.extra_labels)
-            if not series:
-                return PushResult("empty", 0, 0)
-            ts = max(int(time.time() * 1000), self._last_ts + 1)  # strictly increasing per series
-            self._last_ts = ts
-            body = snappy_block(encode_write_request(series, ts))
-            result = self._send(body, len(series))
-            if result.status != "sent":
-                self.dropped.inc(len(series))
-            self.pushes += 1
-            self.last = result
-            return result
+            return self._push(time.monotonic() + max(self.interval_s, self.timeout_s) if deadline is None else deadline)
 
-    def _send(self, body: bytes, n: int) -> PushResult:
+    def _push(self, deadline: float, cancel: threading.Event | None = None) -> PushResult:
+        series = registry_series(self.registry, self.keep)
+        if not series:
+            return PushResult("empty", 0, 0)
+        body = snappy_block(encode_write_request(series, self._next_ts()))
+        result = self._send(body, len(series), deadline, cancel)
+        if result.status == "sent":
+            self._last_series = series
+        else:
+            self.dropped_samples += len(series)
+        self.outcomes[result.status] += 1
+        self.last = result
+        return result
+
+    def _send(self, body: bytes, n: int, deadline: float, cancel: threading.Event | None = None) -> PushResult:
         status: int | None = None
         for attempt in range(1, self.max_attempts + 1):
-            headers = dict(HEADERS)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            wait_at_least = 0.0
             try:
+                headers = dict(HEADERS)
                 if self._region:
-                    headers = self._sign(self.url, body, headers, self._region)
+                    headers = self._sign("POST", self.url, body, headers, self._region)
                 req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")  # noqa: S310
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                with urllib.request.urlopen(req, timeout=min(self.timeout_s, left)) as resp:  # noqa: S310
                     return PushResult("sent", n, len(body), resp.status)
             except urllib.error.HTTPError as exc:
                 status = exc.code
+                detail = exc.read()[:200].decode(errors="replace")
                 if exc.code != 429 and exc.code < 500:
-                    log.warning(
-                        "remote write refused (HTTP %s): dropping %d samples: %s",
-                        exc.code,
-                        n,
-                        exc.read()[:200].decode(errors="replace"),
-                    )
+                    log.warning("remote write refused (HTTP %s): dropping %d samples: %s", exc.code, n, detail)
                     return PushResult("dropped", n, len(body), exc.code)
+                wait_at_least = min(self.max_retry_after_s, retry_after_s(exc.headers.get("Retry-After")) or 0.0)
+                log.warning("remote write attempt %d: HTTP %s %s", attempt, exc.code, detail)
             except Exception as exc:
                 log.warning("remote write attempt %d failed: %s", attempt, exc)
-            if attempt < self.max_attempts and not self._stop.is_set():
-                time.sleep(random.uniform(0, self.backoff_s * 2 ** (attempt - 1)))
-        log.warning("remote write gave up after %d attempts: dropping %d samples", self.max_attempts, n)
+            delay = max(wait_at_least, random.uniform(0, self.backoff_s * 2 ** (attempt - 1)))
+            if attempt == self.max_attempts or delay >= deadline - time.monotonic():
+                break  # the receiver's wait does not fit: the next push carries the same cumulative counts
+            if (cancel or threading.Event()).wait(delay):
+                break
+        log.warning("remote write gave up (HTTP %s): dropping %d samples", status, n)
         return PushResult("failed", n, len(body), status)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        # The first push is at once: the series start with the rank (counters at 0), so a job
+        # shorter than one interval still shows its rate and a rank that dies early is seen.
+        while True:
             try:
-                self.push_once()
+                with self._lock:
+                    self._push(time.monotonic() + max(self.interval_s, self.timeout_s), cancel=self._stop)
             except Exception:
                 log.exception("remote write push failed")
+            if self._stop.wait(self.interval_s):
+                return
 
     def start(self) -> RemoteWriter:
         """Start the background pusher."""
@@ -206,17 +202,31 @@ class RemoteWriter:
         return self
 
     def stop(self, flush: bool = True) -> PushResult | None:
-        """Stop the thread and push once more, so a short job's last samples land."""
+        """Stop the thread, push once more and end the series; all within `shutdown_s`."""
+        deadline = time.monotonic() + self.shutdown_s
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if not flush:
             return None
-        self._stop.clear()  # let the final push retry
+        # A push still waiting on a hanging receiver holds the lock: do not wait past the deadline.
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            log.warning("final remote write skipped: a push is still waiting for the receiver")
+            return None
         try:
-            return self.push_once()
+            result = self._push(deadline)
+            if result.status == "sent":
+                self._end_series(deadline)
+            return result
         except Exception:
             log.exception("final remote write failed")
             return None
         finally:
-            self._stop.set()
+            self._lock.release()
+
+    def _end_series(self, deadline: float) -> None:
+        """Staleness markers for what was last sent, so queries stop seeing a finished rank at once."""
+        body = snappy_block(encode_write_request(self._last_series, self._next_ts(), stale=True))
+        res = self._send(body, len(self._last_series), deadline)
+        if res.status != "sent":
+            log.info("staleness markers not sent (%s): the series end after the lookback window", res.status)

@@ -27,7 +27,7 @@ from gpu_worker.commits import Marker, Paths, ShardState
 from gpu_worker.errors import WorkerError
 from gpu_worker.intervals import Span
 from gpu_worker.stats import Observer, Stats
-from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, ShardResult
+from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, ShardResult, over_threshold
 
 RETRY = 1
 
@@ -237,6 +237,9 @@ def write_shard_result(
     # that outlived every retry) go to the run's retry pass, so they must not fail the shard.
     transient = sum(1 for f in failures if f.reason in TRANSIENT_FAILURE_REASONS)
     fraction = (len(failures) - transient) / n_keys if n_keys else 0.0
+    by_reason = dict(sorted(Counter(f.reason for f in failures).items()))
+    data = {str(r): n for r, n in by_reason.items() if r not in TRANSIENT_FAILURE_REASONS}
+    ok = fraction <= threshold
     result = ShardResult(
         **info,
         n_keys=n_keys,
@@ -245,9 +248,10 @@ def write_shard_result(
         failed_transient=transient,
         failed_fraction=round(fraction, 6),
         max_failed_fraction=threshold,
-        ok=fraction <= threshold,
-        failed_by_reason=dict(sorted(Counter(f.reason for f in failures).items())),
+        ok=ok,
+        failed_by_reason=by_reason,
         chunks=len(state.markers),
+        reason=None if ok else over_threshold(len(failures) - transient, n_keys, fraction, threshold, data),
     )
     store.put(paths.result, result.model_dump_json(indent=1).encode(), "application/json")
     return result

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,71 +31,56 @@ def _s3() -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Dry run: resolve and count the keys, show the layout; writes nothing to AWS."""
-    from sluice.manifest import KEYLIST_SUFFIXES, ManifestSource, Problems, iter_keylist, iter_keys, parse_manifest
-    from sluice.plan import layout, scan
-    from sluice.s3uri import parse_s3_uri
+    """Dry run: the manifest Lambda's validation and key scan, then the layout; writes nothing to AWS."""
+    from sluice.dryrun import dry_run
     from sluice.settings import Settings
 
     settings = Settings.from_env()
-    src_uri = args.manifest
-    if src_uri.startswith("s3://"):
-        bucket, key = parse_s3_uri(src_uri)
-        body = (
-            b"" if key.lower().endswith(KEYLIST_SUFFIXES) else _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
-        )
-    else:
-        bucket, key = "local", os.path.basename(src_uri)
-        body = b"" if key.lower().endswith(KEYLIST_SUFFIXES) else Path(src_uri).read_bytes()
-    manifest = parse_manifest(ManifestSource(bucket, key, body), settings)
-    if manifest.input.key_list and not src_uri.startswith("s3://") and key.lower().endswith(KEYLIST_SUFFIXES):
-        kind = next(s for s in KEYLIST_SUFFIXES if key.lower().endswith(s))
-        default_bucket = args.bucket or settings.default_input_bucket
-        problems = Problems()
-        batches = iter_keylist(_read_chunks(src_uri), src_uri, kind, default_bucket, problems)
-
-        def checked() -> Iterator[tuple[str, list[str]]]:
-            yield from batches
-            problems.raise_if_any()
-
-        source = checked()
-    else:
-        source = iter_keys(manifest, _s3(), settings)
-    with scan(source, max_keys=settings.max_keys) as sc:
-        lay = layout(sc.unique_keys, manifest, settings.max_array_size)
-        summary = {
-            "manifest": src_uri,
-            "keys_seen": sc.total_keys,
-            "unique_keys": sc.unique_keys,
-            "duplicates_removed": sc.duplicates,
-            "buckets": sorted(sc.buckets),
-            "mode": manifest.job.mode,
-            "shards": lay.n_shards,
-            "keys_per_shard": lay.keys_per_shard,
-            "spot_allowed": manifest.job.mode == "array",
-            "jobs": [j.model_dump() for j in lay.jobs],
-            "model": manifest.model.model_dump(),
-        }
+    if args.bucket:
+        settings = settings.model_copy(update={"default_input_bucket": args.bucket})
+    if args.images_per_gpu_s:
+        settings = settings.model_copy(update={"images_per_gpu_s": args.images_per_gpu_s})
+    control = settings.control_bucket
+    if control is None and args.manifest.startswith("s3://"):
+        control = args.manifest[5:].split("/", 1)[0]  # a manifest already in its control bucket
+    summary = dry_run(
+        args.manifest, settings, _s3, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys
+    )
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         _print_plan(summary)
-    return EXIT_OK
+    errors = [c for c in summary["checks"] if c["status"] == "error"]
+    if errors and not args.json:
+        print(f"\nsluice: {len(errors)} check(s) failed: the manifest function would reject this run", file=sys.stderr)
+    return EXIT_FAIL if errors else EXIT_OK
+
+
+PLAN_BUCKET_HINT = "or pass --bucket BUCKET (in a JSON manifest, input.bucket)"
 
 
 def _print_plan(summary: dict[str, Any]) -> None:
+    from sluice.preflight.report import render_summary
+
     print(f"manifest        {summary['manifest']}")
-    print(
-        f"unique keys     {summary['unique_keys']:,}  "
-        f"(seen {summary['keys_seen']:,}, duplicates removed {summary['duplicates_removed']:,})"
-    )
-    print(f"buckets         {', '.join(summary['buckets'])}")
+    if summary["assumed"]:
+        print(f"unique keys     {summary['unique_keys']:,}  (assumed: --assume-keys; the input was not read)")
+    else:
+        print(
+            f"unique keys     {summary['unique_keys']:,}  "
+            f"(seen {summary['keys_seen']:,}, duplicates removed {summary['duplicates_removed']:,})"
+        )
+        print(f"buckets         {', '.join(summary['buckets'])}")
     print(
         f"mode            {summary['mode']}" + ("" if summary["spot_allowed"] else "  (On-Demand: MNP cannot use Spot)")
     )
     print(f"shards          {summary['shards']:,} x <= {summary['keys_per_shard']:,} keys")
     for i, j in enumerate(summary["jobs"]):
         print(f"job {i:<11} {j['kind']}: shards {j['shard_offset']}..{j['shard_offset'] + j['shard_count'] - 1}")
+    derived = " (derived from keys_per_shard and images/s)" if summary["timeout_derived"] else " (job.timeout_s)"
+    print(f"job timeout     {summary['timeout_s']:,} s{derived}")
+    print(f"images/s a GPU  {summary['images_per_gpu_s']:g}, {summary['images_per_gpu_s_source']}")
+    render_summary(summary, sys.stdout)
 
 
 def cmd_shard_pack(args: argparse.Namespace) -> int:
@@ -144,6 +129,21 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     path = Path(args.manifest)
     key = f"{MANIFESTS_PREFIX}{args.name or path.name}"
+    if not args.no_validate:
+        from sluice.dryrun import dry_run
+        from sluice.settings import Settings
+
+        try:  # what the Lambda would reject is not uploaded (--no-validate skips this)
+            summary = dry_run(str(path), Settings.from_env(), _s3, name=key.rsplit("/", 1)[-1], control=args.bucket)
+            failed = [c for c in summary["checks"] if c["status"] == "error"]
+            if failed:  # the preflight: the manifest function rejects these too
+                raise ManifestRejected([f"preflight: {c['name']}: {c['advice']}" for c in failed])
+        except ManifestRejected as exc:
+            print(f"sluice: not uploaded: {path} would be rejected:", file=sys.stderr)
+            for r in exc.reasons:
+                print(f"  - {r}", file=sys.stderr)
+            print("(fix it, or pass --no-validate to upload it as is)", file=sys.stderr)
+            return EXIT_FAIL
     resp = _s3().put_object(Bucket=args.bucket, Key=key, Body=path.read_bytes())
     version = resp.get("VersionId") or f"{resp['ETag'].strip(chr(34))}:"
     run_id = run_id_for(args.bucket, key, version)
@@ -217,6 +217,15 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     m = fetch(PromClient(url), args.run_id, since_s=args.since_minutes * 60)
+    if not m.found:
+        why = f"no metrics for run {args.run_id!r} in the last {args.since_minutes:g} minutes at {url}"
+        if args.json:
+            print(json.dumps({"run_id": args.run_id, "found": False, "error": why}))
+        else:
+            print(
+                f"sluice: {why} (check the run id, --since-minutes, and that its workers push there)", file=sys.stderr
+            )
+        return EXIT_FAIL
     if args.json:
         print(json.dumps(m.summary()))
     else:
@@ -224,7 +233,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     if args.plot:
         plot(m, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return EXIT_OK if m.totals.get("processed") is not None else EXIT_FAIL
+    return EXIT_OK
 
 
 def cmd_local_run(args: argparse.Namespace) -> int:
@@ -234,14 +243,82 @@ def cmd_local_run(args: argparse.Namespace) -> int:
     return run_local(args)
 
 
+def cmd_model_export(args: argparse.Namespace) -> int:
+    """A torchvision / timm / open_clip / Hugging Face model -> a Sluice model file + spec (local or s3://)."""
+    try:  # torch and the model libraries: the `export` extra, imported only for this command
+        from gpu_worker.export import ExportError, export
+    except ImportError as exc:
+        print(f"sluice: error: {exc}; install the export extra: pip install 'sluice[export]'", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        result = export(
+            args.spec, args.out, pretrained=not args.no_pretrained, fmt=args.format, image_size=args.image_size
+        )
+    except ExportError as exc:
+        print(f"sluice: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    spec = result.spec
+    use = (
+        f"set the manifest's model.uri to {result.uri}"
+        if result.uri.startswith("s3://")
+        else "copy both files to S3 and set the manifest's model.uri to the file's s3:// URI (docs/models.md)"
+    )
+    print(
+        f"{result.uri} ({spec['format']}): {spec['name']} {spec['version']}, {spec['image_size']} px -> "
+        f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "
+        f"{result.max_abs_diff:.2e}\nspec: {result.uri}.json; {use}"
+    )
+    return EXIT_OK
+
+
+def _int_from(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, with the limit in the error."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{n} is too small: use {low} or more")
+        return n
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    try:
+        f = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= f <= 1.0:
+        raise argparse.ArgumentTypeError(f"{f} is outside 0..1 (0.05 means 5% of a shard's keys)")
+    return f
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice", description="GPU batch inference on AWS Batch, driven by S3 manifests.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    plan = sub.add_parser("plan", help="dry run: keys, duplicates, shards, job layout (no AWS writes)")
+    plan = sub.add_parser(
+        "plan", help="dry run and preflight: keys, shards, job layout, every limit the run meets, cost (no AWS writes)"
+    )
     plan.add_argument("manifest", help="a local file or s3:// URI (.json manifest or .txt/.csv/.jsonl key list)")
-    plan.add_argument("--bucket", help="bucket for bare keys in a local key list")
-    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--bucket", help="bucket for bare keys (SLUICE_DEFAULT_INPUT_BUCKET's role in the Lambda)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object (checks, cost, layout)")
+    plan.add_argument(
+        "--assume-keys",
+        type=_int_from(1),
+        metavar="N",
+        help="plan N unique keys with the manifest's layout, without reading the input (capacity planning)",
+    )
+    plan.add_argument(
+        "--images-per-gpu-s",
+        type=float,
+        metavar="R",
+        help="measured images/s per GPU (python -m gpu_worker.autotune) instead of the table's estimate",
+    )
     plan.set_defaults(func=cmd_plan)
 
     prep = sub.add_parser(
@@ -268,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("manifest")
     submit.add_argument("--bucket", required=True, help="the control bucket (stack output ControlBucketName)")
     submit.add_argument("--name", help="object name under manifests/ (default: the file's name)")
+    submit.add_argument(
+        "--no-validate",
+        action="store_true",
+        help="upload without first running `sluice plan`'s checks and key scan here",
+    )
     submit.add_argument("--json", action="store_true")
     submit.set_defaults(func=cmd_submit)
 
@@ -301,31 +383,62 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--json", action="store_true")
     metrics.set_defaults(func=cmd_metrics)
 
+    model = sub.add_parser("model", help="model artifacts for the worker").add_subparsers(
+        dest="model_cmd", required=True
+    )
+    mexp = model.add_parser(
+        "export", help="torchvision / timm / open_clip / hf model -> TorchScript or .pt2 file + spec (docs/models.md)"
+    )
+    mexp.add_argument(
+        "spec", help="torchvision:NAME, timm:NAME, open_clip:MODEL/TAG or hf:REPO (e.g. timm:vit_small_patch16_224)"
+    )
+    mexp.add_argument(
+        "--out", required=True, help="file path or s3:// URI (*.pt2 for torch.export); ending in /: a folder"
+    )
+    mexp.add_argument(
+        "--no-pretrained", action="store_true", help="random weights, same architecture (tests; needs no internet)"
+    )
+    mexp.add_argument("--format", choices=["torchscript", "pt2"], help="default: pt2 if --out ends in .pt2")
+    mexp.add_argument("--image-size", type=_int_from(8), help="input side (default: the weights' own)")
+    mexp.set_defaults(func=cmd_model_export)
+
     local = sub.add_parser("local", help="run Sluice on this machine against moto").add_subparsers(
         dest="local_cmd", required=True
     )
     run = local.add_parser("run", help="the embedded default: a whole run on a local moto server")
     src = run.add_mutually_exclusive_group()
-    src.add_argument("--demo", type=int, metavar="N", help="generate N varied demo JPEGs (default 200)")
+    src.add_argument("--demo", type=_int_from(1), metavar="N", help="generate N varied demo JPEGs (default 200)")
     src.add_argument("--images", metavar="DIR", help="upload the files in DIR (subfolders kept as key prefixes)")
     run.add_argument(
         "--manifest", metavar="FILE", help="run this manifest (use with --images: keys in s3://sluice-local-images/)"
     )
     run.add_argument("--mode", choices=["array", "multinode"], default=None, help="default: array")
-    run.add_argument("--shards", type=int, help="array children (default: min(4, cores))")
-    run.add_argument("--nodes", type=int, help="multi-node parallel nodes (default 2)")
-    run.add_argument("--ranks", type=int, default=1, help="CPU ranks per worker process (default 1)")
-    run.add_argument("--slots", type=int, default=0, help="workers running at once (default: cores)")
+    run.add_argument("--shards", type=_int_from(1), help="array children (default: min(4, cores))")
+    run.add_argument("--nodes", type=_int_from(1), help="multi-node parallel nodes (default 2)")
+    run.add_argument("--ranks", type=_int_from(1), default=1, help="CPU ranks per worker process (default 1)")
+    run.add_argument("--slots", type=_int_from(0), default=0, help="workers running at once (default 0: cores)")
+    run.add_argument(
+        "--max-failed-fraction",
+        type=_fraction,
+        metavar="F",
+        help="a shard fails when more than this fraction of its keys fail for their data (default 0.05)",
+    )
     run.add_argument(
         "--prepare-workers",
-        type=int,
+        type=_int_from(1),
         metavar="N",
         help="shard the input with the prepare job's N workers, whatever its size (default: SLUICE_PREPARE_OVER_KEYS "
         "decides)",
     )
-    run.add_argument("--image-size", type=int, default=128, help="model input side for generated manifests")
     run.add_argument(
-        "--out", metavar="DIR", help="copy Parquet output and failures here (default ./sluice-output/<run>/)"
+        "--image-size", type=_int_from(8), default=128, help="model input side for generated manifests (default 128)"
+    )
+    run.add_argument(
+        "--out",
+        metavar="DIR",
+        default="sluice-output",
+        help="write the run's Parquet output, failures and worker logs to DIR/<run id>/ (default ./sluice-output); "
+        "nothing already in DIR is touched",
     )
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     run.add_argument("--keep", action="store_true", help="leave the moto server running and print its endpoint")

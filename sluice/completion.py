@@ -3,9 +3,10 @@
 Every update is idempotent and order-insensitive (sluice.tally): a shard keeps the state of
 its newest event, and a terminal state is settled when it is recorded: its outcome and
 the worker's counts (result.json) go into the shard's item, with the run's write-sharded
-counters, in one transaction. The run is concluded only when every submitted job is
-terminal AND every shard is settled: one invocation wins a conditional claim (FINALIZING),
-reads the run's items (paginated, not 2N objects) and decides: a retry pass for transient
+counters and the shard's FAIL# / RETRY# marks, in one transaction. The run is concluded only
+when every submitted job is terminal AND every shard is settled: one invocation wins a
+conditional claim (FINALIZING), reads the counters and the marks (not every shard, not 2N
+objects) and decides: a retry pass for transient
 failures, or exactly one outcome, written to the RUN item's outbox with the decision and
 then published (sluice.outbox). Shards whose events were lost are settled from Batch by
 the reconciliation sweep (sluice.reconcile).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,12 +47,13 @@ from sluice.models import JobLayout, RunPlan
 from sluice.notify import EventPublisher
 from sluice.paths import RunPaths
 from sluice.plan import SCRATCH_TAG, load_plan
+from sluice.preflight.spent import spent
 from sluice.s3io import put_object, read_if_exists, read_uri
 from sluice.s3uri import parse_s3_uri
 from sluice.settings import Settings
 from sluice.shards import encode_shard
-from sluice.tally import Tally
-from sluice.verdict import RunTally, settle_shard, tally
+from sluice.tally import FAIL, RETRY, Tally
+from sluice.verdict import RunTally, from_counts, settle_shard, tally
 
 
 @dataclass
@@ -282,46 +285,92 @@ def conclude_run(run_id: str, ctx: Context, *, now: float | None = None) -> str 
 def _conclude(run: RunItem, ctx: Context) -> str | None:
     s3 = ctx.clients.s3
     plan = load_plan(lambda uri: read_uri(s3, uri), str(run.plan_uri))
-    paths = RunPaths.in_bucket(plan.control_bucket, run.run_id)
     passes = run.passes or [PassItem(first_shard=0, n_shards=plan.n_shards)]
-    t = tally(sum(p.n_shards for p in passes), ctx.tally.shard_items(run.run_id), ctx.tally.job_items(run.run_id))
-    if not t.complete:
-        logger.info("not concluding: shards unsettled", extra={"run_id": run.run_id, "unsettled": t.unsettled[:20]})
+    n_total = sum(p.n_shards for p in passes)
+    retries_left = len(passes) - 1 < plan.retry_failed
+    t = _tally_run(run, ctx, n_total, retries_left)
+    if t is None or not t.complete:
+        logger.info("not concluding: shards unsettled", extra={"run_id": run.run_id})
         return None
     t.failed -= run.retried_keys  # keys re-run by a retry pass are counted by that pass's shards
     reason = t.reason()
     last = passes[-1]
-    if reason is None and len(passes) - 1 < plan.retry_failed:
+    if reason is None and retries_left:
         in_last = [i for i in t.transient_shards if last.first_shard <= i < last.first_shard + last.n_shards]
-        keys = _transient_keys(s3, paths, in_last)
+        keys = _transient_keys(s3, RunPaths.in_bucket(plan.control_bucket, run.run_id), in_last)
         if keys:
             _start_retry_pass(run, plan, keys, t.n_total, ctx)
             return RETRY_PASS
-    duration = round(time.time() - float(run.created_at), 1)
     if reason is not None:
+        duration = round(time.time() - float(run.created_at), 1)
         return _record_failure(run, plan, t, reason, duration, ctx.ledger)
+    return _record_success(run, plan, t.processed, t.failed, t.by_reason, t.gpu_seconds, ctx)
+
+
+def _tally_run(run: RunItem, ctx: Context, n_total: int, retries_left: bool) -> RunTally | None:
+    """The run's tally from its counters and marks; None while a shard is unsettled.
+
+    Shards are counted only inside the run and each terminal shard once, so shards_done ==
+    n_total means every shard is settled. The counters give the figures and the FAIL# / RETRY#
+    marks name the shards that matter: a succeeded run costs one BatchGetItem, a failed one a
+    Query of its failed shards, not of all of them (a 30,000-shard run's SHARD items are ten
+    1-MB pages). Counters or marks written before these existed (the per-reason sums, a mark
+    per failed shard) are detected and the run is tallied from every SHARD item instead.
+    """
+    counts = ctx.tally.counts(run.run_id)
+    if counts.shards_done < n_total:
+        return None
+    want_retry = bool(counts.keys_transient) and retries_left
+    if counts.reasons_complete:
+        fails = ctx.tally.marks(run.run_id, FAIL) if counts.shards_failed else []
+        retry = ctx.tally.marks(run.run_id, RETRY) if want_retry else []
+        if len(fails) == counts.shards_failed and (retry or not want_retry):
+            jobs = ctx.tally.job_items(run.run_id) if run.jobs_failed and not fails else []
+            failed = [(m.shard, m.why or "failed") for m in fails]
+            return from_counts(n_total, counts, failed, [m.shard for m in retry], jobs)
+    return tally(n_total, ctx.tally.shard_items(run.run_id), ctx.tally.job_items(run.run_id))
+
+
+def _record_success(
+    run: RunItem,
+    plan: RunPlan,
+    processed: int,
+    failed: int,
+    by_reason: Mapping[FailureReason, int],
+    gpu_seconds: int,
+    ctx: Context,
+) -> str:
+    passes = run.passes or [PassItem(first_shard=0, n_shards=plan.n_shards)]
+    used = spent(gpu_seconds)
     detail = RunSucceeded(
         run_id=run.run_id,
-        processed=t.processed,
-        failed=t.failed,
+        processed=processed,
+        failed=failed,
         output_prefix=plan.output_prefix,
-        duration_s=duration,
-        failed_by_reason=dict(t.by_reason),
+        duration_s=round(time.time() - float(run.created_at), 1),
+        failed_by_reason={r: n for r, n in sorted(by_reason.items()) if n},
         failed_keys_uri=plan.failures_prefix,
         retry_passes=len(passes) - 1,
+        **used,
     )
     ctx.ledger.leave_finalizing(
         run.run_id,
         RunStatus.SUCCEEDED,
-        {"processed": t.processed, "failed_keys": t.failed, "finished_at": int(time.time())},
+        {
+            "processed": processed,
+            "failed_keys": failed,
+            "gpu_seconds": gpu_seconds,
+            "finished_at": int(time.time()),
+        },
         outbox=detail,
     )
-    logger.info("run succeeded", extra={"run_id": run.run_id, "processed": t.processed, "failed": t.failed})
+    logger.info("run succeeded", extra={"run_id": run.run_id, "processed": processed, "failed": failed})
     return detail.detail_type
 
 
 def _record_failure(run: RunItem, plan: RunPlan, t: RunTally, reason: str, duration: float, ledger: Ledger) -> str:
     shards = [i for i, _ in t.failed_shards]
+    used = spent(t.gpu_seconds)
     detail = RunFailed(
         run_id=run.run_id,
         reason=reason,
@@ -330,6 +379,7 @@ def _record_failure(run: RunItem, plan: RunPlan, t: RunTally, reason: str, durat
         processed=t.processed,
         failed=t.failed,
         duration_s=duration,
+        **used,
     )
     ledger.leave_finalizing(
         run.run_id,
@@ -339,6 +389,7 @@ def _record_failure(run: RunItem, plan: RunPlan, t: RunTally, reason: str, durat
             "processed": t.processed,
             "failed_keys": t.failed,
             "shards_failed_list": shards,
+            "gpu_seconds": t.gpu_seconds,
             "finished_at": int(time.time()),
         },
         outbox=detail,

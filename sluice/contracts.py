@@ -127,6 +127,17 @@ class ShardResult(_Written):
     ok: bool = Field(description="failed_fraction <= max_failed_fraction: transient failures never fail a shard.")
     failed_by_reason: dict[FailureReason, int]
     chunks: int = Field(ge=0, description="Committed Parquet chunks.")
+    reason: str | None = Field(
+        default=None,
+        description="When not ok, the worker's one-line verdict, e.g. '4 of 32 keys failed for their data "
+        "(12.50% > 5.00%): not_image 3, corrupt 1'; 'Run Failed' quotes it.",
+    )
+
+
+def over_threshold(failed_data: int, n_keys: int, fraction: float, threshold: float, by_reason: dict[str, int]) -> str:
+    """The one line that says why a shard's data failures fail it."""
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])) if n)
+    return f"{failed_data} of {n_keys} keys failed for their data ({fraction:.2%} > {threshold:.2%}): {reasons}"
 
 
 # ---- the runs table ----------------------------------------------------------------------
@@ -192,6 +203,7 @@ class RunItem(_Written):
     retried_keys: int = 0
     processed: int | None = None  # the outcome's counts
     failed_keys: int | None = None
+    gpu_seconds: int | None = None  # measured (result.json): DynamoDB has no float type
     shards_failed_list: list[int] | None = None
     finished_at: int | None = None
 
@@ -240,10 +252,21 @@ class ShardItem(_Written):
     failed_keys: int = 0
     failed_transient: int = 0
     failed_by_reason: dict[FailureReason, int] = Field(default_factory=dict)
+    gpu_seconds: int = Field(default=0, description="The worker's wall seconds x its GPUs (result.json; 0 on CPU).")
+
+
+def reason_counter(reason: FailureReason) -> str:
+    """The COUNT item attribute that sums one failure reason's keys (flat: ADD takes no map entry)."""
+    return f"failed_{reason.value}"
 
 
 class CounterItem(_Written):
-    """A COUNT#<k> item: one of the run's write-sharded counters of settled shards and keys."""
+    """A COUNT#<k> item: one of the run's write-sharded counters of settled shards and keys.
+
+    Besides the shard and key totals it sums the keys failed for transient reasons and each
+    failure reason's keys, so that a run whose counters show no failed shard is decided from
+    these items alone, without reading its SHARD items (sluice.completion).
+    """
 
     pk: str
     sk: str
@@ -252,6 +275,17 @@ class CounterItem(_Written):
     shards_failed: int = 0
     keys_processed: int = 0
     keys_failed: int = 0
+    keys_transient: int = 0
+    gpu_seconds: int = 0
+    failed_missing: int = 0
+    failed_access_denied: int = 0
+    failed_s3_error: int = 0
+    failed_s3_error_transient: int = 0
+    failed_too_large: int = 0
+    failed_bomb: int = 0
+    failed_not_image: int = 0
+    failed_corrupt: int = 0
+    failed_unsupported: int = 0
 
 
 class Counts(BaseModel):
@@ -261,10 +295,32 @@ class Counts(BaseModel):
     shards_failed: int = 0
     keys_processed: int = 0
     keys_failed: int = 0
+    keys_transient: int = 0
+    gpu_seconds: int = 0
+    failed_by_reason: dict[FailureReason, int] = Field(default_factory=dict)
 
     @property
     def shards_done(self) -> int:
         return self.shards_succeeded + self.shards_failed
+
+    @property
+    def reasons_complete(self) -> bool:
+        """Every failed key has its reason counted (false for counters written before reasons were)."""
+        return sum(self.failed_by_reason.values()) == self.keys_failed
+
+
+class MarkItem(_Written):
+    """A FAIL#<i> or RETRY#<i> item: shard i's terminal state failed, or has transient failures.
+
+    Written and deleted in the transaction that changes the shard's item, so that concluding a
+    run reads only the few shards that matter, not all of them.
+    """
+
+    pk: str
+    sk: str
+    shard: int
+    updated_at: int
+    why: str | None = None
 
 
 class JobItem(_Written):
@@ -299,6 +355,15 @@ class RunPreparing(EventDetail):
     job_ids: list[str]
 
 
+class RunCost(BaseModel):
+    """An estimate of what GPU-hours cost, from a price table (sluice.preflight.estimate)."""
+
+    family: str = Field(description="GPU instance family priced, e.g. g6e.")
+    on_demand: float | None = Field(description="USD at On-Demand prices; null when the family has no price.")
+    spot: float | None = Field(description="USD at typical Spot prices.")
+    prices: str = Field(description="Where the prices come from, and their date.")
+
+
 class RunSubmitted(EventDetail):
     """The run's jobs are submitted."""
 
@@ -310,6 +375,9 @@ class RunSubmitted(EventDetail):
     mode: Literal["array", "multinode"]
     job_ids: list[str]
     plan_uri: str
+    warnings: list[str] = Field(default_factory=list, description="The preflight's warnings (sluice plan's checks).")
+    gpu_hours_estimate: float | None = Field(default=None, description="Planned GPU-hours (the preflight's estimate).")
+    cost_estimate_usd: RunCost | None = None
 
 
 class ManifestRejected(EventDetail):
@@ -343,6 +411,8 @@ class RunSucceeded(EventDetail):
     failed_by_reason: dict[FailureReason, int]
     failed_keys_uri: str
     retry_passes: int
+    gpu_hours: float = Field(default=0.0, description="Measured: each shard's worker wall time x its GPUs.")
+    cost_usd: RunCost | None = None
 
 
 class RunFailed(EventDetail):
@@ -355,6 +425,8 @@ class RunFailed(EventDetail):
     processed: int = 0
     failed: int = 0
     duration_s: float | None = None
+    gpu_hours: float = Field(default=0.0, description="Measured: each settled shard's worker wall time x its GPUs.")
+    cost_usd: RunCost | None = None
     stage: Literal["plan", "prepare", "submit"] | None = Field(
         default=None,
         description='Set when the run never started: "submit" (Batch refused the jobs), "prepare" (the prepare '

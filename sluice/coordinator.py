@@ -10,13 +10,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote_plus
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice import outbox, staging
 from sluice.aws import Clients
+from sluice.awserror import classify, translate
 from sluice.contracts import ManifestRejected, RunFailed, UploadItem
 from sluice.errors import AwsFatalError, SubmissionError, TooBigForLambda
 from sluice.errors import ManifestRejected as Rejection
+from sluice.inputcheck import check_manifest, guarded, reading_input
+from sluice.inventory import CHECKSUM_SUFFIX
 from sluice.ledger import Ledger
 from sluice.log import logger
 from sluice.manifest import iter_keys, parse_manifest, read_manifest_object
@@ -24,6 +27,7 @@ from sluice.models import Manifest, RunPlan
 from sluice.notify import EventPublisher
 from sluice.paths import MANIFESTS_PREFIX, RunPaths
 from sluice.plan import SCRATCH_TAG, build_plan, layout, scan, write_shards
+from sluice.preflight import Capacity
 from sluice.s3io import put_object
 from sluice.settings import Settings
 
@@ -74,6 +78,10 @@ def handle_upload(
     clients = clients or Clients()
     if not key.startswith(MANIFESTS_PREFIX):
         logger.info("ignoring object outside manifests/", extra={"bucket": bucket, "key": key})
+        return Outcome("ignored")
+    if key.lower().endswith(CHECKSUM_SUFFIX):
+        # An S3 Inventory manifest.checksum copied next to its manifest.json: read with it, not a run.
+        logger.info("ignoring an inventory checksum under manifests/", extra={"key": key})
         return Outcome("ignored")
     key = _existing_key(clients.s3, bucket, key)
     version = version_id if version_id and version_id != "null" else f"{etag}:{sequencer or ''}"
@@ -130,7 +138,9 @@ def _existing_key(s3: Any, bucket: str, key: str) -> str:
     try:
         s3.head_object(Bucket=bucket, Key=key)
         return key
-    except ClientError:
+    except (ClientError, BotoCoreError) as exc:
+        if classify(exc).retriable:  # a 503 must not make us read the other key and reject the run
+            raise translate(exc, f"HEAD s3://{bucket}/{key}") from exc
         return decoded
 
 
@@ -143,15 +153,18 @@ def _plan_and_submit(
     ledger: Ledger,
 ) -> Outcome:
     started = time.perf_counter()
-    src = read_manifest_object(clients.s3, bucket, key, settings)
-    manifest = parse_manifest(src, settings)
     control = settings.control_bucket or bucket
-    routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3)
+    with reading_input():
+        src = read_manifest_object(clients.s3, bucket, key, settings)
+        manifest = parse_manifest(src, settings)
+        check_manifest(manifest, settings, control=control, s3=clients.s3)
+        routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3)
     if routed is None:
         try:
             plan = _write_plan(run_id, src.uri, manifest, control, settings, clients.s3)
         except TooBigForLambda as exc:  # the estimate was low (long lines sampled first): prepare after all
-            routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3, at_least=exc.keys_seen)
+            with reading_input():
+                routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3, at_least=exc.keys_seen)
             if routed is None:
                 raise
     if routed is not None:
@@ -186,7 +199,7 @@ def _write_plan(
     # Inline keys are bounded by the manifest's size; anything else stops at LAMBDA_CAP_FACTOR x
     # the routing threshold, so a low estimate cannot push the Lambda past its memory or time.
     cap = None if manifest.input.keys is not None else settings.prepare_over_keys * LAMBDA_CAP_FACTOR
-    keys = iter_keys(manifest, s3, settings)
+    keys = guarded(iter_keys(manifest, s3, settings))
     with scan(keys, max_keys=settings.max_keys, spill_dir=settings.spill_dir, lambda_cap=cap) as sc:
         lay = layout(sc.unique_keys, manifest, settings.max_array_size)
         plan = build_plan(
@@ -197,6 +210,7 @@ def _write_plan(
             total_keys=sc.unique_keys,
             duplicates=sc.duplicates,
             lay=lay,
+            images_per_gpu_s=Capacity.from_settings(settings).rate,
         )
         write_shards(sc, lay, lambda i, data: put_object(s3, plan.shard_uri(i), data, tagging=SCRATCH_TAG))
     put_object(

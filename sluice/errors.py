@@ -27,11 +27,23 @@ class ShardFormatError(SluiceError):
     """A shard file is truncated, corrupt, or of an unknown version."""
 
 
+MAX_REASONS = 20
+MAX_REASON_CHARS = 1000
+
+
 class ManifestRejected(SluiceError):
-    """The manifest (or the keys it names) cannot be run; nothing was submitted."""
+    """The manifest (or the keys it names) cannot be run; nothing was submitted.
+
+    At most MAX_REASONS reasons of at most MAX_REASON_CHARS each (plus a count of the rest):
+    they go into one ledger item and one event, which must stay far below DynamoDB's 400 KB
+    and EventBridge's 256 KB whatever the input (10,000 mistyped keys, a field name 1 MB long).
+    """
 
     def __init__(self, reasons: list[str] | str):
-        self.reasons = [reasons] if isinstance(reasons, str) else list(reasons)
+        given = [reasons] if isinstance(reasons, str) else list(reasons)
+        if len(given) > MAX_REASONS + 1:
+            given = [*given[:MAX_REASONS], f"... and {len(given) - MAX_REASONS} more problems"]
+        self.reasons = [r if len(r) <= MAX_REASON_CHARS else r[: MAX_REASON_CHARS - 3] + "..." for r in given]
         super().__init__("; ".join(self.reasons))
 
 

@@ -8,95 +8,129 @@ Every problem becomes a ManifestRejected reason naming the line / key / field an
 from __future__ import annotations
 
 import csv
-import gzip
-import io
 import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote_plus
 
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from sluice import strictjson
 from sluice.awserror import Kind, classify
-from sluice.errors import ManifestRejected, RetriableError
+from sluice.errors import MAX_REASONS, ManifestRejected, RetriableError
+from sluice.lines import decode_lines
 from sluice.models import InputSpec, Manifest
-from sluice.s3uri import MAX_KEY_BYTES, is_bucket_name, key_problem, parse_s3_uri
+from sluice.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name, key_problem, parse_s3_uri
 from sluice.settings import Settings
 
 KeyBatch = tuple[str, list[str]]
 BATCH_KEYS = 8192
-MAX_REASONS = 20
 KEYLIST_SUFFIXES = (".txt", ".csv", ".jsonl")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+BLANK = " \t\r"  # a line of only these is blank; str.strip() would also drop control characters
 
 
 @dataclass(frozen=True)
 class ManifestSource:
-    """The uploaded object that started a run."""
+    """The uploaded object that started a run (`path`: a local file the CLI read instead)."""
 
     bucket: str
     key: str
     body: bytes
+    path: str | None = None
 
     @property
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
 
+    @property
+    def name(self) -> str:
+        """How reasons name it: the local path, or the s3:// URI."""
+        return self.path or self.uri
+
 
 def _pydantic_reasons(exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "manifest"
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".") or "manifest"
+        where = where if len(where) <= 200 else where[:197] + "..."  # a field name may be any length
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; see docs/manifest.md)"
+        elif err["type"] in _TYPE_ERRORS:
+            msg = f"{msg}, not {_shown(err.get('input'))}"
         out.append(f"{where}: {msg}")
     return out
+
+
+# Strict types: a bool is no number and "10" is no integer; the reason shows what was written.
+_TYPE_ERRORS = frozenset(
+    {"int_type", "float_type", "string_type", "list_type", "model_type", "dict_type", "int_from_float", "bool_type"}
+)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "an object"
+    return repr(value)[:40]
 
 
 def parse_manifest(src: ManifestSource, settings: Settings) -> Manifest:
     """Parse the uploaded object into a Manifest; a plain key list gets default settings."""
     lower = src.key.lower()
     if lower.endswith(KEYLIST_SUFFIXES):
-        return Manifest(version=1, input=InputSpec(key_list=src.uri, bucket=settings.default_input_bucket))
+        return _implied(src, key_list=src.uri, bucket=settings.default_input_bucket)
     if len(src.body) > settings.max_manifest_bytes:
         raise ManifestRejected(
-            f"{src.uri}: manifest is {len(src.body)} bytes, over the {settings.max_manifest_bytes}-byte "
+            f"{src.name}: manifest is {len(src.body)} bytes, over the {settings.max_manifest_bytes}-byte "
             "limit (SLUICE_MAX_MANIFEST_BYTES): put the keys in a key-list object and name it in input.key_list"
         )
     if not lower.endswith(".json"):
         raise ManifestRejected(
-            f"{src.uri}: unsupported manifest type; upload a .json run manifest or a "
+            f"{src.name}: unsupported manifest type; upload a .json run manifest or a "
             ".txt/.csv/.jsonl key list under manifests/"
         )
-    try:
-        text = src.body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestRejected(f"{src.uri}: not UTF-8 (invalid byte at offset {exc.start})") from exc
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestRejected(f"{src.uri}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    doc = strictjson.loads(src.body, src.name)
     if isinstance(doc, dict) and "sourceBucket" in doc and "files" in doc:
         # An S3 Inventory manifest.json dropped as is: run over its listing.
-        return Manifest(version=1, input=InputSpec(inventory=src.uri))
+        return _implied(src, inventory=src.uri)
     if not isinstance(doc, dict):
-        raise ManifestRejected(f"{src.uri}: a manifest is a JSON object, not {type(doc).__name__}")
+        raise ManifestRejected(f"{src.name}: a manifest is a JSON object, not {type(doc).__name__}")
     try:
         return Manifest.model_validate(doc)
     except ValidationError as exc:
         raise ManifestRejected(_pydantic_reasons(exc)) from exc
 
 
-class Problems:
-    """Collects up to MAX_REASONS problems, then stops the scan."""
+BUCKET_HINT = "set input.bucket, or set SLUICE_DEFAULT_INPUT_BUCKET"
 
-    def __init__(self) -> None:
+
+def _implied(src: ManifestSource, **spec: Any) -> Manifest:
+    """The manifest an upload that is not one implies (a key list, an inventory's manifest.json)."""
+    try:
+        return Manifest(version=1, input=InputSpec(**spec))
+    except ValidationError as exc:  # the object's own name (a control character), SLUICE_DEFAULT_INPUT_BUCKET
+        raise ManifestRejected([f"{src.name}: {r}" for r in _pydantic_reasons(exc)]) from exc
+
+
+class Problems:
+    """Collects up to MAX_REASONS problems, then stops the scan.
+
+    `bucket_hint`: how a bare key gets its bucket where the keys are read (the CLI names its flag).
+    """
+
+    def __init__(self, bucket_hint: str = BUCKET_HINT) -> None:
         self.reasons: list[str] = []
         self.count = 0
+        self.bucket_hint = bucket_hint
 
     def add(self, reason: str) -> None:
         self.count += 1
@@ -127,6 +161,10 @@ def batched(pairs: Iterable[tuple[str, str]]) -> Iterator[KeyBatch]:
 
 def _entry_to_pair(entry: str, default_bucket: str | None, where: str, problems: Problems) -> tuple[str, str] | None:
     """One key-list entry (bare key or s3:// URI) -> (bucket, key), or None after noting why not."""
+    why = bad_char(entry)
+    if why:
+        problems.add(f"{where}: not a key: {entry[:80]!r} holds {why}")
+        return None
     if entry.startswith("s3://"):
         try:
             bucket, key = parse_s3_uri(entry)
@@ -139,8 +177,7 @@ def _entry_to_pair(entry: str, default_bucket: str | None, where: str, problems:
     else:
         if default_bucket is None:
             problems.add(
-                f"{where}: bare key {entry[:80]!r} but no bucket: write s3://bucket/key, set input.bucket, "
-                "or set SLUICE_DEFAULT_INPUT_BUCKET"
+                f"{where}: bare key {entry[:80]!r} but no bucket: write s3://bucket/key, {problems.bucket_hint}"
             )
             return None
         bucket, key = default_bucket, entry
@@ -155,30 +192,9 @@ def _entry_to_pair(entry: str, default_bucket: str | None, where: str, problems:
     return bucket, key
 
 
-def _lines(chunks: Iterable[bytes], uri: str) -> Iterator[str]:
-    """Decode a UTF-8 byte stream into lines (\\n or \\r\\n), without holding it all."""
-    tail = b""
-    offset = 0
-    for chunk in chunks:
-        data = tail + chunk
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            tail = data
-            continue
-        try:
-            text = data[:cut].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ManifestRejected(f"{uri}: not UTF-8 (invalid byte at offset {offset + exc.start})") from exc
-        offset += cut
-        tail = data[cut:]
-        lines = text.split("\n")
-        lines.pop()  # empty string after the final newline
-        yield from lines
-    if tail:
-        try:
-            yield tail.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ManifestRejected(f"{uri}: not UTF-8 (invalid byte at offset {offset + exc.start})") from exc
+def _lines(chunks: Iterable[bytes], uri: str, *, bom: bool = True) -> Iterator[str]:
+    """Decode a UTF-8 byte stream into lines (sluice.lines: BOM dropped, bounded line length)."""
+    return decode_lines(chunks, uri, bom=bom)
 
 
 def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tuple[int, str | None, str]]:
@@ -186,26 +202,14 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
     if kind == ".txt":
         for n, line in enumerate(lines, 1):
             line = line.removesuffix("\r")
-            if line.strip():
+            if line.strip(BLANK):
                 yield n, None, line
         return
     if kind == ".jsonl":
         for n, line in enumerate(lines, 1):
-            if not line.strip():
+            if not line.strip(BLANK):
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield n, None, f"\0not JSON: {exc.msg} at column {exc.colno}"
-                continue
-            if isinstance(obj, str):
-                yield n, None, obj
-            elif isinstance(obj, dict) and isinstance(obj.get("uri"), str):
-                yield n, None, obj["uri"]
-            elif isinstance(obj, dict) and isinstance(obj.get("key"), str):
-                yield n, obj.get("bucket") if isinstance(obj.get("bucket"), str) else None, obj["key"]
-            else:
-                yield n, None, "\0not a key: expected a JSON string or an object with 'uri' or 'key'"
+            yield (n, *_jsonl_entry(line))
         return
     # .csv: optional header naming uri / key / bucket; else 1 column = key or URI, 2+ = bucket,key
     cols: dict[str, int] | None = None
@@ -213,9 +217,10 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
         try:  # a line at a time: one bad line (a bare \r in a field) is that line's problem
             row = next(csv.reader([line.removesuffix("\r")]), [])
         except csv.Error as exc:
-            yield n, None, f"\0not CSV: {exc} (quote the field or remove the character)"
+            why = "a field is too long to be a key" if "field limit" in str(exc) else "quote the field"
+            yield n, None, f"\0not CSV: {exc} ({why})"
             continue
-        if not row or not any(c.strip() for c in row):
+        if not row or not any(c.strip(BLANK) for c in row):
             continue
         if n == 1 and {c.strip().lower() for c in row} & {"uri", "key", "s3_uri", "url"}:
             cols = {c.strip().lower(): i for i, c in enumerate(row)}
@@ -236,6 +241,31 @@ def _keylist_entries(lines: Iterable[str], uri: str, kind: str) -> Iterator[tupl
             yield n, None, "\0row has fewer columns than its header"
 
 
+def _jsonl_entry(line: str) -> tuple[str | None, str]:
+    """(explicit bucket or None, entry) of one .jsonl line; an entry starting with NUL is a reason."""
+    try:
+        obj = json.loads(line, object_pairs_hook=strictjson.object_pairs)
+    except strictjson.Duplicate as exc:
+        return None, f"\0field {str(exc)[:40]!r} appears twice in one object: keep one"
+    except json.JSONDecodeError as exc:
+        return None, f"\0not JSON: {exc.msg} at column {exc.colno}"
+    except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits, [[[[...
+        return None, f"\0not JSON: {type(exc).__name__}: {str(exc)[:80]}"
+    if isinstance(obj, str):
+        return None, obj
+    if isinstance(obj, dict):
+        bucket = obj.get("bucket")
+        if bucket is not None and not isinstance(bucket, str):
+            return None, "\0not a key: 'bucket' must be a string"
+        if isinstance(obj.get("uri"), str):
+            if "key" in obj or bucket is not None:
+                return None, "\0not a key: give 'uri', or 'key' and 'bucket', not both"
+            return None, obj["uri"]
+        if isinstance(obj.get("key"), str):
+            return bucket, obj["key"]
+    return None, "\0not a key: expected a JSON string or an object with 'uri' or 'key'"
+
+
 def iter_keylist(
     chunks: Iterable[bytes], uri: str, kind: str, default_bucket: str | None, problems: Problems
 ) -> Iterator[KeyBatch]:
@@ -254,7 +284,7 @@ def _keylist_pairs(
             continue
         if bucket is not None and not entry.startswith("s3://"):
             if not is_bucket_name(bucket):
-                problems.add(f"{where}: {bucket[:70]!r} is not a valid bucket name")
+                problems.add(f"{where}: {bucket_problem(bucket)}")
                 continue
             pair = _entry_to_pair(entry, bucket, where, problems)
         else:
@@ -263,7 +293,7 @@ def _keylist_pairs(
             yield pair
 
 
-def _s3_error(exc: ClientError | BotoCoreError, what: str) -> Exception:
+def _s3_error(exc: BaseException, what: str) -> Exception:
     """Translate an S3 error at the boundary (sluice.awserror): retriable (raise) or a rejection reason."""
     failure = classify(exc)
     if failure.retriable:
@@ -283,16 +313,24 @@ def _get_chunks(
     what = f"s3://{bucket}/{key}"
     try:
         resp = s3.get_object(Bucket=bucket, Key=key)
-    except (ClientError, BotoCoreError) as exc:
+    except (ClientError, BotoCoreError, OSError) as exc:
         raise _s3_error(exc, what) from exc
     size = int(resp.get("ContentLength") or 0)
+    over = f"over the {max_bytes}-byte limit ({limit_name})"
     if size > max_bytes:
-        raise ManifestRejected(f"{what} is {size} bytes, over the {max_bytes}-byte limit ({limit_name})")
+        raise ManifestRejected(f"{what} is {size} bytes, {over}")
     body = resp["Body"]
+    read = 0
     while True:
-        data = body.read(chunk)
+        try:
+            data = body.read(chunk)
+        except (ClientError, BotoCoreError, OSError) as exc:  # the connection dropped mid-body: retried
+            raise _s3_error(exc, what) from exc
         if not data:
             break
+        read += len(data)
+        if read > max_bytes:
+            raise ManifestRejected(f"{what} is {over}")
         yield data
 
 
@@ -313,58 +351,6 @@ def iter_prefix(s3: Any, uri: str, suffixes: tuple[str, ...] | None) -> Iterator
         raise _s3_error(exc, f"prefix {uri}") from exc
     if not seen_any:
         raise ManifestRejected(f"prefix {uri} matched no objects" + (f" ending in {suffixes}" if suffixes else ""))
-
-
-def iter_inventory(s3: Any, uri: str, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
-    """Read an S3 Inventory manifest.json and stream the keys of its data files."""
-    bucket, key = parse_s3_uri(uri)
-    raw = b"".join(_get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES"))
-    try:
-        inv = json.loads(raw)
-        fmt = str(inv["fileFormat"]).upper()
-        files = [f["key"] for f in inv["files"]]
-        dest = str(inv.get("destinationBucket", f"arn:aws:s3:::{bucket}")).rsplit(":", 1)[-1]
-        schema = [c.strip() for c in str(inv.get("fileSchema", "Bucket, Key")).split(",")]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ManifestRejected(f"{uri}: not an S3 Inventory manifest.json ({exc!r} missing or malformed)") from exc
-    if fmt not in ("CSV", "PARQUET"):
-        raise ManifestRejected(f"{uri}: inventory format {fmt} is not supported; use CSV or Parquet")
-    if not files:
-        raise ManifestRejected(f"{uri}: inventory lists no data files")
-    for data_key in files:
-        data = b"".join(_get_chunks(s3, dest, data_key, settings.max_keylist_bytes))
-        yield from (_inventory_csv if fmt == "CSV" else _inventory_parquet)(data, schema, data_key, problems)
-
-
-def _inventory_csv(data: bytes, schema: list[str], name: str, problems: Problems) -> Iterator[KeyBatch]:
-    try:
-        text = gzip.decompress(data).decode("utf-8")
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise ManifestRejected(f"inventory file {name}: not gzip CSV ({exc})") from exc
-    lower = [c.lower() for c in schema]
-    bi, ki = lower.index("bucket"), lower.index("key")
-
-    def pairs() -> Iterator[tuple[str, str]]:
-        for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
-            if len(row) <= max(bi, ki):
-                problems.add(f"inventory file {name} line {n}: row has {len(row)} columns, schema has {len(schema)}")
-                continue
-            k = unquote_plus(row[ki])  # inventory CSV keys are URL-encoded
-            if not k.endswith("/"):  # folder markers are skipped
-                yield row[bi], k
-
-    return batched(pairs())
-
-
-def _inventory_parquet(data: bytes, schema: list[str], name: str, problems: Problems) -> Iterator[KeyBatch]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise ManifestRejected(f"inventory file {name}: Parquet inventories need pyarrow installed") from exc
-    table = pq.read_table(io.BytesIO(data), columns=["bucket", "key"])
-    for bucket, key in zip(table.column("bucket").to_pylist(), table.column("key").to_pylist()):
-        if not key.endswith("/"):
-            yield bucket, [key]
 
 
 def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: Problems | None = None) -> Iterator[KeyBatch]:
@@ -398,6 +384,8 @@ def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: Problem
             parse_s3_uri(spec.inventory)
         except ValueError as exc:
             raise ManifestRejected(f"input.inventory: {exc}") from exc
+        from sluice.inventory import iter_inventory  # sluice.inventory reads with this module's helpers
+
         source = iter_inventory(s3, spec.inventory, settings, problems)
     allowed = set(settings.allowed_buckets)
     for bucket, keys in source:
@@ -422,7 +410,7 @@ def _inline(entries: list[str], default_bucket: str | None, problems: Problems) 
                 continue
             pair = _entry_to_pair(entry, default_bucket, f"input.keys[{i}]", problems)
             if pair is not None:
-                why = key_problem(pair[1]) if len(pair[1]) > MAX_KEY_BYTES // 4 or not pair[1].isascii() else None
+                why = key_problem(pair[1]) if len(pair[1]) > MAX_KEY_BYTES // 4 else None
                 if why:
                     problems.add(f"input.keys[{i}]: {why}")
                     continue

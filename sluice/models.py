@@ -6,14 +6,20 @@ details) are in sluice.contracts.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice import paths
 from sluice.paths import RunPaths
+from sluice.s3uri import bad_char, bucket_problem, parse_s3_uri
 
 MANIFEST_VERSION = 1
+# The worker's builtin networks (gpu_worker.model.BUILTINS; a unit test keeps the two equal),
+# named here so the manifest Lambda, which never imports torch, can check model.uri.
+BUILTIN_MODELS = ("reference-cnn", "resnet50")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)
 
@@ -22,7 +28,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class InputSpec(_Strict):
+class _ManifestPart(_Strict):
+    """What a user writes: strict types, so `true` is not 1 and "10" is not a number."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _s3_uri(value: str | None, *, allow_empty_key: bool = False) -> str | None:
+    if value is None:
+        return None
+    try:
+        parse_s3_uri(value, allow_empty_key=allow_empty_key)
+    except ValueError as exc:
+        bucket_why = bucket_problem(value[5:].partition("/")[0]) if value.startswith("s3://") else None
+        why = f"{value[:80]!r}: {bucket_why}" if bucket_why else str(exc)
+        raise ValueError(f"{why}: give s3://bucket/{'prefix/' if allow_empty_key else 'key'}") from None
+    char = bad_char(value)
+    if char:
+        raise ValueError(f"{value[:80]!r} holds {char}")
+    return value
+
+
+class InputSpec(_ManifestPart):
     """Where the keys come from: exactly one of keys, key_list, prefix, inventory."""
 
     keys: list[str] | None = Field(default=None, description="Inline keys: bare keys (in `bucket`) or s3:// URIs.")
@@ -36,6 +63,32 @@ class InputSpec(_Strict):
         default=None, description="Keep only keys ending with one of these (case-insensitive)."
     )
 
+    @field_validator("key_list", "inventory")
+    @classmethod
+    def _object_uri(cls, v: str | None) -> str | None:
+        return _s3_uri(v)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_uri(cls, v: str | None) -> str | None:
+        return _s3_uri(v, allow_empty_key=True)
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str | None) -> str | None:
+        why = None if v is None else bucket_problem(v)
+        if why:
+            raise ValueError(why)
+        return v
+
+    @field_validator("suffixes")
+    @classmethod
+    def _suffixes(cls, v: list[str] | None) -> list[str] | None:
+        for i, s in enumerate(v or ()):
+            if not s or bad_char(s):
+                raise ValueError(f"suffix {i} ({s[:40]!r}) is empty or holds a control character")
+        return v
+
     @model_validator(mode="after")
     def _exactly_one(self) -> InputSpec:
         given = [n for n in ("keys", "key_list", "prefix", "inventory") if getattr(self, n) is not None]
@@ -47,15 +100,34 @@ class InputSpec(_Strict):
         return self
 
 
-class ModelSpec(_Strict):
+class ModelSpec(_ManifestPart):
     """The model a worker runs."""
 
     uri: str = Field(default="builtin:reference-cnn", description="builtin:NAME, a path or s3:// URI.")
     batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64
     image_size: Annotated[int, Field(ge=8, le=8_192)] = 224
 
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        """What can be told without S3 or settings (sluice.inputcheck checks the rest at plan time)."""
+        if v.startswith("builtin:"):
+            if v[8:] not in BUILTIN_MODELS:
+                raise ValueError(f"unknown builtin model {v[8:80]!r}; builtins: {', '.join(BUILTIN_MODELS)}")
+            return v
+        if v.startswith("s3://"):
+            return str(_s3_uri(v))
+        if _SCHEME.match(v) and not re.match(r"^[A-Za-z]:[\\/]", v):  # C:\ is a Windows path
+            raise ValueError(
+                f"{v[:80]!r}: workers read models from s3:// or builtin:NAME only: copy the file to S3 "
+                "and give its s3:// URI"
+            )
+        if not v or bad_char(v):
+            raise ValueError(f"{v[:80]!r} is not a model path")
+        return v
 
-class JobSpec(_Strict):
+
+class JobSpec(_ManifestPart):
     """How the run is laid out on AWS Batch."""
 
     mode: Literal["array", "multinode"] = "array"
@@ -63,18 +135,36 @@ class JobSpec(_Strict):
     gpus_per_node: Annotated[int, Field(ge=0, le=16)] = 1
     keys_per_shard: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
     attempts: Annotated[int, Field(ge=1, le=10)] = 3
-    timeout_s: Annotated[int, Field(ge=60, le=14 * 24 * 3600)] = 6 * 3600
-    queue: str | None = Field(default=None, description="Job queue; default from settings.")
+    timeout_s: Annotated[int, Field(ge=60, le=14 * 24 * 3600)] | None = Field(
+        default=None,
+        description="Batch attempt timeout (a timed-out attempt is not retried). Default: derived from "
+        "keys_per_shard and the images/s estimate, at least 6 h (sluice.preflight.checks.derived_timeout_s).",
+    )
+    queue: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        default=None, description="Job queue (one of Sluice's); default from settings."
+    )
 
 
-class OutputSpec(_Strict):
+class OutputSpec(_ManifestPart):
     """Where embeddings go; default s3://<control bucket>/runs/<run>/output/."""
 
     prefix: str | None = None
     dtype: Literal["float16", "float32"] = "float16"
 
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.startswith("s3://"):
+            raise ValueError(f"{v[:80]!r} is not an s3:// URI: workers write output to S3 only (s3://bucket/prefix/)")
+        _s3_uri(v, allow_empty_key=True)
+        if len(v.encode("utf-8")) > 800:  # room under S3's 1,024-byte keys for shard=<i>/part-*.parquet
+            raise ValueError("longer than 800 bytes: output keys would exceed S3's 1,024-byte limit")
+        return v if v.endswith("/") else v + "/"  # a prefix is a folder: "out" must not become "outshard=0/"
 
-class Manifest(_Strict):
+
+class Manifest(_ManifestPart):
     """A run manifest as uploaded to manifests/ (JSON)."""
 
     version: Literal[1] = Field(description="Manifest schema version; this Sluice reads 1.")
@@ -89,9 +179,20 @@ class Manifest(_Strict):
     @field_validator("version", mode="before")
     @classmethod
     def _version(cls, v: object) -> object:
-        if v != MANIFEST_VERSION:
-            raise ValueError(f"unsupported manifest version {v!r}: this Sluice reads version 1")
-        return v
+        # Literal[1] alone takes true and 1.0 too (they equal 1 in Python).
+        if type(v) is int and v == MANIFEST_VERSION:
+            return v
+        if isinstance(v, str) and v.strip() == str(MANIFEST_VERSION):
+            raise ValueError(f'the string {v!r} is not a version: write the number, "version": 1')
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f'{_json_type(v)} is not a version: write "version": 1')
+        raise ValueError(f'unsupported manifest version {v!r}: this Sluice reads version 1 (write "version": 1)')
+
+
+def _json_type(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return {type(None): "null", str: "a string", list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
 
 
 class JobLayout(_Strict):

@@ -24,6 +24,8 @@ from sluice.dedup import DuplicateFinder
 from sluice.errors import ManifestRejected, PlanError, TooBigForLambda
 from sluice.models import JobLayout, Manifest, RunPlan
 from sluice.paths import RunPaths
+from sluice.preflight.checks import derived_timeout_s
+from sluice.preflight.facts import Capacity
 from sluice.shards import FileSource, ShardReader, ShardWriter, encode_shard
 
 KeyBatch = tuple[str, list[str]]
@@ -169,9 +171,13 @@ def build_plan(
     total_keys: int,
     duplicates: int,
     lay: Layout,
+    images_per_gpu_s: float | None = None,
 ) -> RunPlan:
-    """The plan.json a worker reads."""
+    """The plan.json a worker reads; `images_per_gpu_s` (default: the table's) sizes a derived job timeout."""
     root = RunPaths.in_bucket(control_bucket, run_id)
+    gpus = max(1, manifest.job.gpus_per_node)
+    rate = images_per_gpu_s or Capacity().rate
+    timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
     return RunPlan(
         run_id=run_id,
         manifest_uri=manifest_uri,
@@ -190,7 +196,7 @@ def build_plan(
         model=manifest.model,
         output_dtype=manifest.output.dtype,
         attempts=manifest.job.attempts,
-        timeout_s=manifest.job.timeout_s,
+        timeout_s=timeout_s,
         max_failed_fraction=manifest.max_failed_fraction,
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,

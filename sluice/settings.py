@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluice.errors import SettingsError
 
+MAX_INFLATED_BYTES = 4 * 2**30  # one decompressed inventory data file: what a key-list object may be
+MAX_INFLATE_RATIO = 100  # S3 Inventory CSV gzips 5-30x; a bomb (zeros, one repeated row) gzips ~1000x
+
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -84,8 +87,30 @@ class Settings(EnvSettings):
         None, description="SLUICE_DEFAULT_INPUT_BUCKET: bucket for bare keys in plain key lists."
     )
     max_manifest_bytes: int = Field(16 * 2**20, description="SLUICE_MAX_MANIFEST_BYTES: JSON manifest limit.")
-    max_keylist_bytes: int = Field(4 * 2**30, description="SLUICE_MAX_KEYLIST_BYTES: key-list object limit.")
-    max_keys: int = Field(100_000_000, description="SLUICE_MAX_KEYS: unique keys per run.")
+    max_keylist_bytes: int = Field(
+        4 * 2**30, description="SLUICE_MAX_KEYLIST_BYTES: key-list object limit (and each inventory data file's)."
+    )
+    max_inflated_bytes: int = Field(
+        MAX_INFLATED_BYTES, ge=1, description="SLUICE_MAX_INFLATED_BYTES: one inventory data file, decompressed."
+    )
+    max_inflate_ratio: int = Field(
+        MAX_INFLATE_RATIO,
+        ge=1,
+        description="SLUICE_MAX_INFLATE_RATIO: decompressed bytes per compressed byte an inventory data file may reach "
+        "(plus 1 MiB); more is a compression bomb.",
+    )
+    allowed_output_buckets: tuple[str, ...] = Field(
+        (),
+        description="SLUICE_ALLOWED_OUTPUT_BUCKETS (comma list): buckets besides the control bucket that output.prefix "
+        "may name (the worker role must be allowed to write there: docs/deploy.md).",
+    )
+    local_mode: bool = Field(
+        False,
+        description="SLUICE_LOCAL_MODE: the workers run on this machine (sluice local run), so model.uri may be a "
+        "local path.",
+    )
+    # One default with template.yaml's (a test checks): the prepare stage's design goal.
+    max_keys: int = Field(1_000_000_000, description="SLUICE_MAX_KEYS: unique keys per run.")
     max_array_size: int = Field(10_000, ge=2, le=10_000, description="SLUICE_MAX_ARRAY_SIZE: children per array job.")
     spill_dir: str | None = Field(None, description="SLUICE_SPILL_DIR: temp files (Lambda: /tmp).")
     # Measured (bench/lambda_sizing.py): the in-Lambda path costs 2.75 CPU-s, 27 MiB of RSS and
@@ -105,3 +130,16 @@ class Settings(EnvSettings):
     )
     prepare_job_queue: str = Field("sluice-prepare", description="SLUICE_PREPARE_JOB_QUEUE: the CPU queue.")
     prepare_job_definition: str = Field("sluice-prepare", description="SLUICE_PREPARE_JOB_DEFINITION.")
+    # The deployed capacity the preflight checks runs against (sluice.preflight; template.yaml
+    # parameters of the same names), and the GPU family GPU-hours are priced on.
+    max_vcpus: int = Field(256, ge=1, description="SLUICE_MAX_VCPUS: MaxVcpus of each GPU compute environment.")
+    mnp_max_vcpus: int = Field(64, ge=1, description="SLUICE_MNP_MAX_VCPUS: MaxVcpus of the MNP environment.")
+    worker_vcpus: int = Field(4, ge=1, description="SLUICE_WORKER_VCPUS: vCPUs of a worker container.")
+    gpu_instance_types: str = Field(
+        "g6e,g6,g5", description="SLUICE_GPU_INSTANCE_TYPES: the GPU families (first priced)."
+    )
+    images_per_gpu_s: float | None = Field(
+        None,
+        gt=0,
+        description="SLUICE_IMAGES_PER_GPU_S: measured images/s per GPU (gpu_worker.autotune) for estimates.",
+    )

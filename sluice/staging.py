@@ -48,6 +48,8 @@ from sluice.models import Manifest, RunPlan
 from sluice.notify import EventPublisher
 from sluice.paths import RunPaths
 from sluice.plan import Layout, build_plan, job_layouts
+from sluice.preflight import Capacity, RunFacts, preflight
+from sluice.preflight.spent import spent
 from sluice.prepare import split
 from sluice.prepare.collect import collect
 from sluice.prepare.store import Store
@@ -269,19 +271,26 @@ def _submit(run: RunItem, prep: PrepareItem, settings: Settings, clients: Client
         total_keys=got.unique_keys,
         duplicates=got.duplicates,
         lay=lay,
+        images_per_gpu_s=Capacity.from_settings(settings).rate,
     )
     put_object(clients.s3, paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
-    submit_plan(
-        run.run_id,
-        run.manifest_uri,
-        plan,
-        paths.plan,
-        manifest.job.queue,
-        settings,
-        clients,
-        ledger,
-        expect=RunStatus.PREPARING,
-    )
+    try:
+        submit_plan(
+            run.run_id,
+            run.manifest_uri,
+            plan,
+            paths.plan,
+            manifest.job.queue,
+            settings,
+            clients,
+            ledger,
+            expect=RunStatus.PREPARING,
+        )
+    except Rejection as exc:  # the preflight: a limit the prepared run cannot pass
+        rejected = ManifestRejected(run_id=run.run_id, manifest=run.manifest_uri, reasons=exc.reasons)
+        ledger.mark_rejected(run.run_id, exc.reasons, rejected, expect=RunStatus.PREPARING)
+        logger.warning("manifest rejected by the preflight", extra={"reasons": exc.reasons[:5]})
+        return ManifestRejected.detail_type
     logger.info(
         "run submitted after prepare",
         extra={"total_keys": plan.total_keys, "duplicates": plan.duplicates, "shards": plan.n_shards},
@@ -301,8 +310,19 @@ def submit_plan(
     *,
     expect: RunStatus = RunStatus.PLANNING,
 ) -> RunSubmitted:
-    """Submit the plan's jobs (adopted by name when already out), then record SUBMITTED with "Run Submitted"."""
+    """Preflight, submit the plan's jobs (adopted by name when already out), record SUBMITTED with "Run Submitted".
+
+    A preflight error (a limit the run cannot pass: sluice.preflight) raises ManifestRejected
+    before anything is submitted; its warnings and cost estimate go out with "Run Submitted".
+    """
+    cap = Capacity.from_settings(settings)
+    checked = preflight(
+        RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys), cap
+    )
+    if checked.errors:
+        raise Rejection([f"preflight: {line}" for line in checked.lines("error")])
     job_ids = BatchAdapter(clients.batch).submit(plan, plan_uri, settings, queue=queue)
+    estimate = spent(round(plan.total_keys / cap.rate))  # GPU-seconds at the estimated rate
     submitted = RunSubmitted(
         run_id=run_id,
         manifest=manifest_uri,
@@ -312,6 +332,9 @@ def submit_plan(
         mode=plan.mode,
         job_ids=job_ids,
         plan_uri=plan_uri,
+        warnings=[f"preflight: {line}" for line in checked.lines("warn")],
+        gpu_hours_estimate=estimate["gpu_hours"],
+        cost_estimate_usd=estimate["cost_usd"],
     )
     ledger.mark_submitted(run_id, submitted_fields(plan, job_ids, plan_uri), submitted, expect=expect)
     return submitted

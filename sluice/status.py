@@ -32,6 +32,7 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
         shards_failed=counts.shards_failed,
         keys_processed=counts.keys_processed,
         keys_failed=counts.keys_failed,
+        gpu_hours=round(counts.gpu_seconds / 3600, 3),
         created_at=_iso(row.created_at),
         finished_at=_iso(row.finished_at),
     )
@@ -66,6 +67,10 @@ def render(s: dict[str, Any], out: TextIO) -> None:
         out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
         keys_done = s["keys_processed"] + s["keys_failed"]
         out.write(f"keys      {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed)\n")
+    if s.get("gpu_hours"):
+        from sluice.preflight.spent import describe
+
+        out.write(f"gpu time  {describe(s['gpu_hours'])}\n")
     if s.get("output_prefix"):
         out.write(f"output    {s['output_prefix']}\n")
 

@@ -3,8 +3,9 @@
 A shard keeps the state of its newest event (seq = attempt * 10 + state rank): duplicates
 and late events change nothing, and a later attempt outranks an earlier one, even a
 terminal one (an MNP job retried after a host loss). A terminal state is written with its
-settlement (outcome and the worker's counts) and the matching change to one of the run's
-COUNTER_SHARDS counter items, in one transaction whose condition is the seq it replaces.
+settlement (outcome and the worker's counts), the matching change to one of the run's
+COUNTER_SHARDS counter items and its marks (FAIL#<i> while it failed, RETRY#<i> while it has
+transient failures), in one transaction whose condition is the seq it replaces.
 The counters are write-sharded so that a burst of events on one run does not serialise on
 a single item (TransactWriteItems conflicts when two transactions touch one item).
 """
@@ -18,7 +19,17 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.awserror import translate
-from sluice.contracts import CounterItem, Counts, JobItem, JobStatus, ShardItem, ShardOutcome
+from sluice.contracts import (
+    CounterItem,
+    Counts,
+    FailureReason,
+    JobItem,
+    JobStatus,
+    MarkItem,
+    ShardItem,
+    ShardOutcome,
+    reason_counter,
+)
 from sluice.ddb import Table, item, value, values
 from sluice.errors import RetriableError
 from sluice.ledger import RUN_SK
@@ -30,7 +41,9 @@ from sluice.verdict import Settlement
 # (reserved concurrency, template.yaml) from conflicting on the same counter.
 COUNTER_SHARDS = 16
 RECORD_TRIES = 8  # optimistic (read, conditional write) rounds before the event is retried
-_COUNTED = ("shards_succeeded", "shards_failed", "keys_processed", "keys_failed")
+_TOTALS = ("shards_succeeded", "shards_failed", "keys_processed", "keys_failed", "keys_transient", "gpu_seconds")
+_REASONS = {reason_counter(r): r for r in FailureReason}
+_COUNTED = (*_TOTALS, *_REASONS)
 
 
 def shard_sk(shard: int) -> str:
@@ -45,17 +58,50 @@ def counter_sk(k: int) -> str:
     return f"COUNT#{k:02d}"
 
 
+FAIL, RETRY = "FAIL#", "RETRY#"  # MarkItem prefixes: the shard failed / has transient failures
+
+
+def _marks(s: ShardItem | None) -> dict[str, str | None]:
+    """prefix -> why, for each mark a (terminal) shard item carries."""
+    if s is None or not s.terminal or s.outcome is None:
+        return {}
+    out: dict[str, str | None] = {}
+    if s.outcome == ShardOutcome.FAILED:
+        out[FAIL] = s.why or "failed"
+    if s.failed_transient:
+        out[RETRY] = None
+    return out
+
+
 def _contribution(s: ShardItem | None) -> dict[str, int]:
     """What a (terminal) shard item adds to the run's counters."""
     if s is None or not s.terminal or s.outcome is None:
         return dict.fromkeys(_COUNTED, 0)
     ok = s.outcome == ShardOutcome.SUCCEEDED
+    by_reason = {reason_counter(r): n for r, n in s.failed_by_reason.items()}
     return {
+        **dict.fromkeys(_REASONS, 0),
+        **by_reason,
         "shards_succeeded": int(ok),
         "shards_failed": int(not ok),
         "keys_processed": s.processed,
         "keys_failed": s.failed_keys,
+        "keys_transient": s.failed_transient,
+        "gpu_seconds": s.gpu_seconds,
     }
+
+
+def _mark_ops(run_id: str, shard: int, had: dict[str, str | None], has: dict[str, str | None]) -> list[dict[str, Any]]:
+    """Puts for the marks the new state carries (its why may have changed), deletes for those it dropped."""
+    ops: list[dict[str, Any]] = []
+    for prefix in (FAIL, RETRY):
+        key = {"pk": run_id, "sk": f"{prefix}{shard:06d}"}
+        if prefix in has:
+            mark = MarkItem(**key, shard=shard, updated_at=int(time.time()), why=has[prefix])
+            ops.append({"Put": {"Item": item(mark.model_dump(mode="json", exclude_none=True))}})
+        elif prefix in had:
+            ops.append({"Delete": {"Key": item(key)}})
+    return ops
 
 
 class Tally(Table):
@@ -122,19 +168,27 @@ class Tally(Table):
             put["ExpressionAttributeValues"] = {":old": value(old.seq)}
         before, after = _contribution(old), _contribution(new)
         delta = {k: after[k] - before[k] for k in _COUNTED if after[k] != before[k]}
-        if not delta:
+        ops: list[dict[str, Any]] = [{"Put": put}]
+        if delta:
+            adds = ", ".join(f"{k} :{k}" for k in delta)
+            now = int(time.time())
+            ops.append(
+                {
+                    "Update": {
+                        "Key": item({"pk": run_id, "sk": counter_sk(shard % COUNTER_SHARDS)}),
+                        "UpdateExpression": f"ADD {adds} SET updated_at = :now",
+                        "ExpressionAttributeValues": item({**{f":{k}": v for k, v in delta.items()}, ":now": now}),
+                    }
+                }
+            )
+        ops += _mark_ops(run_id, shard, _marks(old), _marks(new))
+        if len(ops) == 1:
             try:
                 self.call("put_item", **put)
             except ClientError:
                 return False
             return True
-        adds = ", ".join(f"{k} :{k}" for k in delta)
-        counter = {
-            "Key": item({"pk": run_id, "sk": counter_sk(shard % COUNTER_SHARDS)}),
-            "UpdateExpression": f"ADD {adds} SET updated_at = :now",
-            "ExpressionAttributeValues": item({**{f":{k}": v for k, v in delta.items()}, ":now": int(time.time())}),
-        }
-        return self.transact([{"Put": put}, {"Update": counter}])
+        return self.transact(ops)
 
     def record_job_terminal(self, run_id: str, job_id: str, status: JobStatus, reason: str | None) -> bool:
         """Count a submitted job as done (once, whatever the duplicates). True the first time."""
@@ -172,8 +226,11 @@ class Tally(Table):
                 raise translate(exc, f"DynamoDB BatchGetItem on table {self.table!r}") from exc
             for raw in resp.get("Responses", {}).get(self.table, []):
                 c = CounterItem.model_validate(values(raw))
-                for k in _COUNTED:
+                for k in _TOTALS:
                     setattr(total, k, getattr(total, k) + getattr(c, k))
+                for k, r in _REASONS.items():
+                    if getattr(c, k):
+                        total.failed_by_reason[r] = total.failed_by_reason.get(r, 0) + getattr(c, k)
             request = resp.get("UnprocessedKeys") or {}
         return total
 
@@ -191,6 +248,10 @@ class Tally(Table):
                 return out
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
+    def marks(self, run_id: str, prefix: str) -> list[MarkItem]:
+        """The run's FAIL# or RETRY# items: one per failed shard, or per shard with transient failures."""
+        return [MarkItem.model_validate(v) for v in self._query(run_id, prefix)]
+
     def shard_items(self, run_id: str) -> list[ShardItem]:
         """Every shard item of the run (paginated: 1 MB a page)."""
         return [ShardItem.model_validate(v) for v in self._query(run_id, "SHARD#")]
@@ -200,4 +261,4 @@ class Tally(Table):
         return [JobItem.model_validate(v) for v in self._query(run_id, "JOB#")]
 
 
-__all__ = ["COUNTER_SHARDS", "Tally", "counter_sk", "job_sk", "shard_sk"]
+__all__ = ["COUNTER_SHARDS", "FAIL", "RETRY", "Tally", "counter_sk", "job_sk", "shard_sk"]

@@ -12,7 +12,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sluice.contracts import FailureReason, JobItem, JobStatus, ShardItem, ShardOutcome, ShardResult
+from sluice.contracts import (
+    TRANSIENT_FAILURE_REASONS,
+    Counts,
+    FailureReason,
+    JobItem,
+    JobStatus,
+    ShardItem,
+    ShardOutcome,
+    ShardResult,
+    over_threshold,
+)
 
 NO_RESULT = "no result.json: the worker did not finish"
 MAX_NAMED = 10  # failed shards named in a run's reason
@@ -28,6 +38,7 @@ class Settlement:
     failed_keys: int = 0
     failed_transient: int = 0
     failed_by_reason: Mapping[FailureReason, int] = field(default_factory=dict)
+    gpu_seconds: int = 0
     settled_by: Literal["event", "batch"] = "event"
 
 
@@ -45,21 +56,27 @@ def settle_shard(
             "failed_keys": result.failed,
             "failed_transient": result.failed_transient,
             "failed_by_reason": dict(result.failed_by_reason),
+            "gpu_seconds": round(result.seconds * result.world) if result.device.startswith("cuda") else 0,
         }
         if result is not None
         else {}
     )
     why: str | None = None
-    if status == JobStatus.FAILED:
+    if result is not None and not result.ok:
+        # The worker's own verdict explains its exit code ("Essential container in task
+        # exited" says nothing); a result.json without one is described from its counts.
+        why = result.reason or over_threshold(
+            result.failed - result.failed_transient,
+            result.n_keys,
+            result.failed_fraction,
+            result.max_failed_fraction,
+            {str(r): n for r, n in result.failed_by_reason.items() if r not in TRANSIENT_FAILURE_REASONS},
+        )
+    elif status == JobStatus.FAILED:
         text = reason or "the job failed"
         why = f"exit code {exit_code}: {text}" if exit_code is not None else text
     elif result is None:
         why = NO_RESULT
-    elif not result.ok:
-        why = (
-            f"{result.failed - result.failed_transient} of {result.n_keys} keys failed for their data "
-            f"({result.failed_fraction:.2%} > {result.max_failed_fraction:.2%})"
-        )
     outcome = ShardOutcome.FAILED if why else ShardOutcome.SUCCEEDED
     return Settlement(outcome, why, settled_by=settled_by, **counts)  # type: ignore[arg-type]
 
@@ -71,6 +88,7 @@ class RunTally:
     n_total: int
     processed: int = 0
     failed: int = 0
+    gpu_seconds: int = 0
     by_reason: Counter[FailureReason] = field(default_factory=Counter)
     failed_shards: list[tuple[int, str]] = field(default_factory=list)
     transient_shards: list[int] = field(default_factory=list)
@@ -94,6 +112,29 @@ class RunTally:
         return None
 
 
+def from_counts(
+    n_total: int,
+    counts: Counts,
+    failed: Iterable[tuple[int, str]],
+    transient: Iterable[int],
+    jobs: Iterable[JobItem] = (),
+) -> RunTally:
+    """The same tally from the run's counters and its FAIL# / RETRY# marks (every shard settled)."""
+    t = RunTally(n_total, processed=counts.keys_processed, failed=counts.keys_failed, gpu_seconds=counts.gpu_seconds)
+    t.by_reason.update(counts.failed_by_reason)
+    t.failed_shards = sorted(f for f in failed if f[0] < n_total)
+    t.transient_shards = sorted(i for i in transient if i < n_total)
+    if not t.failed_shards:
+        t.failed_jobs = _failed_jobs(jobs)
+    return t
+
+
+def _failed_jobs(jobs: Iterable[JobItem]) -> list[tuple[str, str]]:
+    return sorted(
+        (j.sk.removeprefix("JOB#"), j.reason or "no reason given") for j in jobs if j.status == JobStatus.FAILED
+    )
+
+
 def tally(n_total: int, shards: Iterable[ShardItem], jobs: Iterable[JobItem] = ()) -> RunTally:
     """Sum the settled shards 0..n_total-1; shards without a terminal item are `unsettled`."""
     t = RunTally(n_total)
@@ -105,14 +146,11 @@ def tally(n_total: int, shards: Iterable[ShardItem], jobs: Iterable[JobItem] = (
             continue
         t.processed += s.processed
         t.failed += s.failed_keys
+        t.gpu_seconds += s.gpu_seconds
         t.by_reason.update(s.failed_by_reason)
         if s.outcome == ShardOutcome.FAILED:
             t.failed_shards.append((i, s.why or "failed"))
         if s.failed_transient:
             t.transient_shards.append(i)
-    t.failed_jobs = sorted(
-        (j.sk.removeprefix("JOB#"), j.reason or "no reason given") for j in jobs if j.status == JobStatus.FAILED
-    )
-    if t.failed_shards:
-        t.failed_jobs = []
+    t.failed_jobs = [] if t.failed_shards else _failed_jobs(jobs)
     return t

@@ -15,10 +15,8 @@ import contextlib
 import importlib
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -31,12 +29,14 @@ from sluice.aws import Clients, reset_clients
 from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
 from sluice.local.events import matches, s3_object_created
 from sluice.local.lambda_context import LocalContext
+from sluice.local.output import OutputDir
+from sluice.local.progress import Progress
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
 from sluice.paths import MANIFESTS_PREFIX, RunPaths, is_commit_marker
 from sluice.s3uri import parse_s3_uri
-from sluice.tally import Tally
 
 INPUT_BUCKET = "sluice-local-images"
+LOCAL_CHUNK_KEYS = 16
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 NotePid = Callable[[int], None]
 
@@ -74,8 +74,27 @@ class Router:
                     os.environ[k] = v
 
 
-def _upload_images(c: Any, args: argparse.Namespace) -> tuple[str, int]:
-    """Upload --images DIR or --demo N images; returns (key prefix, count)."""
+def is_image_name(path: Path) -> bool:
+    """An image by its name: a known suffix, not hidden (.DS_Store, ._x.jpg from macOS)."""
+    return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
+
+
+@dataclass
+class Uploaded:
+    """What --images DIR or --demo N put in the input bucket."""
+
+    prefix: str
+    count: int
+    skipped: list[str] = field(default_factory=list)  # files of DIR that are not images by name
+
+    def say_skipped(self) -> None:
+        if self.skipped:
+            shown = ", ".join(self.skipped[:5]) + (" ..." if len(self.skipped) > 5 else "")
+            print(f"sluice: skipped {len(self.skipped)} file(s) that are not images by name: {shown}", file=sys.stderr)
+
+
+def _upload_images(c: Any, args: argparse.Namespace) -> Uploaded:
+    """Upload --images DIR (images by name; the rest is skipped and listed) or --demo N images."""
     with contextlib.suppress(c.s3.exceptions.BucketAlreadyOwnedByYou):
         c.s3.create_bucket(Bucket=INPUT_BUCKET)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -85,18 +104,23 @@ def _upload_images(c: Any, args: argparse.Namespace) -> tuple[str, int]:
             raise SystemExit(f"sluice: --images {root}: not a directory")
         prefix = f"images/{root.resolve().name}-{stamp}/"
         files = sorted(p for p in root.rglob("*") if p.is_file())
-        for p in files:  # subfolders are kept as key prefixes; every file is uploaded (bad ones too)
+        images = [p for p in files if is_image_name(p)]
+        skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p)]
+        for p in images:  # subfolders are kept as key prefixes; images that do not decode are reported
             c.s3.put_object(Bucket=INPUT_BUCKET, Key=prefix + p.relative_to(root).as_posix(), Body=p.read_bytes())
-        if not files:
-            raise SystemExit(f"sluice: --images {root}: no files")
-        return prefix, len(files)
+        if not images:
+            raise SystemExit(
+                f"sluice: --images {root}: no image files ({len(skipped)} other files; "
+                f"images are named {', '.join(IMAGE_SUFFIXES)})"
+            )
+        return Uploaded(prefix, len(images), skipped)
     from sluice.local.demo import demo_images
 
     n = 200 if args.demo is None else args.demo
     prefix = f"demo-{stamp}/"
     for key, data in demo_images(n):
         c.s3.put_object(Bucket=INPUT_BUCKET, Key=prefix + key, Body=data)
-    return prefix, n
+    return Uploaded(prefix, n)
 
 
 def _manifest(args: argparse.Namespace, prefix: str, count: int) -> tuple[str, bytes]:
@@ -116,46 +140,9 @@ def _manifest(args: argparse.Namespace, prefix: str, count: int) -> tuple[str, b
         "model": {"uri": "builtin:reference-cnn", "batch_size": 32, "image_size": args.image_size},
         "job": job,
     }
+    if args.max_failed_fraction is not None:
+        manifest["max_failed_fraction"] = args.max_failed_fraction
     return "local-run.json", json.dumps(manifest, indent=2).encode()
-
-
-class Progress:
-    """One status line on stderr: shards, images, images/s (from commit markers and the ledger)."""
-
-    def __init__(self, c: Any, table: str, enabled: bool) -> None:
-        self._c = c
-        self._table = table
-        self._enabled = enabled and sys.stderr.isatty()
-        self._seen: dict[str, int] = {}
-        self._t0 = time.monotonic()
-        self._last = 0.0
-
-    def images_done(self, output_prefix: str) -> int:
-        bucket, prefix = parse_s3_uri(output_prefix, allow_empty_key=True)
-        for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for o in page.get("Contents", []):
-                k = o["Key"]
-                if is_commit_marker(k) and k not in self._seen:
-                    m = json.loads(self._c.s3.get_object(Bucket=bucket, Key=k)["Body"].read())
-                    self._seen[k] = int(m.get("rows", 0)) + len(m.get("failed", []))
-        return sum(self._seen.values())
-
-    def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
-        if row is None or not self._enabled or (not force and time.monotonic() - self._last < 0.5):
-            return
-        self._last = time.monotonic()
-        done = Tally(self._c.dynamodb, self._table).counts(row.run_id).shards_done
-        images = self.images_done(row.output_prefix) if row.output_prefix else 0
-        rate = images / max(1e-6, time.monotonic() - self._t0)
-        sys.stderr.write(
-            f"\r  {row.status.value:<10} shards {done}/{row.total_shards}  "
-            f"images {images}/{row.total_keys or 0}  {rate:6.1f} img/s  workers {running}   "
-        )
-        sys.stderr.flush()
-
-    def end(self) -> None:
-        if self._enabled:
-            sys.stderr.write("\n")
 
 
 @dataclass
@@ -167,6 +154,8 @@ class _Services:
     prom: Any = None  # sluice.local.prometheus.LocalPrometheus
     metrics_url: str = ""
     executors: list[Any] = field(default_factory=list)
+    waiting: bool = False  # the jobs run: a signal stops them gracefully from the wait loop
+    runs_table: str = ""  # the emulator's runs table, for the --keep hint
 
 
 def run_local(args: argparse.Namespace) -> int:
@@ -180,13 +169,20 @@ def run_local(args: argparse.Namespace) -> int:
             with open(args.pid_file, "a", encoding="ascii") as fh:
                 fh.write(f"{pid}\n")
 
+    out = OutputDir.check(args.out)  # an unusable --out fails now, not after the run
     svc = _Services()
     interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
+
+    def on_signal(*_: Any) -> None:
+        interrupted.set()
+        if not svc.waiting:  # uploading or planning: stop now, not after the last image
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         _start_services(args, svc, note_pid)
-        return _run(args, svc, started, note_pid, interrupted)
+        return _run(args, svc, out, started, note_pid, interrupted)
     except KeyboardInterrupt:
         interrupted.set()
         return 130
@@ -237,9 +233,8 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
     if svc.server is not None:
         if keep:
             print(
-                f"moto server left running at {svc.server.endpoint} (pid {svc.server.pid}); "
-                f"export AWS_ENDPOINT_URL={svc.server.endpoint} AWS_ACCESS_KEY_ID=sluice-local "
-                "AWS_SECRET_ACCESS_KEY=sluice-local AWS_DEFAULT_REGION=us-east-1",
+                f"moto server left running at {svc.server.endpoint} (pid {svc.server.pid}); for sluice status/runs:\n"
+                f"  export {keep_exports(svc.server.endpoint, svc.runs_table)}",
                 file=sys.stderr,
             )
         else:
@@ -248,8 +243,25 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
         print("sluice: interrupted: the emulator and all workers are stopped", file=sys.stderr)
 
 
+def keep_exports(endpoint: str, runs_table: str) -> str:
+    """The environment that points the sluice CLI at a kept emulator."""
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        "AWS_DEFAULT_REGION": FAKE_CREDENTIALS["AWS_DEFAULT_REGION"],
+        "SLUICE_RUNS_TABLE": runs_table,
+    }
+    return " ".join(f"{k}={v}" for k, v in env.items() if v)
+
+
 def _run(
-    args: argparse.Namespace, svc: _Services, started: float, note_pid: NotePid, interrupted: threading.Event
+    args: argparse.Namespace,
+    svc: _Services,
+    out: OutputDir,
+    started: float,
+    note_pid: NotePid,
+    interrupted: threading.Event,
 ) -> int:
     from sluice.ledger import Ledger
     from sluice.local.executor import LocalExecutor
@@ -258,16 +270,20 @@ def _run(
     reset_clients()  # AWS_ENDPOINT_URL is set: every client from here on talks to the emulator
     c = Clients()
     stack = create_local(c)
+    svc.runs_table = stack.names["RunsTable"]
     forced = getattr(args, "prepare_workers", None)
-    router = Router(stack, {"SLUICE_PREPARE_WORKERS": str(forced)} if forced else None)
-    outcome = _submit(c, stack, router, args)
+    # Local mode: the workers run here, so a manifest's model.uri may be a local path.
+    router = Router(stack, {"SLUICE_LOCAL_MODE": "1", **({"SLUICE_PREPARE_WORKERS": str(forced)} if forced else {})})
+    outcome, uploaded = _submit(c, stack, router, args)
+    if not args.json:
+        uploaded.say_skipped()
     if outcome.get("status") not in ("submitted", "preparing"):
         rejected = {"outcome": outcome.get("status"), "run_id": outcome.get("run_id")}
         _report(args, {**rejected, "reasons": outcome.get("reasons", []), "endpoint": svc.endpoint})
         return 1
     run_id = outcome["run_id"]
     ledger = Ledger(c.dynamodb, stack.names["RunsTable"])
-    log_dir = tempfile.mkdtemp(prefix=f"sluice-{run_id}-logs-")
+    log_dir = str((run_dir := out.for_run(run_id)) / "logs")
     executor = LocalExecutor(
         c.batch,
         ledger,
@@ -281,31 +297,46 @@ def _run(
     svc.executors.append(executor)
     progress = Progress(c, stack.names["RunsTable"], enabled=not args.json)
     if not args.json:
-        layout = "multinode" if args.mode == "multinode" else "array"
-        print(
-            f"sluice: run {run_id}: about {outcome['total_keys']} keys to prepare with "
-            f"{len(outcome['job_ids'])} prepare job(s) (map, then reduce), then {layout} jobs; emulator {svc.endpoint}"
-            if outcome["status"] == "preparing"
-            else f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
-            f"({layout}); emulator {svc.endpoint}",
-            file=sys.stderr,
-        )
+        _say_started(args, outcome, svc.endpoint)
+    svc.waiting = True
     row = _wait(executor, ledger, run_id, progress, interrupted)
     progress.end()
     if row is None:
         return 130
     summary = _summary(c, stack, row, time.monotonic() - started, svc.endpoint, log_dir)
-    summary["output_dir"] = _copy_output(c, row, args.out, run_id)
-    summary["metrics"] = (svc.prom.url if svc.prom else None) or (svc.metrics_url or None)
+    summary.update(output_dir=_copy_output(c, row, run_dir), skipped_files=len(uploaded.skipped))
+    summary["metrics"] = _metrics_note(args, svc)
     _report(args, summary)
     return 0 if row.status is RunStatus.SUCCEEDED else 1
 
 
-def _submit(c: Any, stack: Any, router: Router, args: argparse.Namespace) -> dict[str, Any]:
+def _say_started(args: argparse.Namespace, outcome: dict[str, Any], endpoint: str) -> None:
+    layout = "multinode" if args.mode == "multinode" else "array"
+    run_id = outcome["run_id"]
+    print(
+        f"sluice: run {run_id}: about {outcome['total_keys']} keys to prepare with "
+        f"{len(outcome['job_ids'])} prepare job(s) (map, then reduce), then {layout} jobs; emulator {endpoint}"
+        if outcome["status"] == "preparing"
+        else f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
+        f"({layout}); emulator {endpoint}",
+        file=sys.stderr,
+    )
+
+
+def _metrics_note(args: argparse.Namespace, svc: _Services) -> str | None:
+    """Where the run's metrics are, or that they went with the Prometheus this run started."""
+    if svc.prom is not None:
+        if args.keep:
+            return str(svc.prom.url)
+        return "local Prometheus stopped with the run (use --keep to query it with sluice metrics)"
+    return svc.metrics_url or None
+
+
+def _submit(c: Any, stack: Any, router: Router, args: argparse.Namespace) -> tuple[dict[str, Any], Uploaded]:
     """Upload the images and the manifest; route the upload's event to the manifest handler."""
     control = stack.names["ControlBucket"]
-    prefix, count = _upload_images(c, args)
-    name, body = _manifest(args, prefix, count)
+    uploaded = _upload_images(c, args)
+    name, body = _manifest(args, uploaded.prefix, uploaded.count)
     key = MANIFESTS_PREFIX + name
     put = c.s3.put_object(Bucket=control, Key=key, Body=body)
     event = s3_object_created(
@@ -317,7 +348,7 @@ def _submit(c: Any, stack: Any, router: Router, args: argparse.Namespace) -> dic
         sequencer=f"{time.time_ns():X}",
     )
     results = router(event)
-    return dict(results[0]) if results else {"status": "ignored"}
+    return (dict(results[0]) if results else {"status": "ignored"}), uploaded
 
 
 def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
@@ -331,6 +362,8 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
         "SLUICE_WORKER_DEVICE": os.environ.get("SLUICE_WORKER_DEVICE", "auto"),
         # Several workers share this host: no fixed /metrics port; metrics go by remote write.
         "SLUICE_WORKER_METRICS_PORT": os.environ.get("SLUICE_WORKER_METRICS_PORT", "0"),
+        # Small chunks: progress (read from commit markers) moves every few images, not every 2,048.
+        "SLUICE_WORKER_CHUNK_KEYS": os.environ.get("SLUICE_WORKER_CHUNK_KEYS", str(LOCAL_CHUNK_KEYS)),
     }
     if svc.metrics_url:
         env["SLUICE_REMOTE_WRITE_URL"] = svc.metrics_url
@@ -429,14 +462,10 @@ def _failure_reasons(c: Any, row: RunItem) -> dict[str, int]:
     return dict(Counter(last.values()))
 
 
-def _copy_output(c: Any, row: RunItem, out: str | None, run_id: str) -> str | None:
-    """Copy Parquet output and failures to OUT (default ./sluice-output/<run>/), commit markers left out."""
+def _copy_output(c: Any, row: RunItem, dest: Path) -> str | None:
+    """Copy Parquet output and failures into the run's own folder (OUT/<run id>/), commit markers left out."""
     if not row.output_prefix:
         return None
-    dest = Path(out or Path("sluice-output") / run_id)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
     bucket, prefix = parse_s3_uri(row.output_prefix, allow_empty_key=True)
     ctl, failures = _failures_prefix(row)
     for b, p, sub in ((bucket, prefix, "output"), (ctl, failures, "failures")):

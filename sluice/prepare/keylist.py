@@ -10,11 +10,11 @@ from itertools import islice
 
 from sluice.contracts import KeyListRange
 from sluice.errors import ManifestRejected
+from sluice.lines import LineTooLong, decode_lines
 from sluice.manifest import _entry_to_pair, _keylist_entries
-from sluice.manifest import _lines as decode_lines
 from sluice.prepare.sink import WHERE, Sink, TaskProblems
 from sluice.prepare.store import CHUNK, Store
-from sluice.s3uri import MAX_KEY_BYTES, is_bucket_name
+from sluice.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name
 
 TAIL_CHUNK = 64 * 2**10  # the line that crosses a range's end is read in small GETs
 BATCH = 8192  # lines checked, and pairs routed, at a time
@@ -86,7 +86,7 @@ def map_keylist(task: KeyListRange, store: Store, default_bucket: str | None, si
     """Validate and route the entries of one byte range; returns the lines it holds."""
     problems = sink.problems
     owned = OwnedLines(store, task)
-    lines: Iterable[str] = decode_lines(owned.chunks(), task.uri)
+    lines: Iterable[str] = decode_lines(owned.chunks(), task.uri, bom=task.start == 0)
     shift = 0
     if task.format == ".csv" and task.header and task.start > 0:
         lines, shift = _prepend(_header_line(task.header), lines), 1  # the header is line 1 of range 0 only
@@ -121,6 +121,9 @@ def map_keylist(task: KeyListRange, store: Store, default_bucket: str | None, si
     except csv.Error as exc:  # a carriage return inside an unquoted field: the csv module stops there
         problems.line = n - shift + 1
         problems.add(f"{WHERE}: not CSV: {exc}: quote fields that hold a carriage return")
+    except LineTooLong as exc:  # the rest of the range is not lines either
+        problems.line = owned.line_at(exc.offset)
+        problems.add(f"{WHERE}: {exc.reasons[0].split(': ', 1)[1]}")
     except ManifestRejected as exc:  # not UTF-8: the rest of the range cannot be read as lines
         m = _OFFSET.search(str(exc))
         at = int(m.group(1)) if m else 0
@@ -134,6 +137,8 @@ def map_keylist(task: KeyListRange, store: Store, default_bucket: str | None, si
 _URI_LINE = re.compile(
     rf"^s3://([a-z0-9][a-z0-9.\-]{{1,61}}[a-z0-9])/([^\n]{{0,{SHORT_KEY - 1}}}[^\n/\r])\r?$", re.MULTILINE
 )
+# Characters sluice.s3uri.bad_char refuses, less \n (the batch's separator) and a \r ending a line (CRLF).
+_DIRTY = re.compile(r"[\x00-\x09\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]|\r(?!\n|\Z)")
 _SLOW = ("", "", "")  # a line the batch path leaves to sluice.manifest's checks
 _BARE = "\0bare"  # stands for the default bucket (never a bucket name: it has a NUL)
 
@@ -148,8 +153,10 @@ def _txt_batch(
     "://"), a key of 1..256 characters not ending in "/" or "\\r" and not all blanks. Anything
     else goes through sluice.manifest's own functions, with its line number, for their reasons.
     """
-    found = _URI_LINE.findall("\n".join(batch))
-    if len(found) == len(batch) and not sink.allowed and not any(".." in b for b in {b for b, _ in found}):
+    joined = "\n".join(batch)
+    dirty = _DIRTY.search(joined) is not None  # a control character (or a surrogate): line by line
+    found = [] if dirty else _URI_LINE.findall(joined)
+    if len(found) == len(batch) and not sink.allowed and not any(not is_bucket_name(b) for b in {b for b, _ in found}):
         return found  # every line a plain s3:// URI (one match a line at most: anchored at both ends)
     if default is None:
         split = [ln[5:].partition("/") if ln.startswith("s3://") else _SLOW for ln in batch]
@@ -170,6 +177,8 @@ def _txt_batch(
         b in good and 0 < len(k) <= SHORT_KEY and k[-1] != "/" and k[-1] != "\r" and not k.isspace()
         for b, _, k in split
     ]
+    if dirty:
+        ok = [y and not bad_char(k) for y, (_, _, k) in zip(ok, split)]
     d = default or ""  # _BARE is only in `split` when there is a default bucket
     pairs = [(d if b == _BARE else b, k) for (b, _, k), y in zip(split, ok) if y]
     if sink.allowed or not all(ok):
@@ -187,7 +196,7 @@ def _txt_batch(
 
 def _fast_pair(entry: str, bucket: str | None, default: str | None, good: set[str]) -> tuple[str, str] | None:
     """(bucket, key) when the entry is plainly valid, exactly as _entry_to_pair would return it; else None."""
-    if entry[:1] == "\0":  # _keylist_entries' own "this line is bad" marker
+    if entry[:1] == "\0" or bad_char(entry):  # _keylist_entries' own "this line is bad" marker, a control char
         return None
     if bucket is None and entry.startswith("s3://"):
         b, _, k = entry[5:].partition("/")
@@ -207,7 +216,7 @@ def _slow_pair(entry: str, bucket: str | None, default: str | None, problems: Ta
         return None
     if bucket is not None and not entry.startswith("s3://"):
         if not is_bucket_name(bucket):
-            problems.add(f"{WHERE}: {bucket[:70]!r} is not a valid bucket name")
+            problems.add(f"{WHERE}: {bucket_problem(bucket)}")
             return None
         return _entry_to_pair(entry, bucket, WHERE, problems)
     return _entry_to_pair(entry, default, WHERE, problems)

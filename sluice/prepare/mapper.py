@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from sluice.awserror import AwsFailure, Kind
 from sluice.contracts import InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
 from sluice.errors import AwsFatalError, ManifestRejected
-from sluice.manifest import _inventory_csv, _inventory_parquet
+from sluice.inventory import csv_keys, parquet_keys
 from sluice.paths import RunPaths
 from sluice.prepare import peak_rss_mb
 from sluice.prepare.keylist import map_keylist
@@ -39,18 +39,23 @@ def _input_problem(exc: AwsFatalError, what: str) -> str:
 def map_inventory(
     task: InventoryFiles, store: Store, problems: TaskProblems, emit_batch: Callable[[str, list[str]], None]
 ) -> int:
-    """Read each data file (gzip CSV or Parquet, via sluice.manifest); returns the keys it held."""
+    """Read each data file (gzip CSV or Parquet, via sluice.inventory); returns the keys it held."""
     rows = 0
-    read = _inventory_csv if task.format == "CSV" else _inventory_parquet
     for key in task.keys:
-        what = f"inventory file s3://{task.bucket}/{key}"
+        uri = f"s3://{task.bucket}/{key}"
+        what = f"inventory file {uri}"
         try:
-            data = store.get(f"s3://{task.bucket}/{key}")
+            data = store.get(uri)
         except AwsFatalError as exc:
             problems.add(_input_problem(exc, what))
             continue
         try:
-            for bucket, keys in read(data, task.columns, key, problems):
+            batches = (
+                csv_keys(data, task.columns, uri, problems)
+                if task.format == "CSV"
+                else parquet_keys(data, uri, problems)
+            )
+            for bucket, keys in batches:
                 rows += len(keys)
                 emit_batch(bucket, keys)
         except ManifestRejected as exc:

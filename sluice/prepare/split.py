@@ -17,16 +17,16 @@ Numbers (documented in one place, used by choose_workers / choose_partitions):
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any, Literal
 
+from sluice import strictjson
 from sluice.contracts import InventoryFiles, KeyListRange, PrefixRange
 from sluice.errors import ManifestRejected
 from sluice.prepare.store import Store
-from sluice.s3uri import parse_s3_uri
+from sluice.s3uri import bad_char, bucket_problem, parse_s3_uri
 
 KeyListFormat = Literal[".txt", ".csv", ".jsonl"]
 KEYS_PER_WORKER = 5_000_000
@@ -89,7 +89,7 @@ def estimate_keylist(store: Store, uri: str, size: int | None = None) -> KeyList
     sample = store.get_range(uri, 0, min(size, SAMPLE_BYTES))
     exact = len(sample) >= size
     cut = len(sample) if exact else sample.rfind(b"\n") + 1
-    text = sample[:cut].decode("utf-8", "replace")
+    text = sample[:cut].decode("utf-8", "replace").removeprefix("\ufeff")  # a BOM is no part of the header
     lines = text.splitlines()
     header = _csv_header(lines[0]) if fmt == ".csv" and lines else None
     body = lines[1:] if header else lines
@@ -102,7 +102,10 @@ def estimate_keylist(store: Store, uri: str, size: int | None = None) -> KeyList
 
 
 def _csv_header(line: str) -> list[str] | None:
-    row = next(csv.reader([line.removesuffix("\r")]), [])
+    try:
+        row = next(csv.reader([line.removesuffix("\r")]), [])
+    except csv.Error:  # not CSV: no header; the reader rejects the line with its number
+        return None
     return row if {c.strip().lower() for c in row} & HEADER_NAMES else None
 
 
@@ -129,6 +132,7 @@ class InventoryReport:
     columns: list[str]
     files: list[str]
     sizes: list[int | None] = field(default_factory=list)
+    md5s: list[str | None] = field(default_factory=list)  # files[].MD5checksum: the data file's MD5, hex
 
 
 @dataclass(frozen=True)
@@ -141,24 +145,39 @@ class InventoryEstimate:
 
 
 def read_inventory_manifest(raw: bytes, uri: str) -> InventoryReport:
-    """Parse manifest.json with the rules and messages of sluice.manifest.iter_inventory."""
+    """Parse and check manifest.json: the one reader of it (the manifest Lambda's and the prepare stage's)."""
     bucket, _ = parse_s3_uri(uri) if uri.startswith("s3://") else ("local", uri)
+    inv = strictjson.loads(raw, uri)
     try:
-        inv = json.loads(raw)
         fmt = str(inv["fileFormat"]).upper()
-        files = [str(f["key"]) for f in inv["files"]]
-        sizes = [_size(f.get("size")) for f in inv["files"]]
+        entries = inv["files"]
+        if not isinstance(entries, list) or not all(isinstance(f, dict) for f in entries):
+            raise TypeError("files must be a list of objects")
+        files = [f["key"] for f in entries]
+        if not all(isinstance(k, str) and k and not bad_char(k) for k in files):
+            raise TypeError("every files[].key must be an object key")
+        sizes = [_size(f.get("size")) for f in entries]
+        md5s = [_md5(f.get("MD5checksum")) for f in entries]
         dest = str(inv.get("destinationBucket", f"arn:aws:s3:::{bucket}")).rsplit(":", 1)[-1]
         schema = [c.strip() for c in str(inv.get("fileSchema", "Bucket, Key")).split(",")]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ManifestRejected(f"{uri}: not an S3 Inventory manifest.json ({exc!r} missing or malformed)") from exc
     if fmt not in ("CSV", "PARQUET"):
-        raise ManifestRejected(f"{uri}: inventory format {fmt} is not supported; use CSV or Parquet")
+        raise ManifestRejected(f"{uri}: inventory format {fmt[:40]} is not supported; use CSV or Parquet")
     if not files:
         raise ManifestRejected(f"{uri}: inventory lists no data files")
+    why = bucket_problem(dest)
+    if why:
+        raise ManifestRejected(f"{uri}: destinationBucket: {why}")
     if fmt == "CSV" and not {"bucket", "key"} <= {c.lower() for c in schema}:
-        raise ManifestRejected(f"{uri}: fileSchema {', '.join(schema)!r} has no Bucket and Key columns")
-    return InventoryReport(uri, dest, fmt, schema, files, sizes)  # type: ignore[arg-type]
+        raise ManifestRejected(f"{uri}: fileSchema {', '.join(schema)[:200]!r} has no Bucket and Key columns")
+    return InventoryReport(uri, dest, fmt, schema, files, sizes, md5s)  # type: ignore[arg-type]
+
+
+def _md5(v: Any) -> str | None:
+    """A hex MD5, or None (absent, or not an MD5: then the file is not checked)."""
+    text = str(v).strip().lower() if isinstance(v, str) else ""
+    return text if len(text) == 32 and all(c in "0123456789abcdef" for c in text) else None
 
 
 def _size(v: Any) -> int | None:

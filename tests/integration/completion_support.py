@@ -7,7 +7,7 @@ import json
 import threading
 from typing import Any
 
-from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReason, ShardResult
+from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReason, ShardResult, over_threshold
 from sluice.local.lambda_context import LocalContext
 from sluice.paths import RunPaths
 from sluice.s3uri import parse_s3_uri
@@ -51,6 +51,9 @@ def write_result(
     failures: list[tuple[str, str]] = (),
     attempt: int = 1,
     max_failed_fraction: float = 0.5,
+    device: str = "cpu",
+    world: int = 1,
+    seconds: float = 1.5,
 ) -> None:  # type: ignore[assignment]
     """What a worker leaves behind for a shard: result.json and failures/<i>.jsonl (the real contracts)."""
     paths = RunPaths.in_bucket(stack.names["ControlBucket"], run_id)
@@ -66,9 +69,9 @@ def write_result(
         node=shard,
         attempt=attempt,
         kind="array",
-        device="cpu",
-        world=1,
-        seconds=1.5,
+        device=device,
+        world=world,
+        seconds=seconds,
         pipeline_seconds=1.0,
         pipeline_window=[1_700_000_000.0, 1_700_000_001.0],
         resumed_chunks=0,
@@ -83,6 +86,9 @@ def write_result(
         failed_by_reason=by_reason,
         chunks=1,
     )
+    if not result.ok:  # the worker's one-line verdict (gpu_worker.sink)
+        data = {str(r): n for r, n in by_reason.items() if r not in TRANSIENT_FAILURE_REASONS}
+        result.reason = over_threshold(len(failures) - transient, n_keys, fraction, max_failed_fraction, data)
     _put(aws, paths.result(shard), result.model_dump_json().encode())
     if failures:
         lines = [FailureLine(key=k, reason=FailureReason(r), attempt=attempt) for k, r in failures]

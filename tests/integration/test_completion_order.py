@@ -29,6 +29,7 @@ from tests.integration.helpers import bus_events
 
 EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
 EXITED = "Essential container in task exited"
+OVER = "3 of 5 keys failed for their data (60.00% > 5.00%): corrupt 3"  # the worker's verdict, not its exit
 PER_SHARD = 5
 FATE = st.sampled_from(["ok", "spot_then_ok", "crash", "over_threshold"])
 
@@ -49,7 +50,8 @@ class Scenario:
     def expected_reason(self) -> str | None:
         if not self.failed:
             return None
-        named = ", ".join(f"shard {i} (exit code 1: {EXITED})" for i in self.failed)
+        why = {"crash": f"exit code 1: {EXITED}", "over_threshold": OVER}
+        named = ", ".join(f"shard {i} ({why[self.fates[i]]})" for i in self.failed)
         return f"{len(self.failed)} of {len(self.fates)} shards failed: {named}"
 
     @property
@@ -191,6 +193,8 @@ def _check(aws: Any, stack: Any, run_id: str, sc: Scenario) -> None:
     assert all(s.terminal for s in items.values())
     assert sorted(i for i, s in items.items() if s.outcome == "failed") == sc.failed
     assert (counts.shards_failed, counts.shards_succeeded) == (len(sc.failed), len(sc.fates) - len(sc.failed))
+    # A FAIL# mark exactly for each shard that failed for good: none left by an attempt a later one replaced.
+    assert sorted(m.shard for m in tally.marks(run_id, "FAIL#")) == sc.failed
     assert done["detail"]["processed"] == sc.processed
     if sc.failed:
         assert row.status is RunStatus.FAILED and done["detail-type"] == "Run Failed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import json
 
@@ -198,7 +199,9 @@ def test_s3_inventory_csv_report(aws, stack, images, monkeypatch):
         "fileSchema": "Bucket, Key, Size",
         "files": [{"key": "inv/data/a.csv.gz", "size": 1, "MD5checksum": "x"}],
     }
-    aws.s3.put_object(Bucket=images, Key="inv/manifest.json", Body=json.dumps(inv).encode())
+    raw = json.dumps(inv).encode()
+    aws.s3.put_object(Bucket=images, Key="inv/manifest.json", Body=raw)
+    aws.s3.put_object(Bucket=images, Key="inv/manifest.checksum", Body=hashlib.md5(raw).hexdigest().encode())
     manifest = {"version": 1, "input": {"inventory": f"s3://{images}/inv/manifest.json"}}
     out = invoke_manifest_handler(aws, stack, "manifests/inv.json", json.dumps(manifest), monkeypatch)
     assert out["status"] == "submitted", out

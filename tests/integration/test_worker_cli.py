@@ -65,6 +65,9 @@ def test_too_many_failures_exits_1_with_a_reason(moto_server, dataset):
     bucket, key = parse_s3_uri(RunPaths.in_bucket(CONTROL_BUCKET, plan.run_id).result(0))
     result = ShardResult.model_validate_json(moto_server.client().get_object(Bucket=bucket, Key=key)["Body"].read())
     assert result.ok is False and result.failed == len(bad)
+    # The one-line verdict in result.json is what the log line (and "Run Failed") says.
+    assert result.reason and result.reason in line and result.reason.startswith(f"{len(bad)} of {len(keys)} keys")
+    assert all(f"{r} {n}" in result.reason for r, n in result.failed_by_reason.items())
     # The same shard passes with a looser threshold from the setting (no recomputation: all committed).
     rc, err = run_worker(
         worker_env(

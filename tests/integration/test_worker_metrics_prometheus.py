@@ -39,7 +39,7 @@ def test_worker_pushes_counts_that_match_its_output_within_the_series_budget(mot
     processed = ShardResult.model_validate(read_run(moto_server, plan).results[0]).processed
     assert processed > 0
 
-    expr = 'sum(sluice_images_processed_total{run_id="metrics-1"})'
+    expr = 'sum(max_over_time(sluice_images_processed_total{run_id="metrics-1"}[5m]))'
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         got = _query(prometheus, expr)
@@ -48,10 +48,15 @@ def test_worker_pushes_counts_that_match_its_output_within_the_series_budget(mot
         time.sleep(0.5)
     assert got and float(got[0]["value"][1]) == processed, got
 
-    per_rank = _query(prometheus, 'count by (rank) ({__name__=~"sluice_.+", run_id="metrics-1"})')
+    # The ranks ended their series with staleness markers when they finished; their samples stay.
+    assert _query(prometheus, '{__name__=~"sluice_.+", run_id="metrics-1"}') == []
+    per_rank = _query(prometheus, 'count by (rank) (last_over_time({__name__=~"sluice_.+", run_id="metrics-1"}[5m]))')
     assert {r["metric"]["rank"] for r in per_rank} == {"0", "1"}
     assert all(0 < float(r["value"][1]) <= 40 for r in per_rank), per_rank
-    # Failures are labelled by reason, never by object.
-    labels = _query(prometheus, '{__name__=~"sluice_.+", run_id="metrics-1"}')
-    assert not any("key" in r["metric"] or "uri" in r["metric"] for r in labels)
+    labels = _query(prometheus, 'last_over_time({__name__=~"sluice_.+", run_id="metrics-1"}[5m])')
+    # Failures are labelled by reason, never by object; CPU ranks carry no (empty) gpu label.
+    assert not any("key" in r["metric"] or "uri" in r["metric"] or "gpu" in r["metric"] for r in labels)
     assert {r["metric"]["instance_type"] for r in labels} and all(r["metric"]["attempt"] == "1" for r in labels)
+    # Every series carries its rank's identity, the remote writer's drop counter included.
+    drops = [r["metric"] for r in labels if r["metric"]["__name__"] == "sluice_remote_write_dropped_samples_total"]
+    assert sorted(d["rank"] for d in drops) == ["0", "1"] and all(d["shard"] == "0" for d in drops)

@@ -48,3 +48,51 @@ def test_promtool_checks_and_tests_the_rules():
         proc = subprocess.run(["promtool", *args], cwd=OBS, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "SUCCESS" in proc.stdout
+
+
+def _raw_families(expr: str) -> set[str]:
+    """Raw sluice_* metric families an expression reads (histogram suffixes folded into the family)."""
+    names = set(re.findall(r"\bsluice_[a-z0-9_]+", expr))
+    return {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
+
+
+def test_rules_read_exactly_the_default_push_list():
+    from gpu_worker.metrics import CRITICAL
+
+    read = {n for g in _rules()["groups"] for r in g["rules"] for n in _raw_families(r["expr"])}
+    assert read == set(CRITICAL), "pushed but unused, or used but not pushed by default"
+
+
+def _real_label_names() -> dict[str, set[str]]:
+    """Label names of every series a GPU rank really exports (collector and remote writer)."""
+    from gpu_worker.metrics import FETCH_BUCKETS, INFER_BUCKETS, RankCollector, count_retry, observe, rank_registry
+    from gpu_worker.remote_write import RemoteWriter
+    from gpu_worker.stats import Stats
+
+    s = Stats()
+    count_retry(s, "SlowDown")
+    observe(s, "infer", 0.1, INFER_BUCKETS)
+    observe(s, "fetch", 0.1, FETCH_BUCKETS)
+
+    class Gpu:
+        def read(self) -> dict[str, float]:
+            return {"util": 0.5, "mem": 1.0, "power": 1.0, "temp": 1.0}
+
+    ident = {"run_id": "r", "shard": "0", "node": "0", "rank": "0", "gpu": "0", "attempt": "1", "instance_type": "x"}
+    reg = rank_registry(RankCollector(s.snapshot, ident, reasons=lambda: {"corrupt": 1}, gpu=Gpu()))
+    RemoteWriter("http://127.0.0.1:9/", reg, labels=ident)
+    return {smp.name: set(smp.labels) for fam in reg.collect() for smp in fam.samples}
+
+
+def test_rule_test_inputs_carry_only_the_labels_real_series_carry():
+    real = _real_label_names()
+    tests = yaml.safe_load((OBS / "rules.test.yml").read_text())["tests"]
+    inputs = [i["series"] for case in tests for i in case["input_series"]]
+    assert inputs
+    for series in inputs:
+        name, _, rest = series.partition("{")
+        given = set(re.findall(r"([a-z_]+)=", rest))
+        assert name in real, f"{name}: not a series a rank exports"
+        assert given in (real[name], real[name] - {"gpu"}), (
+            f"{series}: labels differ from the real {sorted(real[name])}"
+        )

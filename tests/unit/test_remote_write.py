@@ -1,24 +1,23 @@
-"""Remote write: protobuf bytes match the official schema, SigV4 for aps, retries and drops."""
+"""Remote write: protobuf bytes match the official schema, retries, Retry-After, drops, bounded shutdown."""
 
 from __future__ import annotations
 
 import http.server
+import math
+import socket
+import struct
 import threading
+import time
 
 import cramjam
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpu_worker.remote_write import (
-    HEADERS,
-    RemoteWriter,
-    encode_write_request,
-    region_of,
-    registry_series,
-    sigv4_headers,
-    snappy_block,
-)
+from gpu_worker.remote_write import RemoteWriter, retry_after_s
+from gpu_worker.write_request import STALE_NAN, encode_write_request, registry_series, snappy_block
+
+ID = {"run_id": "r1", "rank": "0", "gpu": ""}  # a CPU rank's identity: gpu is empty
 
 
 def _prompb():
@@ -92,34 +91,24 @@ def test_snappy_is_raw_block_format():
     assert bytes(cramjam.snappy.decompress_raw(snappy_block(data))) == data
 
 
-def test_sigv4_for_aps_with_the_region_of_the_workspace_url(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "token")
-    url = "https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1234/api/v1/remote_write"
-    assert region_of(url) == "eu-west-1" and region_of("http://127.0.0.1:9090/api/v1/write") is None
-    h = sigv4_headers(url, b"body", dict(HEADERS), "eu-west-1")
-    assert h["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
-    assert "/eu-west-1/aps/aws4_request" in h["Authorization"]
-    assert "content-encoding" in h["Authorization"].split("SignedHeaders=")[1]
-    assert h["X-Amz-Security-Token"] == "token" and "X-Amz-Date" in h
-    assert h["Content-Encoding"] == "snappy" and h["X-Prometheus-Remote-Write-Version"] == "0.1.0"
-
-
 class _Receiver:
-    """A loopback HTTP server answering a scripted list of status codes."""
+    """A loopback HTTP server answering a scripted list of (status, headers) replies; records arrival times."""
 
-    def __init__(self, codes):
-        self.codes = list(codes)
+    def __init__(self, replies):
+        self.replies = [r if isinstance(r, tuple) else (r, {}) for r in replies]
         self.requests = []
+        self.times = []
         outer = self
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.requests.append((dict(self.headers), body))
-                code = outer.codes.pop(0) if outer.codes else 204
+                outer.times.append(time.monotonic())
+                code, headers = outer.replies.pop(0) if outer.replies else (204, {})
                 self.send_response(code)
+                for k, v in headers.items():
+                    self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(b"out of order sample" if code == 400 else b"")
 
@@ -138,8 +127,8 @@ class _Receiver:
 def receiver():
     made = []
 
-    def make(codes):
-        r = _Receiver(codes)
+    def make(replies):
+        r = _Receiver(replies)
         made.append(r)
         return r
 
@@ -148,38 +137,130 @@ def receiver():
         r.close()
 
 
+@pytest.fixture
+def hanging_url():
+    """A port that accepts connections (the kernel's backlog) and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/api/v1/write"
+    sock.close()
+
+
+def _decode(body):
+    req = _prompb()()
+    req.ParseFromString(bytes(cramjam.snappy.decompress_raw(body)))
+    return req
+
+
 def test_5xx_and_429_are_retried_then_sent(receiver):
     r = receiver([500, 429, 204])
-    w = RemoteWriter(r.url, _registry(), backoff_s=0.01)
+    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.01)
     res = w.push_once()
     assert res.status == "sent" and len(r.requests) == 3
     headers, body = r.requests[-1]
     assert headers["Content-Encoding"] == "snappy" and headers["Content-Type"] == "application/x-protobuf"
     assert "Authorization" not in headers  # not an AMP URL: no signing
-    _prompb()().ParseFromString(bytes(cramjam.snappy.decompress_raw(body)))
-    assert w.dropped._value.get() == 0
+    assert len(_decode(body).timeseries) == len(registry_series(w.registry))
+    assert w.dropped_samples == 0 and w.outcomes == {"sent": 1}
 
 
 def test_400_drops_the_batch_once_and_counts_it(receiver):
     r = receiver([400])
-    reg = _registry()
-    w = RemoteWriter(r.url, reg, backoff_s=0.01)
+    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.01)
     res = w.push_once()
     assert res.status == "dropped" and res.http_status == 400 and len(r.requests) == 1
-    assert w.dropped._value.get() == res.samples > 0
+    assert w.dropped_samples == res.samples > 0
 
 
 def test_a_dead_endpoint_gives_up_without_raising(receiver):
     r = receiver([503] * 10)
-    w = RemoteWriter(r.url, _registry(), max_attempts=3, backoff_s=0.01)
+    w = RemoteWriter(r.url, _registry(), labels=ID, max_attempts=3, backoff_s=0.01)
     assert w.push_once().status == "failed" and len(r.requests) == 3
-    w2 = RemoteWriter("http://127.0.0.1:9/api/v1/write", _registry(), max_attempts=2, backoff_s=0.01, timeout_s=1)
+    w2 = RemoteWriter("http://127.0.0.1:9/api/v1/write", _registry(), labels=ID, max_attempts=2, backoff_s=0.01)
     assert w2.push_once().status == "failed"
 
 
-def test_background_thread_pushes_and_flushes_at_stop(receiver):
+def test_retry_after_on_429_is_honoured(receiver):
+    r = receiver([(429, {"Retry-After": "1"}), 204])
+    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.001)
+    assert w.push_once().status == "sent" and len(r.requests) == 2
+    assert r.times[1] - r.times[0] >= 0.95  # the receiver's 1 s, not the 1 ms backoff
+
+
+def test_a_retry_after_past_the_deadline_gives_up_at_once(receiver):
+    r = receiver([(429, {"Retry-After": "120"})])
+    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.001)
+    t0 = time.monotonic()
+    assert w.push_once(deadline=time.monotonic() + 5).status == "failed"
+    assert time.monotonic() - t0 < 1 and len(r.requests) == 1  # no early retry, no waiting past the deadline
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    assert retry_after_s("7") == 7.0
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert retry_after_s(None) is None and retry_after_s("soon") is None
+
+
+def test_stop_is_bounded_against_a_hanging_endpoint(hanging_url):
+    w = RemoteWriter(hanging_url, _registry(), labels=ID, interval_s=0.1, timeout_s=10, shutdown_s=1.5).start()
+    time.sleep(0.5)  # the background push is now waiting for an answer that never comes
+    t0 = time.monotonic()
+    w.stop()
+    assert time.monotonic() - t0 < 2.5  # was join(10 s) + 5 attempts x 10 s
+
+
+def test_final_flush_is_bounded_too(hanging_url):
+    w = RemoteWriter(hanging_url, _registry(), labels=ID, timeout_s=10, shutdown_s=1.0)
+    t0 = time.monotonic()
+    res = w.stop()  # no background thread: the final push itself hangs
+    assert time.monotonic() - t0 < 2.0 and res is not None and res.status == "failed"
+
+
+def test_stop_pushes_the_last_values_then_staleness_markers(receiver):
     r = receiver([])
-    w = RemoteWriter(r.url, _registry(), interval_s=0.05).start()
+    w = RemoteWriter(r.url, _registry(), labels=ID, interval_s=0.05).start()
     threading.Event().wait(0.3)
     res = w.stop()
     assert res is not None and res.status == "sent" and len(r.requests) >= 3
+    last, stale = _decode(r.requests[-2][1]), _decode(r.requests[-1][1])
+
+    def names(req):
+        return [tuple((lb.name, lb.value) for lb in ts.labels) for ts in req.timeseries]
+
+    assert names(stale) == names(last)
+    for ts in stale.timeseries:
+        raw = struct.pack("<d", ts.samples[0].value)
+        assert math.isnan(ts.samples[0].value) and raw == STALE_NAN
+        assert ts.samples[0].timestamp > last.timeseries[0].samples[0].timestamp
+
+
+def test_the_drop_counter_carries_the_rank_identity_and_no_empty_label(receiver):
+    r = receiver([204])
+    w = RemoteWriter(r.url, _registry(), labels={"run_id": "r9", "rank": "3", "gpu": ""})
+    w.push_once()
+    sent = {
+        tuple((lb.name, lb.value) for lb in ts.labels): ts.samples[0].value
+        for ts in _decode(r.requests[0][1]).timeseries
+    }
+    drops = [dict(k) for k in sent if dict(k)["__name__"] == "sluice_remote_write_dropped_samples_total"]
+    assert drops == [{"__name__": "sluice_remote_write_dropped_samples_total", "rank": "3", "run_id": "r9"}]
+    assert all(value != "" for labels in sent for _, value in labels)
+
+
+def test_empty_label_values_are_not_encoded():
+    reg = CollectorRegistry()
+    Gauge("sluice_gpu_utilization_ratio", "x", ["run_id", "gpu"], registry=reg).labels("r1", "").set(0.5)
+    assert registry_series(reg) == [((("__name__", "sluice_gpu_utilization_ratio"), ("run_id", "r1")), 0.5)]
+
+
+def test_the_first_push_is_at_start_not_after_an_interval(receiver):
+    r = receiver([])
+    w = RemoteWriter(r.url, _registry(), labels=ID, interval_s=30).start()
+    deadline = time.monotonic() + 5
+    while not r.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    w.stop()
+    assert len(r.requests) == 3  # at start, the final push, the staleness markers
+    assert time.monotonic() - t0 < 1  # stop() does not wait out the 30 s interval

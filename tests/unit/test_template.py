@@ -93,7 +93,8 @@ STAR_ACTIONS = {
     "PrepareExecutionRole": {"ecr:GetAuthorizationToken"},
     "BatchInstanceRole": set(),
 }
-LIST_SUFFIXES = (".txt", ".csv", ".jsonl", ".json", ".gz", ".parquet")
+# .checksum: an inventory's manifest.checksum, which the manifest function verifies.
+LIST_SUFFIXES = (".txt", ".csv", ".jsonl", ".json", ".gz", ".parquet", ".checksum")
 CONTROL = "${ControlBucket.Arn}"
 INPUTS = "arn:${AWS::Partition}:s3:::${InputBucketNames}"
 
@@ -614,7 +615,8 @@ def test_prepare_worker_reads_lists_never_images_and_writes_only_prepare_files_a
             else:
                 assert resource == INPUTS and not cond, resource
     reads = {r for a, r, _ in grants if a == "s3:GetObject"}
-    assert {f"{INPUTS}/*{s}" for s in LIST_SUFFIXES} <= reads, "key lists and inventory reports in input buckets"
+    lists = {f"{INPUTS}/*{s}" for s in LIST_SUFFIXES if s != ".checksum"}  # the manifest function checks those
+    assert lists <= reads, "key lists and inventory reports in input buckets"
     execution = role_grants("PrepareExecutionRole")
     assert execution
     for action, resource, _ in execution:
@@ -681,3 +683,21 @@ def test_lambda_package_holds_sluice_and_functions_and_lambda_deps_only() -> Non
         if line.strip() and not line.startswith("#")
     }
     assert names == {"aws-lambda-powertools", "pydantic", "zstandard"}
+
+
+def test_one_max_keys_default_for_the_cli_and_the_template() -> None:
+    env = RES["HandleManifestUploadFunction"]["Properties"]["Environment"]["Variables"]
+    assert int(env["SLUICE_MAX_KEYS"]) == Settings.model_fields["max_keys"].default
+
+
+def test_the_preflights_capacity_is_the_deployed_one() -> None:
+    env = T["Globals"]["Function"]["Environment"]["Variables"]
+    params = T["Parameters"]
+    for var, param in [
+        ("SLUICE_MAX_VCPUS", "MaxVcpus"),
+        ("SLUICE_MNP_MAX_VCPUS", "MnpMaxVcpus"),
+        ("SLUICE_WORKER_VCPUS", "WorkerVcpus"),
+    ]:
+        assert env[var] == {"Ref": param}
+        assert Settings.model_fields[var.removeprefix("SLUICE_").lower()].default == params[param]["Default"]
+    assert Settings.model_fields["gpu_instance_types"].default == params["GpuInstanceTypes"]["Default"]

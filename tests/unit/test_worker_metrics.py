@@ -1,24 +1,31 @@
-"""Per-rank metrics: names, values from Stats, bounded labels, the 40-series budget."""
+"""Per-rank metrics: names, values from Stats, bounded labels, the 40-series budget, the push list."""
 
 from __future__ import annotations
 
 import urllib.request
 
+import pytest
 from prometheus_client import exposition
 
+from gpu_worker.config import WorkerConfig
+from gpu_worker.errors import ConfigError
 from gpu_worker.metrics import (
+    CRITICAL,
+    FAMILIES,
     FETCH_BUCKETS,
     INFER_BUCKETS,
     LABELS,
     RankCollector,
     count_retry,
+    keep_list,
     observe,
     rank_registry,
     retry_class,
     series_count,
 )
-from gpu_worker.remote_write import RemoteWriter, registry_series
+from gpu_worker.remote_write import RemoteWriter
 from gpu_worker.stats import Stats
+from gpu_worker.write_request import registry_series
 
 LBL = {
     "run_id": "r1",
@@ -93,7 +100,7 @@ def test_values_come_from_stats():
     assert samples[("sluice_s3_retries_total", "throttle")] == 2 and samples[("sluice_s3_retries_total", "other")] == 1
     assert samples[("sluice_batch_inference_seconds_bucket", "+Inf")] == 6
     assert samples[("sluice_object_fetch_seconds_count", None)] == 6
-    assert samples[("sluice_data_wait_ratio", None)] == 0.3  # 3 s waited of 10 s wall
+    assert samples[("sluice_data_wait_seconds_total", None)] == 3.0  # a counter: rate() gives the recent ratio
     assert samples[("sluice_gpu_utilization_ratio", None)] == 0.93
     assert samples[("sluice_prefetch_queue_depth", None)] == 2
     text = exposition.generate_latest(_worst_case_registry()).decode()
@@ -130,11 +137,38 @@ def test_retry_classes_are_a_fixed_set():
 
 
 def test_default_keep_list_forwards_the_critical_families_only():
-    from gpu_worker.metrics import CRITICAL
-
     names = {dict(k)["__name__"] for k, _ in registry_series(_worst_case_registry(), keep=CRITICAL)}
     assert "sluice_images_processed_total" in names and "sluice_gpu_utilization_ratio" in names
-    assert not any("_bucket" in n or "bytes_read" in n for n in names)
+    assert "sluice_batch_inference_seconds_bucket" in names  # the p90 rule and panel read it
+    assert "sluice_data_wait_seconds_total" in names
+    assert not any("bytes_read" in n or "gpu_memory" in n or "fetch_seconds" in n for n in names)
+
+
+def test_families_name_everything_a_rank_exports():
+    reg = _worst_case_registry()
+    RemoteWriter("http://127.0.0.1:9/api/v1/write", reg, labels=LBL)
+    exported = {fam.name for fam in reg.collect()}
+    assert {f.removesuffix("_total") for f in FAMILIES} == exported
+
+
+def test_push_metrics_setting_is_validated():
+    assert keep_list("") == CRITICAL and keep_list("all") is None
+    assert keep_list("sluice_images_processed, sluice_gpu_power_watts") == (
+        "sluice_images_processed_total",
+        "sluice_gpu_power_watts",
+    )
+    with pytest.raises(ValueError, match=r"unknown metric 'sluice_gpu_utilisation_ratio'; valid: all, or .*"):
+        keep_list("sluice_images_processed_total,sluice_gpu_utilisation_ratio")
+    with pytest.raises(ConfigError, match=r"SLUICE_WORKER_PUSH_METRICS='sluice_imgs'.*sluice_gpu_utilization_ratio"):
+        WorkerConfig.from_env({"SLUICE_WORKER_PUSH_METRICS": "sluice_imgs"})
+
+
+def test_a_cpu_rank_sends_no_empty_gpu_label():
+    reg = rank_registry(RankCollector(Stats().snapshot, {**LBL, "gpu": ""}))
+    for fam in reg.collect():
+        for smp in fam.samples:
+            assert "gpu" not in smp.labels and all(smp.labels.values())
+    assert all(v for labels, _ in registry_series(reg) for _, v in labels)
 
 
 def test_served_on_metrics_endpoint():
@@ -151,8 +185,12 @@ def test_served_on_metrics_endpoint():
         server.shutdown()
 
 
-def test_remote_writer_counts_its_drops_in_the_same_registry():
+def test_remote_writer_counts_its_drops_in_the_same_registry_with_the_rank_identity():
     reg = _worst_case_registry()
-    w = RemoteWriter("http://127.0.0.1:9/api/v1/write", reg, max_attempts=1, timeout_s=0.5)
+    w = RemoteWriter("http://127.0.0.1:9/api/v1/write", reg, labels=LBL, max_attempts=1, timeout_s=0.5)
     w.push_once()
-    assert series_count(reg) <= 41 and w.dropped._value.get() > 0
+    assert series_count(reg) <= 40 and w.dropped_samples > 0
+    drops = [
+        smp for fam in reg.collect() for smp in fam.samples if smp.name == "sluice_remote_write_dropped_samples_total"
+    ]
+    assert [smp.labels for smp in drops] == [LBL] and drops[0].value == w.dropped_samples

@@ -1,0 +1,93 @@
+"""`sluice model export`: a model from torchvision, timm, open_clip or Hugging Face -> a Sluice artifact.
+
+    torchvision:NAME          e.g. torchvision:resnet50 (the DEFAULT weights)
+    timm:NAME                 e.g. timm:vit_small_patch16_224
+    open_clip:MODEL/TAG       e.g. open_clip:ViT-B-32/laion2b_s34b_b79k (the image tower)
+    hf:REPO                   e.g. hf:openai/clip-vit-base-patch32, hf:google/siglip-base-patch16-224
+
+The artifact is a TorchScript (`torch.jit.save`) or torch.export (`*.pt2`) file plus its spec
+(`<file>.json`, also embedded): input size, mean/std, output dim, name, version, weights
+hash (docs/models.md). Pretrained weights are fetched here, the way each library fetches
+them, on a machine with internet; the worker only ever loads the file. Before the file is
+written, it is loaded the way the worker loads it and compared with the eager model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_worker.export.sources import ExportError, Source
+
+__all__ = ["ExportError", "ExportResult", "export", "load_source"]
+
+PREFIXES = ("torchvision", "timm", "open_clip", "hf")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    uri: str  # where the model file went (its spec is uri + ".json")
+    spec: dict[str, Any]
+    max_abs_diff: float
+    max_abs_diff_normalized: float
+
+
+def load_source(spec: str, *, pretrained: bool = True, image_size: int | None = None) -> Source:
+    """The eager encoder a spec names (LIBRARY:NAME), with its preprocessing."""
+    lib, sep, name = spec.partition(":")
+    if not sep or not name or lib not in PREFIXES:
+        raise ExportError(f"model spec {spec!r}: expected one of {', '.join(p + ':NAME' for p in PREFIXES)}")
+    from gpu_worker.export import hf, sources
+
+    loaders = {
+        "torchvision": sources.load_torchvision,
+        "timm": sources.load_timm,
+        "open_clip": sources.load_open_clip,
+        "hf": hf.load_hf,
+    }
+    return loaders[lib](name, pretrained, image_size)
+
+
+def _target(spec: str, out: str, fmt: str | None) -> tuple[str, str]:
+    """(file URI, format). The worker tells the formats apart by the name: *.pt2 is torch.export."""
+    if out.endswith("/"):
+        fmt = fmt or "torchscript"
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-")
+        return out + stem + (".pt2" if fmt == "pt2" else ".pt"), fmt
+    is_pt2 = out.endswith(".pt2")
+    fmt = fmt or ("pt2" if is_pt2 else "torchscript")
+    if (fmt == "pt2") != is_pt2:
+        raise ExportError(
+            f"--out {out}: the worker loads *.pt2 files as torch.export programs and any other name as "
+            f"TorchScript, so a {fmt} file must {'' if fmt == 'pt2' else 'not '}end in .pt2"
+        )
+    return out, fmt
+
+
+def export(
+    spec: str, out: str, *, pretrained: bool = True, fmt: str | None = None, image_size: int | None = None
+) -> ExportResult:
+    """Export `spec` to `out` (a path, an s3:// URI, or either ending in / for a folder)."""
+    from gpu_worker.export.artifact import FORMATS, write_local
+
+    if fmt is not None and fmt not in FORMATS:
+        raise ExportError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    uri, fmt = _target(spec, out, fmt)
+    src = load_source(spec, pretrained=pretrained, image_size=image_size)
+    if not uri.startswith("s3://"):
+        meta, result = write_local(src, fmt, uri)
+    else:
+        from gpu_worker.store import Store
+
+        with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
+            local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
+            meta, result = write_local(src, fmt, local)
+            store = Store()
+            with open(local, "rb") as fh:
+                store.put(uri, fh.read())
+            with open(local + ".json", "rb") as fh:
+                store.put(uri + ".json", fh.read(), content_type="application/json")
+    return ExportResult(uri, meta, result.max_abs_diff, result.max_abs_diff_normalized)

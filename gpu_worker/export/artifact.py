@@ -1,0 +1,165 @@
+"""A Source -> a Sluice model artifact: the TorchScript or torch.export file plus its spec.
+
+The artifact's forward takes the normalized (B, 3, S, S) float batch the worker builds and
+returns (B, D) embeddings; its batch dimension is free (TorchScript traces it symbolically,
+torch.export marks it dynamic), so the plan's batch size can change without a new export.
+The spec (docs/models.md) is written twice: as the sidecar `<file>.json` the worker reads
+first, and embedded in the archive as `sluice.json`, so a file copied without its sidecar
+still carries it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpu_worker.export.sources import ExportError, Source
+from gpu_worker.modelspec import META_NAME
+
+FORMATS = ("torchscript", "pt2")
+EXAMPLE_BATCH = 2
+MAX_BATCH = 4096
+TOLERANCE = 1e-3  # max |difference| of the L2-normalized embeddings (what the worker writes)
+
+
+class Embedder(nn.Module):
+    """The encoder's output as one (B, D) tensor: the first element of a tuple, flattened."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.encoder(x)
+        if isinstance(y, tuple | list):
+            y = y[0]
+        return y.flatten(1)
+
+
+def weights_sha256(module: nn.Module) -> str:
+    """sha256 over the state dict (names, dtypes, shapes, bytes, in name order): the weights' identity,
+    whatever the file format or the pickling."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def example_batch(size: int, n: int = EXAMPLE_BATCH, seed: int = 0) -> torch.Tensor:
+    """A normalized-looking batch (standard normal), the same for every call with the same arguments."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, size, size, generator=gen)
+
+
+def build_spec(src: Source, fmt: str, output_dim: int, digest: str) -> dict[str, Any]:
+    """The artifact's spec: what the worker needs (input size, mean/std, output dim) and what it is."""
+    versions: dict[str, str] = {"torch": str(torch.__version__)}
+    with contextlib.suppress(metadata.PackageNotFoundError):  # the library was just imported: found
+        versions[src.library] = metadata.version(src.library)
+    return {
+        "name": src.name,
+        "version": src.version,
+        "source": src.name,
+        "format": fmt,
+        "image_size": src.image_size,
+        "mean": list(src.mean),
+        "std": list(src.std),
+        "output_dim": output_dim,
+        "weights_sha256": digest,
+        "exported_with": versions,
+    }
+
+
+def save(embedder: Embedder, fmt: str, path: str, spec: dict[str, Any]) -> None:
+    """Trace (TorchScript) or export (torch.export) the embedder to `path`, the spec embedded."""
+    example = example_batch(spec["image_size"])
+    extra = {META_NAME: json.dumps(spec)}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes
+        if fmt == "torchscript":
+            traced = torch.jit.trace(embedder, example, check_trace=False)
+            torch.jit.save(traced, path, _extra_files=extra)
+            return
+        batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+        try:
+            program = torch.export.export(embedder, (example,), dynamic_shapes=({0: batch},), strict=False)
+        except Exception as exc:
+            raise ExportError(
+                f"{spec['name']}: torch.export failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                "try --format torchscript"
+            ) from None
+        torch.export.save(program, path, extra_files=extra)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The exported file against the eager model on one batch (loaded the way the worker loads it)."""
+
+    batch: int
+    max_abs_diff: float  # raw outputs
+    max_abs_diff_normalized: float  # L2-normalized, as the worker writes them
+
+
+def check(embedder: Embedder, path: str, image_size: int, n: int = 3) -> Check:
+    """Run the file through gpu_worker.model.load_model and the eager model on the same batch.
+
+    The batch size differs from the one used to trace / export, so a batch size baked into
+    the file shows up here and not in the worker.
+    """
+    from gpu_worker.model import load_model
+
+    x = example_batch(image_size, n=n, seed=1)
+    loaded, _ = load_model(path, image_size)
+    with torch.no_grad():
+        want = embedder(x).float()
+        got = loaded(x)
+    if isinstance(got, tuple | list):
+        got = got[0]
+    got = got.float().flatten(1)
+    if got.shape != want.shape:
+        raise ExportError(f"exported model returns {tuple(got.shape)} for a batch of {n}; eager: {tuple(want.shape)}")
+    norm = torch.nn.functional.normalize
+    return Check(
+        batch=n,
+        max_abs_diff=float((got - want).abs().max()),
+        max_abs_diff_normalized=float((norm(got, dim=1) - norm(want, dim=1)).abs().max()),
+    )
+
+
+def write_local(src: Source, fmt: str, path: str) -> tuple[dict[str, Any], Check]:
+    """Export `src` to the local file `path` (+ `path`.json) and check it; returns (spec, check)."""
+    embedder = Embedder(src.module).eval()
+    with torch.no_grad():
+        output_dim = int(embedder(example_batch(src.image_size)).shape[1])
+    spec = build_spec(src, fmt, output_dim, weights_sha256(src.module))
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".export-", suffix=".pt2" if fmt == "pt2" else ".pt")
+    os.close(fd)
+    try:
+        save(embedder, fmt, tmp, spec)
+        result = check(embedder, tmp, src.image_size)
+        if result.max_abs_diff_normalized > TOLERANCE:
+            raise ExportError(
+                f"{src.name}: the exported file differs from the eager model by {result.max_abs_diff_normalized:.2e} "
+                f"(normalized embeddings; tolerance {TOLERANCE:g})"
+            )
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    with open(path + ".json", "w") as fh:
+        json.dump(spec, fh, indent=2)
+    return spec, result

@@ -1,0 +1,305 @@
+"""S3 Inventory reports as keys: manifest.json verified, data files decoded in bounded memory.
+
+The manifest Lambda (sluice.manifest.iter_keys) and the prepare map workers read data files
+with the same functions. Every decode problem (not gzip, truncated, not CSV, not Parquet, a
+schema without a Key column, a compression bomb) is a ManifestRejected that names the data
+file; a row's problem names its line. Decompressed bytes count against limits while
+streaming, so a small .csv.gz that inflates to gigabytes stops at the limit, not after.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+import tempfile
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import unquote_plus
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sluice.awserror import Kind, classify
+from sluice.errors import ManifestRejected
+from sluice.lines import decode_lines
+from sluice.log import logger
+from sluice.manifest import KeyBatch, Problems, _get_chunks, _s3_error, batched
+from sluice.paths import MANIFESTS_PREFIX
+from sluice.prepare.split import InventoryReport, read_inventory_manifest
+from sluice.s3uri import MAX_KEY_BYTES, bucket_problem, is_bucket_name, key_problem, parse_s3_uri
+from sluice.settings import MAX_INFLATE_RATIO, MAX_INFLATED_BYTES, Settings
+
+CHECKSUM_SUFFIX = ".checksum"
+OUT_CHUNK = 2**20  # decompressed bytes produced at a time
+SLACK = 2**20  # any file may inflate to this much, whatever its ratio
+
+
+def checksum_uri(uri: str) -> str:
+    """Where S3 Inventory writes the MD5 of `uri` (manifest.json -> manifest.checksum)."""
+    return uri.removesuffix(".json") + CHECKSUM_SUFFIX
+
+
+def verify_checksum(s3: Any, uri: str, raw: bytes) -> None:
+    """manifest.checksum must hold the MD5 of manifest.json's bytes.
+
+    Required next to a report S3 Inventory delivered; a manifest.json copied under manifests/ by
+    hand is checked only when its .checksum was copied too (it may arrive after the manifest).
+    """
+    bucket, key = parse_s3_uri(uri)
+    where = checksum_uri(uri)
+    ck = checksum_uri(key)
+    try:
+        resp = s3.get_object(Bucket=bucket, Key=ck)
+        text = bytes(resp["Body"].read(1024))
+    except (ClientError, BotoCoreError, OSError) as exc:
+        kind = classify(exc).kind
+        if kind is Kind.DENIED:
+            # template.yaml grants the manifest role *.checksum in the input buckets; a report in a
+            # bucket it was not deployed with may still deny it, and a check the role cannot make
+            # must not reject a report it can read.
+            logger.warning("inventory checksum not verified: access denied", extra={"checksum": where})
+            return
+        if kind is Kind.NOT_FOUND:
+            if key.startswith(MANIFESTS_PREFIX):
+                return
+            raise ManifestRejected(
+                f"{where} does not exist: S3 Inventory writes it next to manifest.json; name the report's own "
+                "manifest.json, or copy its manifest.checksum too"
+            ) from exc
+        raise _s3_error(exc, where) from exc
+    want = text.decode("ascii", "replace").strip().lower()
+    got = hashlib.md5(raw, usedforsecurity=False).hexdigest()
+    if want != got:
+        raise ManifestRejected(
+            f"{uri}: MD5 {got} does not match {where} ({want[:40]!r}): the manifest is damaged or was changed "
+            "after delivery; use an intact report"
+        )
+
+
+def read_report(s3: Any, uri: str, settings: Settings) -> InventoryReport:
+    """manifest.json (bounded), its checksum verified, parsed and checked (format, schema, files)."""
+    bucket, key = parse_s3_uri(uri)
+    raw = b"".join(_get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES"))
+    report = read_inventory_manifest(raw, uri)  # first: a file that is no report is told so
+    verify_checksum(s3, uri, raw)
+    return report
+
+
+def iter_inventory(s3: Any, uri: str, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
+    """Every key of the report's data files, in order."""
+    return iter_report(s3, read_report(s3, uri, settings), settings, problems)
+
+
+def iter_report(s3: Any, report: InventoryReport, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
+    """Every key of a parsed report's data files (in its destination bucket), in order."""
+    for i, data_key in enumerate(report.files):
+        name = f"s3://{report.bucket}/{data_key}"
+        chunks = _get_chunks(s3, report.bucket, data_key, settings.max_keylist_bytes)
+        md5 = report.md5s[i] if i < len(report.md5s) else None
+        if md5 is not None:
+            chunks = _checked(chunks, md5, name)
+        if report.format == "CSV":
+            yield from csv_keys(
+                chunks, report.columns, name, problems, settings.max_inflated_bytes, settings.max_inflate_ratio
+            )
+        else:  # Parquet needs random access: spooled to local disk, read a row group at a time
+            with tempfile.NamedTemporaryFile(prefix="sluice-inv-", suffix=".parquet", dir=settings.spill_dir) as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+                fh.flush()
+                yield from parquet_keys(
+                    fh.name, name, problems, settings.max_inflated_bytes, settings.max_inflate_ratio
+                )
+
+
+def _checked(chunks: Iterable[bytes], want: str, name: str) -> Iterator[bytes]:
+    """The chunks, then a rejection if their MD5 is not the report's files[].MD5checksum.
+
+    The check comes at the file's end, within pass 1 of the scan: nothing is written before
+    every key was read, so a damaged file still rejects the whole run.
+    """
+    h = hashlib.md5(usedforsecurity=False)
+    for chunk in chunks:
+        h.update(chunk)
+        yield chunk
+    if h.hexdigest() != want:
+        raise ManifestRejected(
+            f"inventory file {name}: MD5 {h.hexdigest()} does not match the report's MD5checksum {want}: the file "
+            "is damaged or was changed after delivery; use an intact report"
+        )
+
+
+def _bomb(name: str, out: int, seen: int, limit: int) -> ManifestRejected:
+    return ManifestRejected(
+        f"inventory file {name}: inflates past {limit} bytes ({out} from {seen} compressed): a compression bomb "
+        "or an oversized file (SLUICE_MAX_INFLATED_BYTES, SLUICE_MAX_INFLATE_RATIO); split the report"
+    )
+
+
+def inflate(
+    chunks: Iterable[bytes], name: str, max_inflated: int = MAX_INFLATED_BYTES, ratio: int = MAX_INFLATE_RATIO
+) -> Iterator[bytes]:
+    """gzip (one member or several) -> at most OUT_CHUNK bytes at a time, within the limits."""
+    d = zlib.decompressobj(wbits=31)
+    seen = out = 0
+    for chunk in chunks:
+        seen += len(chunk)
+        data = chunk
+        while True:
+            if d.eof:
+                if not data:
+                    break
+                d = zlib.decompressobj(wbits=31)  # another gzip member follows
+            try:
+                piece = d.decompress(data, OUT_CHUNK)
+            except zlib.error as exc:
+                raise ManifestRejected(f"inventory file {name}: not gzip data ({exc}): is the file damaged?") from exc
+            data = d.unused_data if d.eof else d.unconsumed_tail
+            if piece:
+                out += len(piece)
+                limit = min(max_inflated, ratio * seen + SLACK)
+                if out > limit:
+                    raise _bomb(name, out, seen, limit)
+                yield piece
+            if not data and len(piece) < OUT_CHUNK:
+                break
+    if seen and not d.eof:
+        raise ManifestRejected(f"inventory file {name}: the gzip data is truncated: is the file complete?")
+
+
+def _columns(columns: list[str], name: str) -> tuple[int, int]:
+    lower = [c.strip().lower() for c in columns]
+    if "key" not in lower or "bucket" not in lower:
+        raise ManifestRejected(
+            f"inventory file {name}: fileSchema {', '.join(columns)[:200]!r} has no Bucket and Key columns"
+        )
+    return lower.index("bucket"), lower.index("key")
+
+
+def csv_keys(
+    data: bytes | Iterable[bytes],
+    columns: list[str],
+    name: str,
+    problems: Problems,
+    max_inflated: int = MAX_INFLATED_BYTES,
+    ratio: int = MAX_INFLATE_RATIO,
+) -> Iterator[KeyBatch]:
+    """A gzip CSV data file's keys (URL-decoded, folder markers skipped); rows' problems name their line."""
+    bi, ki = _columns(columns, name)
+    chunks = [data] if isinstance(data, bytes | bytearray) else data
+    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
+    good: set[str] = set()
+
+    def pairs() -> Iterator[tuple[str, str]]:
+        try:
+            for row in reader:
+                pair = _row(row, bi, ki, good, f"inventory file {name} line {reader.line_num}", len(columns), problems)
+                if pair is not None:
+                    yield pair
+        except csv.Error as exc:
+            raise ManifestRejected(f"inventory file {name} line {reader.line_num}: not CSV: {exc}") from exc
+
+    return batched(pairs())
+
+
+def _row(
+    row: list[str], bi: int, ki: int, good: set[str], where: str, width: int, problems: Problems
+) -> tuple[str, str] | None:
+    if not row:
+        return None
+    if len(row) <= max(bi, ki):
+        problems.add(f"{where}: row has {len(row)} columns, fileSchema has {width}")
+        return None
+    bucket = row[bi]
+    if bucket not in good:
+        why = bucket_problem(bucket)
+        if why:
+            problems.add(f"{where}: {why}")
+            return None
+        good.add(bucket)
+    try:
+        key = unquote_plus(row[ki], errors="strict")  # inventory CSV keys are URL-encoded
+    except UnicodeDecodeError:
+        problems.add(f"{where}: key {row[ki][:80]!r} is not URL-encoded UTF-8")
+        return None
+    return _key(bucket, key, where, problems)
+
+
+def _key(bucket: str, key: str, where: str, problems: Problems) -> tuple[str, str] | None:
+    if key.endswith("/"):
+        return None  # a folder marker
+    if not key or len(key) > MAX_KEY_BYTES // 4:
+        why = key_problem(key)
+        if why:
+            problems.add(f"{where}: {why}")
+            return None
+    return bucket, key
+
+
+def parquet_keys(
+    data: bytes | str,
+    name: str,
+    problems: Problems,
+    max_inflated: int = MAX_INFLATED_BYTES,
+    ratio: int = MAX_INFLATE_RATIO,
+) -> Iterator[KeyBatch]:
+    """A Parquet data file's keys (`data`: its bytes or a local path), a batch at a time; size and schema first."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ManifestRejected(f"inventory file {name}: Parquet inventories need pyarrow installed") from exc
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data) if isinstance(data, bytes) else data)
+        size = len(data) if isinstance(data, bytes) else os.path.getsize(data)
+        names = {n.lower(): n for n in pf.schema_arrow.names}
+        meta = pf.metadata
+        want = {names.get("bucket"), names.get("key")}
+        inflated = sum(
+            meta.row_group(g).column(c).total_uncompressed_size
+            for g in range(meta.num_row_groups)
+            for c in range(meta.num_columns)
+            if meta.row_group(g).column(c).path_in_schema in want
+        )
+    except Exception as exc:  # pyarrow's ArrowInvalid, OSError ...: the file is not Parquet
+        raise ManifestRejected(
+            f"inventory file {name}: not a readable Parquet file ({type(exc).__name__}: {exc})"
+        ) from exc
+    if "key" not in names or "bucket" not in names:
+        raise ManifestRejected(
+            f"inventory file {name}: has no bucket and key columns (it has {', '.join(sorted(names))[:200]})"
+        )
+    limit = min(max_inflated, ratio * size + SLACK)
+    if inflated > limit:
+        raise _bomb(name, inflated, size, limit)
+    return batched(_parquet_pairs(pf, [names["bucket"], names["key"]], name, problems))
+
+
+def _parquet_pairs(pf: Any, cols: list[str], name: str, problems: Problems) -> Iterator[tuple[str, str]]:
+    row = 0
+    good: set[str] = set()
+    try:
+        for batch in pf.iter_batches(batch_size=8192, columns=cols):
+            for bucket, key in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+                row += 1
+                where = f"inventory file {name} row {row}"
+                if not isinstance(bucket, str) or not isinstance(key, str):
+                    problems.add(
+                        f"{where}: bucket and key must be strings (got {type(bucket).__name__}, {type(key).__name__})"
+                    )
+                    continue
+                if bucket not in good:
+                    if not is_bucket_name(bucket):
+                        problems.add(f"{where}: {bucket_problem(bucket)}")
+                        continue
+                    good.add(bucket)
+                pair = _key(bucket, key, where, problems)
+                if pair is not None:
+                    yield pair
+    except ManifestRejected:
+        raise
+    except Exception as exc:  # a damaged page or row group
+        raise ManifestRejected(
+            f"inventory file {name}: cannot be read as Parquet at row {row + 1} ({type(exc).__name__}: {exc})"
+        ) from exc

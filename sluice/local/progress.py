@@ -1,0 +1,107 @@
+"""A local run's progress: a bar with rate and ETA on a terminal, a log line now and then otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from sluice.contracts import RunItem
+from sluice.paths import is_commit_marker
+from sluice.s3uri import parse_s3_uri
+from sluice.tally import Tally
+
+BAR_WIDTH = 24
+TTY_EVERY_S = 0.5  # a terminal redraws in place
+LOG_EVERY_S = float(os.environ.get("SLUICE_LOCAL_PROGRESS_S", "10"))  # a log file gets one line this often
+
+
+def duration(seconds: float) -> str:
+    """1h02m, 3m05s or 42s."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the run has done so far."""
+
+    status: str
+    shards_done: int
+    shards_total: int
+    images: int
+    images_total: int
+    elapsed_s: float
+    workers: int
+
+    @property
+    def rate(self) -> float:
+        return self.images / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far; None before the first image."""
+        if self.rate <= 0 or self.images_total <= 0:
+            return None
+        return max(0, self.images_total - self.images) / self.rate
+
+    def line(self, bar: bool) -> str:
+        frac = min(1.0, self.images / self.images_total) if self.images_total else 0.0
+        eta = "--" if self.eta_s is None else duration(self.eta_s)
+        head = f"[{'#' * int(frac * BAR_WIDTH):<{BAR_WIDTH}}] {frac:4.0%} " if bar else f"{frac:.0%} "
+        return (
+            f"{head}{self.status} images {self.images}/{self.images_total} shards "
+            f"{self.shards_done}/{self.shards_total} {self.rate:.1f} img/s ETA {eta} workers {self.workers}"
+        )
+
+
+class Progress:
+    """Reads progress from commit markers and the ledger; draws it on stderr."""
+
+    def __init__(self, c: Any, table: str, enabled: bool, stream: TextIO | None = None) -> None:
+        self._c, self._table, self._enabled = c, table, enabled
+        self._out = stream or sys.stderr
+        self._tty = self._out.isatty()
+        self._seen: dict[str, int] = {}
+        self._t0 = time.monotonic()
+        self._last = float("-inf")
+
+    def images_done(self, output_prefix: str) -> int:
+        """Images settled so far: rows plus failures of every committed chunk (each marker read once)."""
+        bucket, prefix = parse_s3_uri(output_prefix, allow_empty_key=True)
+        for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                k = o["Key"]
+                if is_commit_marker(k) and k not in self._seen:
+                    m = json.loads(self._c.s3.get_object(Bucket=bucket, Key=k)["Body"].read())
+                    self._seen[k] = int(m.get("rows", 0)) + len(m.get("failed", []))
+        return sum(self._seen.values())
+
+    def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
+        every = TTY_EVERY_S if self._tty else LOG_EVERY_S
+        if row is None or not self._enabled or (not force and time.monotonic() - self._last < every):
+            return
+        self._last = time.monotonic()
+        snap = Snapshot(
+            status=row.status.value,
+            shards_done=Tally(self._c.dynamodb, self._table).counts(row.run_id).shards_done,
+            shards_total=row.total_shards,
+            images=self.images_done(row.output_prefix) if row.output_prefix else 0,
+            images_total=int(row.total_keys or 0),
+            elapsed_s=time.monotonic() - self._t0,
+            workers=running,
+        )
+        if self._tty:
+            self._out.write(f"\r  {snap.line(bar=True)}   ")
+        else:
+            self._out.write(f"sluice: progress: {snap.line(bar=False)}\n")
+        self._out.flush()
+
+    def end(self) -> None:
+        if self._enabled and self._tty:
+            self._out.write("\n")

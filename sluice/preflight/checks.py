@@ -1,0 +1,296 @@
+"""The preflight's checks: each planned figure against the limit it meets, with advice."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from sluice.preflight import limits as L
+from sluice.preflight.estimate import cost
+from sluice.preflight.facts import Capacity, RunFacts
+
+Status = Literal["ok", "warn", "error"]
+SERIES_PER_RANK = 13  # a GPU rank's default push list (bench/metrics_cost.py, "typical" row)
+TIMEOUT_MARGIN = 2.0  # derived job timeout: twice the estimated shard time ...
+TIMEOUT_SLACK_S = 900  # ... plus start-up (image pull, model load)
+TIMEOUT_FLOOR_S = 6 * 3600  # and never below Batch's usual 6 h
+WARN_AT = 0.8  # a figure past 80% of its limit is a warning
+
+
+@dataclass(frozen=True)
+class Check:
+    """One planned figure against its limit."""
+
+    name: str
+    value: float
+    limit: float
+    status: Status
+    advice: str = ""
+    unit: str = ""
+
+
+def _judge(name: str, value: float, limit: float, unit: str, over: Status, advice: str, near: bool = True) -> Check:
+    """ok under WARN_AT of the limit, a warning up to it (unless not `near`), `over` past it."""
+    if value > limit:
+        return Check(name, value, limit, over, advice, unit)
+    if near and value > WARN_AT * limit:
+        return Check(name, value, limit, "warn", f"close to the limit: {advice}", unit)
+    return Check(name, value, limit, "ok", "", unit)
+
+
+def shard_seconds(keys_per_shard: int, gpus: int, rate: float) -> float:
+    """Estimated GPU time of one shard on a worker with `gpus` GPUs."""
+    return keys_per_shard / (rate * max(1, gpus))
+
+
+def derived_timeout_s(keys_per_shard: int, gpus: int, rate: float) -> int:
+    """A job timeout for shards of this size: TIMEOUT_MARGIN x the estimate + TIMEOUT_SLACK_S.
+
+    At least TIMEOUT_FLOOR_S (a timeout guards against a hung job; one too short kills good
+    work) and at most Batch's 14 days.
+    """
+    est = shard_seconds(keys_per_shard, gpus, rate) * TIMEOUT_MARGIN + TIMEOUT_SLACK_S
+    return int(min(L.BATCH_MAX_TIMEOUT_S, max(TIMEOUT_FLOOR_S, math.ceil(est / 60) * 60)))
+
+
+@dataclass
+class Preflight:
+    """Every check, and the run's estimated cost."""
+
+    checks: list[Check] = field(default_factory=list)
+    cost: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "error"]
+
+    @property
+    def warnings(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "warn"]
+
+    def lines(self, status: Status) -> list[str]:
+        """One line per check of this status: name, value and limit, advice."""
+        return [
+            f"{c.name}: {c.value:,.6g} {c.unit} (limit {c.limit:,.6g}): {c.advice}"
+            for c in self.checks
+            if c.status == status
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checks": [asdict(c) for c in self.checks], "cost": self.cost}
+
+
+def preflight(run: RunFacts, cap: Capacity) -> Preflight:
+    """Check `run` against Batch, S3, AMP, Lambda, DynamoDB and EventBridge limits on `cap`."""
+    out = Preflight()
+    add = out.checks.append
+    _batch(run, add)
+    workers = _workers(run, cap, add)
+    shard_s = _fleet(run, cap, workers, add)
+    _lambda(run, add)
+    _completion(run, workers, shard_s, add)
+    out.cost = cost(cap.gpu_family, run.unique_keys / cap.rate / 3600).as_dict()
+    return out
+
+
+def _batch(run: RunFacts, add: Any) -> None:
+    """AWS Batch's fixed quotas: array size, jobs in SUBMITTED, SubmitJob rate."""
+    biggest = max((n for kind, n in run.jobs if kind == "array"), default=0)
+    add(
+        _judge(
+            "array size",
+            biggest,
+            L.BATCH_ARRAY_SIZE,
+            "children",
+            "error",
+            "Batch takes at most 10,000 children per array job: Sluice splits bigger runs into several jobs",
+        )
+    )
+    add(
+        _judge(
+            "jobs in SUBMITTED",
+            run.n_shards + len(run.jobs),
+            L.BATCH_SUBMITTED_JOBS,
+            "jobs",
+            "error",
+            f"raise job.keys_per_shard above {run.keys_per_shard:,} so the run has fewer children",
+        )
+    )
+    add(
+        _judge(
+            "SubmitJob calls",
+            len(run.jobs),
+            L.BATCH_SUBMITJOB_TPS * 60,
+            "calls (50/s for a minute)",
+            "warn",
+            "each Batch job is one SubmitJob call (50/s per account): raise job.keys_per_shard",
+        )
+    )
+
+
+def _fleet(run: RunFacts, cap: Capacity, workers: int, add: Any) -> float:
+    """Shard time against the timeout, S3 and AMP at the fleet's pace; returns the shard's seconds."""
+    gpus = workers * run.gpus_per_worker
+    shard_s = shard_seconds(run.keys_per_shard, run.gpus_per_worker, cap.rate)
+    keys_hint = int(run.keys_per_shard * run.timeout_s / (shard_s * TIMEOUT_MARGIN)) if shard_s else 0
+    add(
+        _judge(
+            "shard time",
+            round(shard_s),
+            run.timeout_s,
+            "s",
+            "error",
+            f"a timed-out attempt is not retried: lower job.keys_per_shard to about {max(1, keys_hint):,}"
+            f" or set job.timeout_s to at least {derived_timeout_s(run.keys_per_shard, run.gpus_per_worker, cap.rate)}",
+        )
+    )
+    add(
+        _judge(
+            "S3 GET/s",
+            round(gpus * cap.rate),
+            L.S3_GET_PER_PREFIX_S,
+            "GET/s (one prefix assumed)",
+            "warn",
+            "S3 serves 5,500 GET/s per partitioned prefix and answers 503 SlowDown while it adds "
+            "partitions (the workers retry): spread keys over several prefixes or ask AWS to pre-partition",
+        )
+    )
+    series = gpus * SERIES_PER_RANK
+    add(
+        _judge(
+            "AMP active series",
+            series,
+            L.AMP_ACTIVE_SERIES,
+            "series",
+            "warn",
+            "raise the workspace's active-series quota or push fewer metrics (SLUICE_WORKER_PUSH_METRICS)",
+        )
+    )
+    add(
+        _judge(
+            "AMP samples/s",
+            round(series / cap.push_interval_s),
+            L.AMP_INGEST_SAMPLES_S,
+            "samples/s",
+            "warn",
+            "raise SLUICE_WORKER_PUSH_INTERVAL_S or the workspace's ingestion-rate quota",
+        )
+    )
+    return shard_s
+
+
+def _workers(run: RunFacts, cap: Capacity, add: Any) -> int:
+    """Workers that run at once; adds the vCPU (and node) checks."""
+    if run.mode == "multinode":
+        nodes = run.n_shards
+        add(
+            _judge(
+                "MNP nodes",
+                nodes,
+                L.BATCH_MNP_NODES,
+                "nodes",
+                "error",
+                "a multi-node parallel job has at most 1,000 nodes: use mode array",
+            )
+        )
+        add(
+            _judge(
+                "MNP vCPUs",
+                nodes * cap.worker_vcpus,
+                cap.mnp_max_vcpus,
+                "vCPUs (MnpMaxVcpus)",
+                "error",
+                "every node of an MNP job must run at once: raise MnpMaxVcpus or lower job.nodes",
+            )
+        )
+        return nodes
+    fit = max(1, cap.max_vcpus // cap.worker_vcpus)
+    waves = math.ceil(run.n_shards / fit)
+    add(
+        _judge(
+            "vCPUs for all children at once",
+            run.n_shards * cap.worker_vcpus,
+            cap.max_vcpus,
+            "vCPUs (MaxVcpus)",
+            "warn",
+            f"at most {fit:,} children run at once, so the run takes about {waves:,} waves: raise "
+            "MaxVcpus (and the account's EC2 vCPU quotas) for more parallelism",
+            near=False,  # every child fitting at once is the goal, not a risk
+        )
+    )
+    return min(run.n_shards, fit)
+
+
+def _lambda(run: RunFacts, add: Any) -> None:
+    """The manifest function plans in-process only what fits it; bigger inputs go to the prepare stage."""
+    add(
+        _judge(
+            "unique keys",
+            run.unique_keys,
+            run.max_keys,
+            "keys (SLUICE_MAX_KEYS)",
+            "error",
+            "split the input into several manifests, or raise SLUICE_MAX_KEYS (the prepare stage's design goal is 1B)",
+        )
+    )
+    if not run.in_lambda:
+        return  # the prepare stage's Fargate map/reduce plans it: no Lambda limit applies
+    m = run.unique_keys / 1e6
+    add(
+        _judge(
+            "Lambda memory",
+            round(L.PLAN_BASE_MB + L.PLAN_MB_PER_M * m),
+            L.MANIFEST_FN_MEMORY_MB,
+            "MB",
+            "error",
+            "lower SLUICE_PREPARE_OVER_KEYS so the prepare stage plans this input",
+        )
+    )
+    add(
+        _judge(
+            "Lambda time",
+            round(L.PLAN_S_PER_M * m),
+            L.LAMBDA_TIMEOUT_S,
+            "s",
+            "error",
+            "lower SLUICE_PREPARE_OVER_KEYS so the prepare stage plans this input",
+        )
+    )
+    add(
+        _judge(
+            "Lambda /tmp",
+            round(L.PLAN_TMP_MB_PER_M * m),
+            L.MANIFEST_FN_TMP_MB,
+            "MB",
+            "error",
+            "lower SLUICE_PREPARE_OVER_KEYS so the prepare stage plans this input",
+        )
+    )
+
+
+def _completion(run: RunFacts, workers: int, shard_s: float, add: Any) -> None:
+    """Terminal events at the fleet's pace: DynamoDB writes on the run's partition, PutEvents."""
+    per_s = workers / max(shard_s, 1.0)  # shards finishing each second at full speed
+    # A terminal shard event writes its item and one counter in a transaction (2 WCU an item).
+    add(
+        _judge(
+            "DynamoDB WCU/s (one run)",
+            round(per_s * 4, 1),
+            L.DDB_PARTITION_WCU_S,
+            "WCU/s",
+            "warn",
+            "raise job.keys_per_shard: shards finishing faster than this share one partition",
+        )
+    )
+    # "Run Progress" about every 1% of shards, plus the outcome: a handful a second at most.
+    add(
+        _judge(
+            "PutEvents/s",
+            round(per_s / max(1, run.n_shards // 100) + 0.01, 2),
+            L.EVENTBRIDGE_PUTEVENTS_S,
+            "events/s",
+            "warn",
+            "the Region's PutEvents quota is lower: ask for an increase",
+        )
+    )

@@ -1,0 +1,77 @@
+"""What a preflight judges: the run's layout, and the capacity the stack was deployed with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sluice.models import RunPlan
+from sluice.preflight.estimate import DEFAULT_FAMILY, IMAGES_PER_GPU_S, family_of
+from sluice.settings import Settings
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The deployed stack's capacity (template.yaml parameters, passed to the functions as SLUICE_*)."""
+
+    max_vcpus: int = 256  # MaxVcpus: each GPU compute environment
+    mnp_max_vcpus: int = 64  # MnpMaxVcpus
+    worker_vcpus: int = 4  # WorkerVcpus: per array child / MNP node
+    gpu_family: str = DEFAULT_FAMILY  # first of GpuInstanceTypes
+    images_per_gpu_s: float | None = None  # a measurement (gpu_worker.autotune) over the table's figure
+    push_interval_s: float = 30.0  # the workers' remote-write period (SLUICE_WORKER_PUSH_INTERVAL_S default)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Capacity:
+        return cls(
+            max_vcpus=settings.max_vcpus,
+            mnp_max_vcpus=settings.mnp_max_vcpus,
+            worker_vcpus=settings.worker_vcpus,
+            gpu_family=family_of(settings.gpu_instance_types.split(",")[0]),
+            images_per_gpu_s=settings.images_per_gpu_s,
+        )
+
+    @classmethod
+    def from_env(cls) -> Capacity:
+        return cls.from_settings(Settings.from_env())
+
+    @property
+    def rate(self) -> float:
+        """Images per GPU-second used for estimates."""
+        return self.images_per_gpu_s or IMAGES_PER_GPU_S.get(self.gpu_family, IMAGES_PER_GPU_S[DEFAULT_FAMILY])
+
+    @property
+    def rate_source(self) -> str:
+        if self.images_per_gpu_s:
+            return "measured (--images-per-gpu-s / SLUICE_IMAGES_PER_GPU_S)"
+        return f"table estimate for {self.gpu_family} (measure with python -m gpu_worker.autotune)"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The run as planned: keys, shards, jobs and the per-shard settings."""
+
+    unique_keys: int
+    keys_per_shard: int
+    n_shards: int
+    mode: Literal["array", "multinode"]
+    jobs: list[tuple[str, int]] = field(default_factory=list)  # (kind, shards) per Batch job
+    gpus_per_worker: int = 1
+    timeout_s: int = 6 * 3600
+    timeout_from_manifest: bool = False
+    in_lambda: bool = True  # planned by the manifest function (else the prepare stage)
+    max_keys: int = 1_000_000_000  # SLUICE_MAX_KEYS
+
+    @classmethod
+    def from_plan(cls, plan: RunPlan, *, in_lambda: bool, max_keys: int) -> RunFacts:
+        return cls(
+            unique_keys=plan.total_keys,
+            keys_per_shard=plan.keys_per_shard,
+            n_shards=plan.n_shards,
+            mode=plan.mode,
+            jobs=[(j.kind, j.shard_count) for j in plan.jobs],
+            gpus_per_worker=max(1, plan.gpus_per_node),
+            timeout_s=plan.timeout_s,
+            in_lambda=in_lambda,
+            max_keys=max_keys,
+        )

@@ -1,0 +1,50 @@
+"""The manifest handler runs the preflight: an error rejects the run, warnings and cost go out with it."""
+
+from __future__ import annotations
+
+import json
+
+from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler
+
+
+def _upload(aws, stack, monkeypatch, name, job, n_keys=20, extra_env=None):
+    if INPUT_BUCKET not in [b["Name"] for b in aws.s3.list_buckets()["Buckets"]]:
+        aws.s3.create_bucket(Bucket=INPUT_BUCKET)
+    body = {"version": 1, "input": {"keys": [f"img/{i:05d}.jpg" for i in range(n_keys)], "bucket": INPUT_BUCKET}}
+    body["job"] = job
+    return invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps(body), monkeypatch, extra_env)
+
+
+def test_an_mnp_job_that_can_never_start_is_rejected_with_the_limit_and_what_to_do(aws, stack, monkeypatch):
+    # 17 nodes x 4 vCPUs is more than the MNP environment's 64: Batch would leave it RUNNABLE for ever.
+    out = _upload(aws, stack, monkeypatch, "mnp17", {"mode": "multinode", "nodes": 17}, n_keys=34)
+    assert out["status"] == "rejected", out
+    (reason,) = out["reasons"]
+    assert reason.startswith("preflight: MNP vCPUs: 68 vCPUs (MnpMaxVcpus) (limit 64): ")
+    assert "raise MnpMaxVcpus or lower job.nodes" in reason
+    assert all_jobs(aws) == []  # nothing submitted
+    (ev,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Manifest Rejected"]
+    assert ev["detail"]["reasons"] == out["reasons"]
+
+
+def test_a_shard_longer_than_its_timeout_is_rejected(aws, stack, monkeypatch):
+    job = {"keys_per_shard": 20, "timeout_s": 60}
+    out = _upload(aws, stack, monkeypatch, "slow", job, extra_env={"SLUICE_IMAGES_PER_GPU_S": "0.25"})
+    assert out["status"] == "rejected" and out["reasons"][0].startswith("preflight: shard time: 80 s"), out
+    assert "a timed-out attempt is not retried" in out["reasons"][0]
+
+
+def test_run_submitted_carries_the_warnings_and_the_cost_estimate(aws, stack, monkeypatch):
+    # 100 one-key children x 4 vCPUs is more than MaxVcpus 256: a warning, not an error.
+    out = _upload(
+        aws, stack, monkeypatch, "wide", {"keys_per_shard": 1}, n_keys=100, extra_env={"SLUICE_IMAGES_PER_GPU_S": "1"}
+    )
+    assert out["status"] == "submitted", out
+    (ev,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Run Submitted"]
+    d = ev["detail"]
+    (warning,) = d["warnings"]
+    assert warning.startswith("preflight: vCPUs for all children at once: 400 vCPUs (MaxVcpus) (limit 256)")
+    assert "at most 64 children run at once, so the run takes about 2 waves" in warning
+    # 100 images at 1 image/s a GPU: 100 GPU-seconds, priced on the default family (g6e).
+    assert d["gpu_hours_estimate"] == 0.028 and d["cost_estimate_usd"]["family"] == "g6e"
+    assert d["cost_estimate_usd"]["on_demand"] == round(0.028 * 1.861, 2)
