@@ -53,3 +53,18 @@ def stack(aws: AwsClients) -> Any:
 
     sluice_aws.reset_clients()
     return create_local(aws)
+
+
+def moto_s3(bucket: str):
+    """An in-process moto S3 with one bucket, Sluice's client cache reset around it (a fixture body)."""
+    import boto3
+    from moto import mock_aws
+
+    from sluice import aws as sluice_aws
+
+    with mock_aws():
+        sluice_aws.reset_clients()
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=bucket)
+        yield client
+    sluice_aws.reset_clients()

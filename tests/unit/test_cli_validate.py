@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 
-import boto3
 import pytest
-from moto import mock_aws
 
-from sluice import aws as sluice_aws
 from sluice.cli import main
+from tests.conftest import moto_s3
 
 
 def _write(tmp_path, name: str, doc: object) -> str:
@@ -62,12 +60,7 @@ def test_plan_of_a_local_key_list_names_its_line(tmp_path, capsys):
 
 @pytest.fixture
 def s3():
-    with mock_aws():
-        sluice_aws.reset_clients()
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="ctl-bucket")
-        yield client
-    sluice_aws.reset_clients()
+    yield from moto_s3("ctl-bucket")
 
 
 def _uploaded(s3) -> list[str]:

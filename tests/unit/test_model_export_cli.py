@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import boto3
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from moto import mock_aws
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.decode import decode_image
@@ -18,10 +16,10 @@ from gpu_worker.infer import Engine
 from gpu_worker.main import run_node
 from gpu_worker.model import load_model, resolve_uri
 from gpu_worker.store import Store
-from sluice import aws as sluice_aws
 from sluice.cli import main
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
+from tests.conftest import moto_s3
 from tests.worker_images import make_demo_images
 
 MODEL_URI = "s3://models/encoders/mnv3.pt"
@@ -30,12 +28,7 @@ IMAGES = dict(make_demo_images(12, seed=5))
 
 @pytest.fixture
 def s3():
-    with mock_aws():
-        sluice_aws.reset_clients()
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="models")
-        yield client
-    sluice_aws.reset_clients()
+    yield from moto_s3("models")
 
 
 class Fetcher:
