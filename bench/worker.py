@@ -4,6 +4,8 @@
     .venv/bin/python bench/worker.py --latency-ms 50       # a slower S3 (AWS: tens of ms for small GETs)
     .venv/bin/python bench/worker.py --model builtin:reference-cnn --images 400
     .venv/bin/python bench/worker.py --also b-proc,d-dec    # two more variants per round
+    .venv/bin/python bench/worker.py --model builtin:reference-cnn --image-size 128 \
+        --two-models builtin:reference-cnn --skip b,c,d     # row m2: 2 models in one pass vs two runs
 
 S3 is a local moto server (tests/worker_s3server.py) that sleeps --latency-ms (default 20 ms)
 before answering each image GET: a network round trip that costs no CPU (the server's own
@@ -24,6 +26,9 @@ torch thread count.
     d      torch DataLoader: map-style dataset doing GET + plain Pillow decode, num_workers=2
     d-dec  the same DataLoader with our decoder (gpu_worker.decode: JPEG draft mode): isolates
            what the pipeline's structure buys from what the cheaper decode buys
+    m2     --two-models: one worker run embedding with --model and the second model in one
+           pass (each image fetched and decoded once), against two worker runs, one per model
+           (row m2-two), both end to end (node seconds); m2/two runs is their direct ratio
 
 Each round runs a, b (+e), a, c, a, d, a: this VM's CPU speed swings by up to 4x over minutes, so
 each variant is divided by the model-only rate measured right before and right after it, and
@@ -107,8 +112,11 @@ def bench_model_only(model_uri: str, size: int, batch: int, n: int) -> float:
 
 
 def bench_pipeline(
-    keys: list[str], model_uri: str, size: int, batch: int, extra_env: dict[str, str]
+    keys: list[str], model_uri: str | list[Any], size: int, batch: int, extra_env: dict[str, str]
 ) -> dict[str, float]:
+    """One worker run over `keys`: images/s of its pipeline and of the whole node.
+
+    `model_uri` may be a list of ModelSpecs: one run with several models in one pass."""
     from sluice.contracts import ShardResult
     from sluice.models import ModelSpec, RunPlan
     from sluice.paths import RunPaths
@@ -122,7 +130,7 @@ def bench_pipeline(
         files.root,
         n_shards=1,
         total_keys=len(keys),
-        model=ModelSpec(uri=model_uri, batch_size=batch, image_size=size),
+        model=model_uri if isinstance(model_uri, list) else ModelSpec(uri=model_uri, batch_size=batch, image_size=size),
         manifest_uri=f"s3://{CONTROL}/m.json",
         attempts=1,
         max_failed_fraction=0.0,
@@ -148,7 +156,21 @@ def bench_pipeline(
     assert result.processed == len(keys), result
     if os.environ.get("BENCH_STATS"):  # the worker's own counters (wait, model, loader CPU seconds ...)
         print("STATS", json.dumps(result.stats))
-    return {"pipeline": result.processed / result.pipeline_seconds, "node": result.processed / result.seconds}
+    return {
+        "pipeline": result.processed / result.pipeline_seconds,
+        "node": result.processed / result.seconds,
+        "seconds": result.seconds,
+    }
+
+
+def bench_two_models(keys: list[str], uris: list[str], size: int, batch: int) -> dict[str, float]:
+    """Row m2: two models in one pass vs two runs (one per model), end to end (node seconds, start-up included)."""
+    from sluice.models import ModelSpec
+
+    specs = [ModelSpec(uri=u, batch_size=batch, image_size=size, name=f"m{i}") for i, u in enumerate(uris)]
+    one = bench_pipeline(keys, specs, size, batch, {})["seconds"]
+    two = sum(bench_pipeline(keys, [spec], size, batch, {})["seconds"] for spec in specs)
+    return {"m2": len(keys) / one, "m2-two": len(keys) / two}
 
 
 def plain_decode(data: bytes, size: int) -> np.ndarray:
@@ -219,6 +241,11 @@ def main() -> None:
     ap.add_argument("--drift", type=float, default=0.1, help="drop pairs whose two model-only rates differ more")
     ap.add_argument("--also", default="", help="extra variants per round, comma list: b-proc,d-dec")
     ap.add_argument("--skip", default="", help="variants left out, comma list: c,d (b and e run together)")
+    ap.add_argument(
+        "--two-models",
+        default="",
+        help="also row m2: --model and this model in one pass vs two runs (e.g. builtin:reference-cnn)",
+    )
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--min-side", type=int, default=300)
     ap.add_argument("--max-side", type=int, default=800)
@@ -245,6 +272,7 @@ def main() -> None:
             ("c", lambda: bench_naive(naive_keys, m, size)),
             ("d", lambda: bench_dataloader(keys, m, size, batch, workers, False)),
             ("d-dec", lambda: bench_dataloader(keys, m, size, batch, workers, True)),
+            ("m2", lambda: bench_two_models(keys, [m, args.two_models], size, batch)),
         ]
         model_only = dict(steps)["a"]
         for r in range(args.rounds):
@@ -253,11 +281,13 @@ def main() -> None:
             for name, fn in steps:
                 if name in ("a", "a'") or name in skip or (name in ("b-proc", "d-dec") and name not in also):
                     continue
+                if name == "m2" and not args.two_models:
+                    continue
                 got = fn()
-                # A worker run gives two rows: the pipeline (b) and the whole node (e).
+                # A worker run gives two rows: the pipeline (b) and the whole node (e); m2 gives m2 and m2-two.
                 rows = {name: got}
                 if isinstance(got, dict):
-                    rows = {name: got["pipeline"], "e" + name[1:]: got["node"]}
+                    rows = dict(got) if name == "m2" else {name: got["pipeline"], "e" + name[1:]: got["node"]}
                 before = runs["a"][-1]
                 runs["a"].append(model_only())
                 for row, value in rows.items():
@@ -284,6 +314,8 @@ LABELS = {
     "c": "naive sequential loop (GET, plain decode, forward 1 image)",
     "d": "torch DataLoader (map-style GET + plain decode, num_workers={w})",
     "d-dec": "torch DataLoader with our decoder (num_workers={w})",
+    "m2": "2 models, one pass (end to end: keys / node seconds)",
+    "m2-two": "two runs, one per model (keys / both runs' node seconds)",
 }
 
 
@@ -293,7 +325,7 @@ def report(runs: dict[str, list[float]], workers: int, drift: float) -> None:
     This VM's CPU speed drifts (up to 4x over minutes); a pair whose before and after model-only
     rates differ by more than `drift` is marked * and left out of the medians.
     """
-    names = [n for n in ("b", "e", "b-proc", "e-proc", "c", "d", "d-dec") if n in runs]
+    names = [n for n in ("b", "e", "b-proc", "e-proc", "c", "d", "d-dec", "m2", "m2-two") if n in runs]
     ok: dict[str, list[bool]] = {}
     ref: dict[str, list[float]] = {}
     for n in names:
@@ -322,6 +354,9 @@ def report(runs: dict[str, list[float]], workers: int, drift: float) -> None:
             flags = [x and y for x, y in zip(ok["b"], ok[n])]
             per = [x / y for x, y in zip(ratio["b"], ratio[n])]
             print(f"| b/{n} | {med(per, flags):.2f} | {cells(per, flags, '.2f')} |")
+    if "m2" in names:  # measured back to back in one round: a direct ratio, no model-only reference needed
+        per = [x / y for x, y in zip(runs["m2"], runs["m2-two"])]
+        print(f"| m2/two runs | {statistics.median(per):.2f} | {cells(per, [True] * len(per), '.2f')} |")
     print(
         f"\n(a is measured before and after every variant; * = that pair's two model-only rates differ by "
         f"more than {drift:.0%}: left out of the medians)"

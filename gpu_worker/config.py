@@ -59,6 +59,12 @@ class WorkerConfig(WorkerSettings):
     max_image_pixels: int = Field(89_478_485, ge=1, description="more pixels fail as bomb (Pillow's own default limit)")
     batch_size: int = Field(0, ge=0, description="0: the plan's model.batch_size")
     buffers_per_loader: int = Field(2, ge=1, description="batch buffers each loader may fill ahead")
+    prefetch_mib: int = Field(
+        256,
+        ge=0,
+        description="decoded-batch memory per rank its loaders may fill ahead (more buffers than "
+        "buffers_per_loader when they fit): batches wait there while the models load",
+    )
     chunk_keys: int = Field(2048, ge=1, description="keys per committed Parquet chunk")
     output_dtype: Dtype = Field("", description="float16 or float32; empty: the plan's")
     max_failed_fraction: float = Field(-1.0, le=1, description="exit 1 above this; <0: the plan's")

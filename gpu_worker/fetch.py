@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
@@ -40,6 +40,21 @@ def classify(exc: BaseException) -> ObjectFailure:
     else:
         detail = f"{type(exc).__name__}: {exc}"
     return ObjectFailure(reason, detail, transient=failure.retriable)
+
+
+class Fetched(NamedTuple):
+    """An object's bytes and the version they are (output records carry both: docs/output.md)."""
+
+    data: bytes
+    etag: str  # without quotes
+    version_id: str | None  # None in an unversioned bucket
+
+
+def object_meta(got: bytes | Fetched) -> tuple[bytes, str, str | None]:
+    """(bytes, etag, version id) of what a fetcher returned; test doubles may return bare bytes."""
+    if isinstance(got, Fetched):
+        return got
+    return got, "", None
 
 
 class Fetcher:
@@ -72,7 +87,7 @@ class Fetcher:
         """Create the client now (it is otherwise created by the first GET)."""
         _ = self.client
 
-    def _once(self, bucket: str, key: str) -> bytes:
+    def _once(self, bucket: str, key: str) -> Fetched:
         try:
             resp = self.client.get_object(Bucket=bucket, Key=key)
             self._obs.incr("s3_botocore_retries", resp.get("ResponseMetadata", {}).get("RetryAttempts", 0))
@@ -93,10 +108,11 @@ class Fetcher:
             ) from None
         self._obs.incr("s3_gets")
         self._obs.incr("s3_bytes", len(data))
-        return bytes(data)
+        version = resp.get("VersionId")
+        return Fetched(bytes(data), str(resp.get("ETag", "")).strip('"'), version if version != "null" else None)
 
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
-        """The object's bytes; ObjectFailure (transient=True when worth a later retry) otherwise."""
+    def get(self, bucket: str, key: str, *, final: bool = False) -> Fetched:
+        """The object's bytes and version; ObjectFailure (transient=True when worth a later retry) otherwise."""
         cfg = self._cfg
         tries = cfg.final_retries if final else 1 + cfg.retries
         base = cfg.final_backoff_base_s if final else cfg.backoff_base_s

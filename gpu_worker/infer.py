@@ -6,6 +6,11 @@ device, torch.inference_mode(), bf16 autocast on GPU. On GPU the host batch is c
 one of two pinned staging buffers, sent with non_blocking=True, and the result comes back
 into pinned memory behind a CUDA event: the host prepares batch k+1 while the GPU runs
 batch k. On CPU the step is synchronous.
+
+With several models the loaders decode each image once, at the largest input size; an engine
+whose model takes fewer pixels resizes the batch on its device (antialiased bilinear). The
+decode's centre crop is the same region at every size, so that equals decoding at its own size
+up to resampling.
 """
 
 from __future__ import annotations
@@ -50,14 +55,18 @@ class Engine:
         autocast: bool = True,
         jit: bool = True,
         observer: Observer | None = None,
+        input_size: int | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.info = info
+        # The host batches' side: the model's own, or larger when another model in the pass needs more.
+        self.input_size = input_size or info.image_size
+        if self.input_size < info.image_size:
+            raise ValueError(f"input_size {self.input_size} < the model's {info.image_size}")
         self.batch_size = batch_size
         self._obs = observer or Stats()
         self._cuda = self.device.type == "cuda"
         self._autocast = autocast and self._cuda
-        size = info.image_size
         model = model.to(self.device)
         with contextlib.suppress(TypeError, RuntimeError, AttributeError):  # some graphs refuse; they still run
             model = model.to(memory_format=torch.channels_last)
@@ -65,10 +74,11 @@ class Engine:
         self._mean = (torch.tensor(info.mean, dtype=torch.float32) * 255.0).view(1, 3, 1, 1).to(self.device)
         self._inv_std = (1.0 / scale).view(1, 3, 1, 1).to(self.device)
         self._model: Callable[[torch.Tensor], torch.Tensor] = model
+        host = self.input_size
         if jit and info.eager and not self._cuda:
-            self._model = _trace(model, self._normalize(torch.zeros(batch_size, size, size, 3, dtype=torch.uint8)))
+            self._model = _trace(model, self._normalize(torch.zeros(batch_size, host, host, 3, dtype=torch.uint8)))
         if self._cuda:
-            self._stage = [torch.empty(batch_size, size, size, 3, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            self._stage = [torch.empty(batch_size, host, host, 3, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
             self._out: list[torch.Tensor] = []
             self._pending: deque[tuple[Any, int, Any]] = deque()
             self._k = 0
@@ -76,6 +86,10 @@ class Engine:
 
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         x = x.permute(0, 3, 1, 2).float()  # NHWC memory viewed as NCHW: channels_last
+        size = self.info.image_size
+        if x.shape[-1] != size:  # decoded for a larger model of the pass: (B, 3, S, S) -> (B, 3, size, size)
+            x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+            x = x.contiguous(memory_format=torch.channels_last)
         return x.sub_(self._mean).mul_(self._inv_std)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +103,7 @@ class Engine:
             return F.normalize(y.float(), dim=1)
 
     def _dry_run(self) -> int:
-        size = self.info.image_size
+        size = self.input_size
         x = torch.zeros(self.batch_size, size, size, 3, dtype=torch.uint8, device=self.device)
         try:
             y = self._forward(x)
@@ -97,7 +111,8 @@ class Engine:
             raise  # autotune probes for it
         except Exception as exc:
             raise ConfigError(
-                f"model {self.info.name} fails on a ({self.batch_size}, 3, {size}, {size}) batch: "
+                f"model {self.info.name} fails on a ({self.batch_size}, 3, {self.info.image_size}, "
+                f"{self.info.image_size}) batch: "
                 f"{type(exc).__name__}: {str(exc)[:300]}"
             ) from None
         if y.shape[0] != self.batch_size:

@@ -30,11 +30,13 @@ from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
 from gpu_worker.decode import decode_image
 from gpu_worker.errors import ObjectFailure, WorkerError
+from gpu_worker.fetch import Fetched, object_meta
 from gpu_worker.metrics import MetricsObserver
 from gpu_worker.stats import Stats
 from sluice.contracts import FailureReason
 
 Item = tuple[int, str, str, int]  # (shard position, bucket, key, phase 0=main 1=retry)
+ObjMeta = tuple[str, str | None, int]  # (etag, version id, size in bytes) of the object as read
 MAIN, RETRY = 0, 1
 POLL_S = 0.5
 
@@ -43,7 +45,7 @@ POLL_S = 0.5
 
 
 class BatchMsg(NamedTuple):
-    """Buffer `buffer` of loader `loader` holds `n` images, for these positions, uris and phases."""
+    """Buffer `buffer` of loader `loader` holds `n` images, for these positions, uris, phases and objects."""
 
     loader: int
     buffer: int
@@ -51,6 +53,7 @@ class BatchMsg(NamedTuple):
     positions: list[int]
     uris: list[str]
     phases: list[int]
+    objs: list[ObjMeta]
     stats: dict[str, float]  # the loader's counters since its previous message
 
 
@@ -91,7 +94,7 @@ class Queue(Protocol):
 
 
 class FetcherLike(Protocol):
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes: ...
+    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes | Fetched: ...
 
 
 def _always() -> bool:
@@ -137,7 +140,7 @@ class Loader:
         self._cur: int | None = None
         self._fill = 0
         self._getting = False
-        self._meta: tuple[list[int], list[str], list[int]] = ([], [], [])
+        self._meta: tuple[list[int], list[str], list[int], list[ObjMeta]] = ([], [], [], [])
 
     # -- queue helpers -------------------------------------------------------------------
     def _get(self, q: Queue) -> Any:
@@ -219,7 +222,7 @@ class Loader:
         held = 0
         try:
             try:
-                data = self._fetcher.get(bucket, key, final=final)
+                data, etag, version = object_meta(self._fetcher.get(bucket, key, final=final))
             except ObjectFailure as f:
                 deferred = f.transient and not final
                 if deferred:
@@ -230,7 +233,7 @@ class Loader:
                 return
             if final:
                 self._stats.incr("s3_recovered")
-            held = len(data)
+            held = size = len(data)
             with self._cond:
                 self._held += held
             started = time.perf_counter()
@@ -251,7 +254,7 @@ class Loader:
                     held = 0
                 self._stats.incr("decode_seconds", time.perf_counter() - started)
             self._stats.incr("decoded")
-            self._place(pos, uri, phase, arr)
+            self._place(pos, uri, phase, arr, (etag, version, size))
         except Stopped:
             pass
         except BaseException as exc:
@@ -264,7 +267,7 @@ class Loader:
                 self._cond.notify_all()
 
     # -- batch assembly ------------------------------------------------------------------
-    def _place(self, pos: int, uri: str, phase: int, arr: Any) -> None:
+    def _place(self, pos: int, uri: str, phase: int, arr: Any, obj: ObjMeta) -> None:
         with self._asm:
             while self._cur is None:
                 if self._getting:
@@ -286,14 +289,15 @@ class Loader:
             self._meta[0].append(pos)
             self._meta[1].append(uri)
             self._meta[2].append(phase)
+            self._meta[3].append(obj)
             if self._fill == self._buffers.spec.batch_size:
                 self._emit()
 
     def _emit(self) -> None:
         assert self._cur is not None
-        positions, uris, phases = self._meta
-        self._send(BatchMsg(self.id, self._cur, self._fill, positions, uris, phases, self._stats.take_delta()))
-        self._cur, self._fill, self._meta = None, 0, ([], [], [])
+        positions, uris, phases, objs = self._meta
+        self._send(BatchMsg(self.id, self._cur, self._fill, positions, uris, phases, objs, self._stats.take_delta()))
+        self._cur, self._fill, self._meta = None, 0, ([], [], [], [])
 
     def _flush(self) -> None:
         with self._asm:

@@ -76,12 +76,16 @@ def run_node(
     plan = read_plan(store, envmod.plan_uri(environ))
     asg = envmod.select(plan, environ)
     set_labels(run=plan.run_id, shard=asg.shard, node=asg.node, attempt=asg.attempt)
-    paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, asg.shard)
+    # One output folder, set of markers and resume state per model (one model: output/shard=<i>/).
+    paths = [
+        Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, asg.shard)
+        for m in range(len(plan.models))
+    ]
     n_keys = _count_keys(store, plan.shard_uri(asg.shard))
     device, world = detect_device(cfg)
-    state = load_state(store, paths)
-    orphans = remove_orphans(store, paths, state)
-    todo = intervals.count(intervals.subtract([(0, n_keys)], state.claimed)) + len(state.pending_retry())
+    states = [load_state(store, p) for p in paths]
+    orphans = [u for p, st in zip(paths, states) for u in remove_orphans(store, p, st)]
+    todo = _todo_count(states, n_keys)
     logger.info(
         "node starting",
         extra={
@@ -90,7 +94,8 @@ def run_node(
             "device": device,
             "world": world,
             "global_ranks": [asg.node * world + r for r in range(world)],
-            "committed_chunks": len(state.markers),
+            "models": [m.name for m in plan.models],
+            "committed_chunks": sum(len(st.markers) for st in states),
             "todo": todo,
             "orphans_removed": len(orphans),
         },
@@ -100,18 +105,27 @@ def run_node(
     work = tempfile.mkdtemp(prefix="sluice-worker-") if own_dir else cfg.work_dir
     try:
         if todo:
-            specs = _rank_specs(plan, asg, state, store, work, device=device, world=world, n_keys=n_keys)
+            specs = _rank_specs(plan, asg, states, store, work, device=device, world=world, n_keys=n_keys)
             summaries = _run_ranks(specs, cfg, store, fetcher)
-        state = load_state(store, paths)
-        remove_orphans(store, paths, state)
+        states = [load_state(store, p) for p in paths]
+        for p, st in zip(paths, states):
+            remove_orphans(store, p, st)
         from gpu_worker.sink import write_shard_result
 
         threshold = cfg.max_failed_fraction if cfg.max_failed_fraction >= 0 else plan.max_failed_fraction
-        info = _node_info(plan, asg, state, summaries, device=device, world=world, started=started)
-        return write_shard_result(store, paths, state, n_keys, threshold=threshold, info=info)
+        info = _node_info(plan, asg, states, summaries, device=device, world=world, started=started)
+        by_model = {m.name: st for m, st in zip(plan.models, states)}
+        return write_shard_result(store, paths[0], by_model, n_keys, threshold=threshold, info=info)
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _todo_count(states: list[ShardState], n_keys: int) -> int:
+    """Keys some model still needs: unclaimed in its markers, or deferred and not yet settled."""
+    unclaimed = intervals.normalize(s for st in states for s in intervals.subtract([(0, n_keys)], st.claimed))
+    retry = {p for st in states for p, _ in st.pending_retry()}
+    return intervals.count(unclaimed) + len(retry)
 
 
 def _count_keys(store: Store, shard_uri: str) -> int:
@@ -127,7 +141,7 @@ def _count_keys(store: Store, shard_uri: str) -> int:
 def _rank_specs(
     plan: RunPlan,
     asg: envmod.Assignment,
-    state: ShardState,
+    states: list[ShardState],
     store: Store,
     work: str,
     *,
@@ -135,12 +149,15 @@ def _rank_specs(
     world: int,
     n_keys: int,
 ) -> list[RankSpec]:
-    """One spec per rank; fetches the model and writes the resume state into `work` for them."""
+    """One spec per rank; fetches the models and writes each model's resume state into `work` for them."""
     from gpu_worker.modelspec import resolve_uri
 
-    model_path = resolve_uri(plan.model.uri, work, store)
-    state_path = os.path.join(work, f"state-{asg.shard}.json")
-    Path(state_path).write_bytes(state.to_json())
+    # Each model in its own folder: two models may share a file name.
+    model_paths = [resolve_uri(m.uri, os.path.join(work, f"m{i}"), store) for i, m in enumerate(plan.models)]
+    state_paths = []
+    for i, state in enumerate(states):
+        state_paths.append(os.path.join(work, f"state-{asg.shard}-m{i}.json"))
+        Path(state_paths[-1]).write_bytes(state.to_json())
     return [
         RankSpec(
             plan_json=plan.model_dump_json(),
@@ -150,8 +167,8 @@ def _rank_specs(
             local_rank=r,
             world=world,
             device=device,
-            model_path=model_path,
-            state_path=state_path,
+            model_paths=model_paths,
+            state_paths=state_paths,
             n_keys=n_keys,
             summary_path=os.path.join(work, f"rank-{r}.summary.json"),
         )
@@ -162,7 +179,7 @@ def _rank_specs(
 def _node_info(
     plan: RunPlan,
     asg: envmod.Assignment,
-    state: ShardState,
+    states: list[ShardState],
     summaries: list[dict[str, Any]],
     *,
     device: str,
@@ -184,7 +201,7 @@ def _node_info(
         "seconds": round(time.time() - started, 3),
         "pipeline_seconds": max((s.get("pipeline_seconds", 0.0) for s in summaries), default=0.0),
         "pipeline_window": _window(summaries),
-        "resumed_chunks": len([m for m in state.markers if m.attempt < asg.attempt]),
+        "resumed_chunks": sum(1 for st in states for m in st.markers if m.attempt < asg.attempt),
         "stats": totals.snapshot(),
     }
 

@@ -14,7 +14,8 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpu_worker import intervals
@@ -46,8 +47,8 @@ class RankSpec:
     local_rank: int
     world: int
     device: str  # cpu | cuda
-    model_path: str
-    state_path: str
+    model_paths: list[str]  # local copy of each model of the plan, in its order
+    state_paths: list[str]  # each model's committed markers (ShardState JSON): models resume on their own
     n_keys: int
     summary_path: str
 
@@ -68,6 +69,19 @@ def plan_loaders(cfg: WorkerConfig, device: str, world: int) -> tuple[int, int, 
     return loaders, decode, torch_threads
 
 
+def buffer_count(cfg: WorkerConfig, loaders: int, batch: int, size: int) -> int:
+    """Batch buffers per loader: buffers_per_loader, or as many as prefetch_mib holds for the rank.
+
+    At start-up the models load for seconds (tens for a large model on a GPU) while the loaders
+    already fetch and decode: with room for more batches they do not stall, and the models
+    start with a queue of ready batches. With process loaders the buffers are /dev/shm, shared
+    by every rank of the node (the job definition's SharedMemorySize): size prefetch_mib for it.
+    """
+    batch_bytes = batch * size * size * 3
+    fit = (cfg.prefetch_mib * 2**20) // (max(1, loaders) * batch_bytes)
+    return max(cfg.buffers_per_loader, int(fit))
+
+
 class _Loaders:
     """The rank's loaders (threads or processes) and their queues and buffers."""
 
@@ -85,9 +99,10 @@ class _Loaders:
         self.threads: list[threading.Thread] = []
         self.task_q: Any = ctx.Queue(maxsize=4 * self.n) if self.processes else queue.Queue(maxsize=4 * self.n)
         self.out_q: Any = ctx.Queue() if self.processes else queue.Queue()
+        count = buffer_count(cfg, self.n, batch, size)
         for i in range(self.n):
             name = f"{prefix}-r{spec.global_rank}-l{i}" if self.processes else None
-            bspec = BufferSpec(name, cfg.buffers_per_loader, batch, size)
+            bspec = BufferSpec(name, count, batch, size)
             self.buffers.append(BufferSet(bspec, create=True))
             free_q: Any = ctx.Queue() if self.processes else queue.Queue()
             for b in range(bspec.count):
@@ -210,7 +225,10 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
         world=spec.world,
     )
     store = store or Store()
-    (lo, hi), remaining, retry = _todo(spec)
+    (lo, hi), todos = _todo(spec)
+    # The keys any model still needs: each is fetched and decoded once, for every model that needs it.
+    remaining = intervals.normalize(span for t in todos for span in t.remaining)
+    retry = sorted({p: u for t in todos for p, u in t.retry}.items())
     summary: dict[str, Any] = {
         "global_rank": spec.global_rank,
         "local_rank": spec.local_rank,
@@ -224,9 +242,9 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
         return summary
     stats = Stats()
     reader_factory = lambda: ShardReader(store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
-    pipe = _build_pipeline(spec, cfg, plan, store, _Work(reader_factory, remaining, retry), stats, fetcher)
+    pipe = _build_pipeline(spec, cfg, plan, store, _Work(reader_factory, remaining, retry, todos), stats, fetcher)
     stats.incr("model_ready_seconds", time.perf_counter() - started)
-    metrics = _start_metrics(cfg, plan, spec, stats, pipe.sink, pipe.loaders, started)
+    metrics = _start_metrics(cfg, plan, spec, stats, pipe.reasons, pipe.loaders, started)
     t_pipe, window_start = time.perf_counter(), time.time()
     try:
         _stream(pipe, stats)
@@ -237,35 +255,47 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
     stats.incr("rank_cpu_seconds", time.process_time())
     summary.update(
         seconds=round(t_end - started, 3),
+        models=[e.info.name for e in pipe.engines],
         # From the model being ready to the last commit: the part that runs at the model's rate
         # (the loaders started earlier, while the model loaded).
         pipeline_seconds=round(t_end - t_pipe, 3),
         pipeline_window=[round(window_start, 3), round(window_start + (t_end - t_pipe), 3)],
-        chunks=pipe.sink.committed,
+        chunks=sum(sink.committed for sink in pipe.sinks),
         stats=stats.snapshot(),
-        reasons=dict(pipe.sink.reasons),
+        reasons=dict(pipe.reasons),
     )
     logger.info("rank done", extra={k: v for k, v in summary.items() if k != "stats"} | {"stats": summary["stats"]})
     return summary
 
 
-def _todo(spec: RankSpec) -> tuple[tuple[int, int], list[intervals.Span], list[tuple[int, str]]]:
-    """This rank's slice, the spans of it no commit claims yet, and its deferred (position, uri) to retry."""
-    with open(spec.state_path, "rb") as fh:
-        state = ShardState.from_json(fh.read())
+@dataclass(frozen=True)
+class _ModelTodo:
+    """What one model still owes in this rank's slice: spans no commit claims yet, deferred (position, uri)."""
+
+    remaining: list[intervals.Span]
+    retry: list[tuple[int, str]]
+
+
+def _todo(spec: RankSpec) -> tuple[tuple[int, int], list[_ModelTodo]]:
+    """This rank's slice, and what each model still owes in it."""
     lo, hi = rank_slice(spec.n_keys, spec.world, spec.local_rank)
-    remaining = intervals.subtract([(lo, hi)], state.claimed)
-    retry = [(p, u) for p, u in state.pending_retry() if lo <= p < hi]
-    return (lo, hi), remaining, retry
+    todos = []
+    for path in spec.state_paths:
+        with open(path, "rb") as fh:
+            state = ShardState.from_json(fh.read())
+        remaining = intervals.subtract([(lo, hi)], state.claimed)
+        todos.append(_ModelTodo(remaining, [(p, u) for p, u in state.pending_retry() if lo <= p < hi]))
+    return (lo, hi), todos
 
 
 @dataclass(frozen=True)
 class _Work:
-    """What the feeder hands the loaders: the rank's remaining spans, then its deferred keys."""
+    """What the feeder hands the loaders: the rank's remaining spans, then its deferred keys (all models')."""
 
     reader_factory: Any
     remaining: list[intervals.Span]
     retry: list[tuple[int, str]]
+    todos: list[_ModelTodo]
 
 
 @dataclass
@@ -273,11 +303,13 @@ class _Pipeline:
     """One rank's running parts: loaders fill batches, the engine embeds them, the sink commits chunks."""
 
     loaders: _Loaders
-    engine: Any
-    sink: Any
+    engines: list[Any]  # one per model, in the plan's order
+    sinks: list[Any]  # each model's ChunkSink
     batch: int
     feeder: threading.Thread
     feed_errors: list[BaseException]
+    # Keys failed for good, by reason, counted once however many models owed them (metrics, summary).
+    reasons: Counter[str] = field(default_factory=Counter)
 
 
 def _build_pipeline(
@@ -289,19 +321,20 @@ def _build_pipeline(
     stats: Stats,
     fetcher: Any,
 ) -> _Pipeline:
-    """Start the loaders and the feeder, then load the model and open the sink.
+    """Start the loaders and the feeder, then load the models and open their sinks.
 
     The loaders and the feeder start first, before this function imports torch: the first GETs
-    and decodes run while the model loads, traces and dry-runs (seconds on CPU), so the model
-    has full batches waiting when it is ready. How far they get ahead is bounded by their batch
-    buffers (BUFFERS_PER_LOADER) and in-flight limits, as in steady state.
+    and decodes run while the models load, trace and dry-run (seconds on CPU), so the models
+    have full batches waiting when they are ready (as far as buffer_count allows). With several
+    models, images are decoded once at the largest input size; each engine resizes on its device.
     """
     from gpu_worker.modelspec import input_size
 
     n_loaders, decode_threads, torch_threads = plan_loaders(cfg, spec.device, spec.world)
     cfg = cfg.replace(decode_threads=decode_threads)
-    batch = cfg.batch_size or plan.model.batch_size
-    size = input_size(spec.model_path, plan.model.image_size)
+    batch = cfg.batch_size or min(m.batch_size for m in plan.models)
+    sizes = [input_size(path, m.image_size) for path, m in zip(spec.model_paths, plan.models)]
+    size = max(sizes)
     loaders = _Loaders(spec, cfg, plan, n_loaders, batch, size, fetcher)
     feed_errors: list[BaseException] = []
     feeder = threading.Thread(
@@ -313,18 +346,22 @@ def _build_pipeline(
     feeder.start()
     try:
         t0 = time.perf_counter()
-        engine, device = _load_engine(spec, cfg, plan, batch, torch_threads, stats, size)
+        engines, device = _load_engines(spec, cfg, plan, batch, torch_threads, stats, sizes, size)
         stats.incr("model_load_seconds", time.perf_counter() - t0)
         stats.incr("prefetched_batches", loaders.out_q.qsize())
-        sink = _open_sink(spec, cfg, plan, store, work.remaining, engine.output_dim, stats)
+        sinks = [
+            _open_sink(spec, cfg, plan, store, m, todo, engine, stats)
+            for m, (todo, engine) in enumerate(zip(work.todos, engines))
+        ]
     except BaseException:
         loaders.close()
         raise
     logger.info(
         "model ready",
         extra={
-            "model": engine.info.name,
-            "dim": engine.output_dim,
+            "model": engines[0].info.name,
+            "models": [e.info.name for e in engines],
+            "dim": engines[0].output_dim,
             "device": device,
             "batch_size": batch,
             "image_size": size,
@@ -334,7 +371,7 @@ def _build_pipeline(
             "prefetched_batches": int(stats.snapshot().get("prefetched_batches", 0)),
         },
     )
-    return _Pipeline(loaders, engine, sink, batch, feeder, feed_errors)
+    return _Pipeline(loaders, engines, sinks, batch, feeder, feed_errors)
 
 
 def _open_sink(
@@ -342,29 +379,46 @@ def _open_sink(
     cfg: WorkerConfig,
     plan: RunPlan,
     store: Any,
-    remaining: list[intervals.Span],
-    dim: int,
+    m: int,
+    todo: _ModelTodo,
+    engine: Any,
     stats: Stats,
 ) -> Any:
-    from gpu_worker.sink import ChunkSink
+    """Model `m`'s ChunkSink: its own windows, markers and output folder (RunPlan.model_output_prefix)."""
+    from gpu_worker.sink import ChunkSink, RecordLabel
 
+    planned = plan.models[m]
     return ChunkSink(
         store,
-        Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, spec.shard),
+        Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, spec.shard),
         rank=spec.global_rank,
         attempt=spec.attempt,
-        windows=intervals.cut(remaining, cfg.chunk_keys),
+        windows=intervals.cut(todo.remaining, cfg.chunk_keys),
         chunk_keys=cfg.chunk_keys,
         dtype=cfg.output_dtype or plan.output_dtype,
-        metadata={"model": plan.model.uri, "dim": str(dim), "run": plan.run_id, "shard": str(spec.shard)},
+        metadata={
+            "model": planned.uri,
+            "dim": str(engine.output_dim),
+            "run": plan.run_id,
+            "shard": str(spec.shard),
+        },
+        label=RecordLabel(planned.name, engine.info.version, planned.model_id, plan.run_id),
+        retry=[p for p, _ in todo.retry],
         observer=stats,
     )
 
 
-def _load_engine(
-    spec: RankSpec, cfg: WorkerConfig, plan: RunPlan, batch: int, torch_threads: int, stats: Stats, size: int
-) -> tuple[Any, str]:
-    """(the model on its device, traced and dry-run; the device name)."""
+def _load_engines(
+    spec: RankSpec,
+    cfg: WorkerConfig,
+    plan: RunPlan,
+    batch: int,
+    torch_threads: int,
+    stats: Stats,
+    sizes: list[int],
+    size: int,
+) -> tuple[list[Any], str]:
+    """(each model on its device, traced and dry-run on `size`-pixel batches; the device name)."""
     import torch
 
     from gpu_worker.errors import ConfigError
@@ -376,33 +430,62 @@ def _load_engine(
     if spec.device == "cuda":
         torch.cuda.set_device(spec.local_rank)
         device = f"cuda:{spec.local_rank}"
-    model, info = load_model(spec.model_path, plan.model.image_size)
-    if info.image_size != size:  # modelspec and load_model read the same spec: a mismatch is a bug
-        raise ConfigError(f"model {info.name}: input size {info.image_size}, but its spec file said {size}")
-    engine = Engine(model, info, device, batch, autocast=cfg.autocast, jit=cfg.jit, observer=MetricsObserver(stats))
-    return engine, device
+    engines = []
+    for path, planned, want in zip(spec.model_paths, plan.models, sizes):
+        model, info = load_model(path, planned.image_size)
+        if info.image_size != want:  # modelspec and load_model read the same spec: a mismatch is a bug
+            raise ConfigError(f"model {info.name}: input size {info.image_size}, but its spec file said {want}")
+        obs = MetricsObserver(stats)
+        engines.append(
+            Engine(model, info, device, batch, autocast=cfg.autocast, jit=cfg.jit, observer=obs, input_size=size)
+        )
+    return engines, device
 
 
 def _stream(pipe: _Pipeline, stats: Stats) -> None:
-    """Run every batch through the model into the sink, commit the last chunks.
+    """Run every batch through the models into their sinks, commit the last chunks.
 
-    On any failure the sink commits nothing more; the loaders are stopped either way.
+    On any failure no sink commits anything more; the loaders are stopped either way.
     """
     ok = False
     try:
         _consume(pipe, stats, pipe.feed_errors)
-        for msg, emb in pipe.engine.drain():
-            pipe.sink.add_rows(msg.positions, msg.uris, msg.phases, emb[: msg.n])
-        pipe.sink.close()
+        for m, engine in enumerate(pipe.engines):
+            for msg, emb in engine.drain():
+                _rows(pipe.sinks[m], msg, emb)
+        for sink in pipe.sinks:
+            sink.close()
         ok = True
     finally:
         if not ok:
-            pipe.sink.abort()
+            for sink in pipe.sinks:
+                sink.abort()
         pipe.loaders.close(finished=ok)
 
 
+def _rows(sink: Any, msg: BatchMsg, emb: Any) -> None:
+    """A batch's embeddings from one model to its sink: the rows that model still owes (all, unless resumed)."""
+    keep = [i for i in range(msg.n) if sink.owns(msg.positions[i], msg.phases[i])]
+    if len(keep) == msg.n:
+        sink.add_rows(msg.positions, msg.uris, msg.phases, emb[: msg.n], msg.objs)
+    elif keep:
+        sink.add_rows(
+            [msg.positions[i] for i in keep],
+            [msg.uris[i] for i in keep],
+            [msg.phases[i] for i in keep],
+            emb[keep],
+            [msg.objs[i] for i in keep],
+        )
+
+
 def _start_metrics(
-    cfg: WorkerConfig, plan: RunPlan, spec: RankSpec, stats: Stats, sink: Any, loaders: _Loaders, started: float
+    cfg: WorkerConfig,
+    plan: RunPlan,
+    spec: RankSpec,
+    stats: Stats,
+    reasons: Counter[str],
+    loaders: _Loaders,
+    started: float,
 ) -> RankMetrics:
     """This rank's registry: served on /metrics (port + local rank) and pushed to AMP when configured."""
     env = ContainerEnv.from_env()
@@ -418,7 +501,7 @@ def _start_metrics(
     collector = RankCollector(
         stats.snapshot,
         labels,
-        reasons=lambda: dict(sink.reasons),
+        reasons=lambda: dict(reasons),
         queue_depth=loaders.out_q.qsize,
         gpu=GpuProbe(spec.local_rank if spec.device == "cuda" else None),
         started=time.monotonic() - (time.perf_counter() - started),
@@ -449,10 +532,10 @@ def _next_message(loaders: _Loaders, stats: Stats, done: set[int], feed_errors: 
 
 
 def _consume(pipe: _Pipeline, stats: Stats, feed_errors: list[BaseException]) -> None:
-    """Handle loader messages until every loader is done: batches to the model, failures to the sink."""
+    """Handle loader messages until every loader is done: batches to the models, failures to the sinks."""
     import torch
 
-    loaders, sink = pipe.loaders, pipe.sink
+    loaders, sinks = pipe.loaders, pipe.sinks
     done: set[int] = set()
     started = time.perf_counter()
     first = True
@@ -466,15 +549,21 @@ def _consume(pipe: _Pipeline, stats: Stats, feed_errors: list[BaseException]) ->
                 first = False
             stats.add(msg.stats)
             host = torch.from_numpy(loaders.buffers[msg.loader].array(msg.buffer))
-            finished = pipe.engine.submit(host, msg)
+            finished = [(m, engine.submit(host, msg)) for m, engine in enumerate(pipe.engines)]
             del host
             loaders.free_qs[msg.loader].put(msg.buffer)
             stats.incr("batches")
+            stats.incr("images", msg.n)
             stats.incr("padded_slots", pipe.batch - msg.n)
-            for m, emb in finished:
-                sink.add_rows(m.positions, m.uris, m.phases, emb[: m.n])
+            for m, results in finished:
+                for tag, emb in results:
+                    _rows(sinks[m], tag, emb)
         elif isinstance(msg, FailMsg):
-            sink.add_failure(msg.pos, msg.uri, msg.phase, msg.reason, msg.detail, msg.deferred)
+            owners = [sink for sink in sinks if sink.owns(msg.pos, msg.phase)]
+            for sink in owners:
+                sink.add_failure(msg.pos, msg.uri, msg.phase, msg.reason, msg.detail, msg.deferred)
+            if owners and not msg.deferred:
+                pipe.reasons[msg.reason] += 1
         elif isinstance(msg, DoneMsg):
             done.add(msg.loader)
             stats.add(msg.stats)

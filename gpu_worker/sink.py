@@ -26,19 +26,53 @@ from gpu_worker import intervals
 from gpu_worker.commits import Marker, Paths, ShardState
 from gpu_worker.errors import WorkerError
 from gpu_worker.intervals import Span
+from gpu_worker.loader import ObjMeta
 from gpu_worker.stats import Observer, Stats
+from sluice import outputs
 from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, ShardResult, over_threshold
 
 RETRY = 1
 
 
-def parquet_bytes(uris: Sequence[str], emb: np.ndarray, dtype: str, metadata: dict[str, str]) -> bytes:
-    """A Parquet file with columns key (string) and embedding (fixed_size_list<dtype>[dim])."""
-    dim = emb.shape[1]
+@dataclass(frozen=True)
+class RecordLabel:
+    """What every row of one model's output says about the model and the run (sluice.outputs)."""
+
+    model: str
+    model_version: str
+    model_id: str
+    run: str
+
+
+UNKNOWN_OBJ: ObjMeta = ("", None, -1)  # a fetcher that reports no version (test doubles): etag "", size null
+
+
+def parquet_bytes(
+    uris: Sequence[str],
+    emb: np.ndarray,
+    dtype: str,
+    metadata: dict[str, str],
+    objs: Sequence[ObjMeta],
+    label: RecordLabel,
+) -> bytes:
+    """One output file: a row per key with its embedding, its object's version and the model (sluice.outputs)."""
+    n, dim = emb.shape
     values = pa.array(np.ascontiguousarray(emb, dtype=np.dtype(dtype)).reshape(-1))
-    table = pa.table(
-        {"key": pa.array(list(uris), pa.string()), "embedding": pa.FixedSizeListArray.from_arrays(values, dim)}
-    )
+    const = {outputs.MODEL: label.model, outputs.MODEL_VERSION: label.model_version}
+    const |= {outputs.MODEL_ID: label.model_id, outputs.RUN: label.run}
+    schema = outputs.arrow_schema(dim, dtype)
+    columns = {
+        outputs.KEY: pa.array(list(uris), pa.string()),
+        outputs.EMBEDDING: pa.FixedSizeListArray.from_arrays(values, dim),
+        **{
+            name: pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([value], pa.string()))
+            for name, value in const.items()
+        },
+        outputs.ETAG: pa.array([o[0] or None for o in objs], pa.string()),
+        outputs.VERSION_ID: pa.array([o[1] for o in objs], pa.string()),
+        outputs.SIZE: pa.array([o[2] if o[2] >= 0 else None for o in objs], pa.int64()),
+    }
+    table = pa.table([columns[f.name] for f in schema], schema=schema)
     table = table.replace_schema_metadata({f"sluice.{k}": str(v) for k, v in metadata.items()})
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
@@ -49,7 +83,7 @@ def parquet_bytes(uris: Sequence[str], emb: np.ndarray, dtype: str, metadata: di
 class _Chunk:
     expected: int  # positions to settle (windows); -1 for retry chunks (size-bounded)
     spans: list[Span]
-    rows: list[tuple[int, str, np.ndarray]] = field(default_factory=list)
+    rows: list[tuple[int, str, np.ndarray, ObjMeta]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     deferred: list[tuple[int, str]] = field(default_factory=list)
     committed: bool = False
@@ -73,9 +107,15 @@ class ChunkSink:
         chunk_keys: int,
         dtype: str,
         metadata: dict[str, str],
+        label: RecordLabel,
+        retry: Sequence[int] = (),
         observer: Observer | None = None,
     ) -> None:
         self._store, self._paths = store, paths
+        self._label = label
+        # Final-pass positions this sink is owed a result for: earlier attempts' deferred keys
+        # (`retry`) and, as they come, this attempt's own deferrals.
+        self._retry_owed = set(retry)
         self._rank, self._attempt = rank, attempt
         self._chunk_keys, self._dtype, self._metadata = chunk_keys, dtype, metadata
         self._obs = observer or Stats()
@@ -101,13 +141,29 @@ class ChunkSink:
         if self._error is not None:
             raise WorkerError(f"writing output failed: {self._error}") from self._error
 
-    def add_rows(self, positions: Sequence[int], uris: Sequence[str], phases: Sequence[int], emb: np.ndarray) -> None:
+    def owns(self, pos: int, phase: int) -> bool:
+        """Whether this sink still needs a result for `pos` (with several models, each resumes on its own)."""
+        if phase == RETRY:
+            return pos in self._retry_owed
+        i = bisect_right(self._starts, pos) - 1
+        return i >= 0 and self._flat[i][0] <= pos < self._flat[i][1]
+
+    def add_rows(
+        self,
+        positions: Sequence[int],
+        uris: Sequence[str],
+        phases: Sequence[int],
+        emb: np.ndarray,
+        objs: Sequence[ObjMeta] | None = None,
+    ) -> None:
+        """Embedded keys: row i of `emb` is positions[i]; `objs` their (etag, version id, size)."""
         self._check()
         for i, (pos, uri, phase) in enumerate(zip(positions, uris, phases)):
             chunk = self._retry if phase == RETRY else self._window(pos)
-            chunk.rows.append((pos, uri, emb[i]))
+            chunk.rows.append((pos, uri, emb[i], objs[i] if objs else UNKNOWN_OBJ))
+            if phase == RETRY:  # settled: a second final-pass result for it (another model's fetch) is not ours
+                self._retry_owed.discard(pos)
             self._settled(chunk, phase)
-        self._obs.incr("images", len(positions))
 
     def add_failure(self, pos: int, uri: str, phase: int, reason: str, detail: str, deferred: bool) -> None:
         self._check()
@@ -115,9 +171,12 @@ class ChunkSink:
             if phase != RETRY:  # a retry-phase key deferred again is already owed a final result
                 chunk = self._window(pos)
                 chunk.deferred.append((pos, uri))
+                self._retry_owed.add(pos)
                 self._settled(chunk, phase)
             return
         chunk = self._retry if phase == RETRY else self._window(pos)
+        if phase == RETRY:
+            self._retry_owed.discard(pos)
         chunk.failed.append({"pos": pos, "key": uri, "reason": reason, "detail": detail, "attempt": self._attempt})
         self.reasons[reason] += 1
         self._obs.incr("failed")
@@ -133,7 +192,7 @@ class ChunkSink:
     def _commit_retry(self) -> None:
         chunk, self._retry = self._retry, _Chunk(-1, [])
         if chunk.settled:
-            chunk.spans = intervals.from_points([p for p, _, _ in chunk.rows] + [f["pos"] for f in chunk.failed])
+            chunk.spans = intervals.from_points([r[0] for r in chunk.rows] + [f["pos"] for f in chunk.failed])
             self._commit(chunk, "retry")
 
     def _commit(self, chunk: _Chunk, kind: str) -> None:
@@ -167,7 +226,8 @@ class ChunkSink:
         file = None
         if rows:
             emb = np.stack([r[2] for r in rows])
-            data = parquet_bytes([r[1] for r in rows], emb, self._dtype, {**self._metadata, "chunk": name})
+            meta = {**self._metadata, "chunk": name}
+            data = parquet_bytes([r[1] for r in rows], emb, self._dtype, meta, [r[3] for r in rows], self._label)
             self._store.put(self._paths.parquet(name), data)
             file = name + ".parquet"
         marker = Marker(
@@ -210,26 +270,28 @@ class ChunkSink:
 def write_shard_result(
     store: Any,
     paths: Paths,
-    state: ShardState,
+    states: Mapping[str, ShardState],
     n_keys: int,
     *,
     threshold: float,
     info: Mapping[str, Any],
 ) -> ShardResult:
-    """Check the shard is settled exactly once, write failures/<i>.jsonl and result.json; return the result.
+    """Check each model settled the shard exactly once, write failures/<i>.jsonl and result.json; return the result.
 
-    `info` holds the ShardResult fields only the node knows (who ran it, where, how long);
-    the counts come from the commit markers.
+    `states` holds each model's committed markers (one entry for a one-model run); a key is
+    failed when some model failed it. `info` holds the ShardResult fields only the node knows
+    (who ran it, where, how long); the counts come from the commit markers.
     """
-    overlaps = state.overlaps()
-    if overlaps:
-        raise WorkerError(f"{intervals.count(overlaps)} keys are covered by two chunks (first {overlaps[0]})")
-    unsettled = intervals.subtract([(0, n_keys)], state.covered)
-    if unsettled:
-        raise WorkerError(f"{intervals.count(unsettled)} of {n_keys} keys were never settled (first {unsettled[0]})")
+    for name, state in states.items():
+        _check_settled(state, n_keys, name if len(states) > 1 else "")
+    failed: dict[int, dict[str, Any]] = {}
+    for state in states.values():
+        for m in state.markers:
+            for f in m.failed:
+                failed.setdefault(int(f["pos"]), f)
     failures = [
         FailureLine(key=f["key"], reason=f["reason"], attempt=f["attempt"], detail=f.get("detail", ""))
-        for f in sorted((f for m in state.markers for f in m.failed), key=lambda f: f["pos"])
+        for _, f in sorted(failed.items())
     ]
     lines = "".join(line.model_dump_json() + "\n" for line in failures)
     store.put(paths.failures, lines.encode(), "application/x-ndjson")
@@ -240,18 +302,33 @@ def write_shard_result(
     by_reason = dict(sorted(Counter(f.reason for f in failures).items()))
     data = {str(r): n for r, n in by_reason.items() if r not in TRANSIENT_FAILURE_REASONS}
     ok = fraction <= threshold
+    by_model = {name: sum(m.rows for m in state.markers) for name, state in states.items()}
     result = ShardResult(
         **info,
         n_keys=n_keys,
-        processed=sum(m.rows for m in state.markers),
+        processed=min(by_model.values(), default=0),
         failed=len(failures),
         failed_transient=transient,
         failed_fraction=round(fraction, 6),
         max_failed_fraction=threshold,
         ok=ok,
         failed_by_reason=by_reason,
-        chunks=len(state.markers),
+        chunks=sum(len(state.markers) for state in states.values()),
+        processed_by_model=by_model if len(states) > 1 else {},
         reason=None if ok else over_threshold(len(failures) - transient, n_keys, fraction, threshold, data),
     )
     store.put(paths.result, result.model_dump_json(indent=1).encode(), "application/json")
     return result
+
+
+def _check_settled(state: ShardState, n_keys: int, model: str) -> None:
+    """Every key of the shard in exactly one of the model's markers."""
+    of = f" for model {model}" if model else ""
+    overlaps = state.overlaps()
+    if overlaps:
+        raise WorkerError(f"{intervals.count(overlaps)} keys are covered by two chunks{of} (first {overlaps[0]})")
+    unsettled = intervals.subtract([(0, n_keys)], state.covered)
+    if unsettled:
+        raise WorkerError(
+            f"{intervals.count(unsettled)} of {n_keys} keys were never settled{of} (first {unsettled[0]})"
+        )

@@ -1,4 +1,4 @@
-"""`sluice` console script: plan, shard pack/cat, submit, local."""
+"""`sluice` console script: plan, shard pack/cat, submit, status, output, local."""
 
 from __future__ import annotations
 
@@ -71,6 +71,10 @@ def _print_plan(summary: dict[str, Any]) -> None:
             f"(seen {summary['keys_seen']:,}, duplicates removed {summary['duplicates_removed']:,})"
         )
         print(f"buckets         {', '.join(summary['buckets'])}")
+    if summary.get("incremental"):
+        inc = summary["incremental"]
+        print(f"since run       {inc['since_run']}  (lineage {', '.join(inc['lineage'] or ['not checked'])})")
+        print(f"                {inc['note']}")
     print(
         f"mode            {summary['mode']}" + ("" if summary["spot_allowed"] else "  (On-Demand: MNP cannot use Spot)")
     )
@@ -236,6 +240,19 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_output_sql(args: argparse.Namespace) -> int:
+    """Print the duckdb query that reads a run and the runs it completes as one set (docs/incremental.md)."""
+    from sluice.incremental.recipe import sql_for_run
+
+    if args.local:
+        print(sql_for_run(args.run_id, local=args.local))
+        return EXIT_OK
+    from sluice.settings import Settings
+
+    print(sql_for_run(args.run_id, bucket=args.bucket or Settings.from_env().control_bucket, s3=_s3()))
+    return EXIT_OK
+
+
 def cmd_local_run(args: argparse.Namespace) -> int:
     """Run Sluice locally on moto (the embedded default)."""
     from sluice.local.run import run_local
@@ -383,6 +400,15 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--json", action="store_true")
     metrics.set_defaults(func=cmd_metrics)
 
+    output = sub.add_parser("output", help="read a run's output").add_subparsers(dest="output_cmd", required=True)
+    osql = output.add_parser(
+        "sql", help="the duckdb query reading a run and the runs it completes (input.since_run) as one set"
+    )
+    osql.add_argument("run_id")
+    osql.add_argument("--bucket", help="the control bucket (default: SLUICE_CONTROL_BUCKET)")
+    osql.add_argument("--local", metavar="DIR", help="a `sluice local run --out DIR` folder instead of S3")
+    osql.set_defaults(func=cmd_output_sql)
+
     model = sub.add_parser("model", help="model artifacts for the worker").add_subparsers(
         dest="model_cmd", required=True
     )
@@ -432,6 +458,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--image-size", type=_int_from(8), default=128, help="model input side for generated manifests (default 128)"
+    )
+    run.add_argument(
+        "--model",
+        action="append",
+        metavar="URI",
+        help="embed with this model (a `sluice model export` file, a local path or s3:// URI, or builtin:NAME); "
+        "repeat for several models in one pass (default builtin:reference-cnn)",
     )
     run.add_argument(
         "--out",

@@ -127,6 +127,10 @@ class ShardResult(_Written):
     ok: bool = Field(description="failed_fraction <= max_failed_fraction: transient failures never fail a shard.")
     failed_by_reason: dict[FailureReason, int]
     chunks: int = Field(ge=0, description="Committed Parquet chunks.")
+    processed_by_model: dict[str, int] = Field(
+        default_factory=dict,
+        description="Keys embedded by each model (name -> keys); `processed` is the least of them.",
+    )
     reason: str | None = Field(
         default=None,
         description="When not ok, the worker's one-line verdict, e.g. '4 of 32 keys failed for their data "
@@ -195,6 +199,8 @@ class RunItem(_Written):
     passes: list[PassItem] = Field(default_factory=list)
     plan_uri: str | None = None
     output_prefix: str | None = None
+    lineage: list[str] | None = None  # an incremental run: the earlier runs it completes, newest first
+    skipped: dict[str, int] | None = None  # an incremental run: keys left out, by reason
     jobs_done: int = 0
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.outbox)
@@ -378,6 +384,15 @@ class RunSubmitted(EventDetail):
     warnings: list[str] = Field(default_factory=list, description="The preflight's warnings (sluice plan's checks).")
     gpu_hours_estimate: float | None = Field(default=None, description="Planned GPU-hours (the preflight's estimate).")
     cost_estimate_usd: RunCost | None = None
+    lineage: list[str] = Field(
+        default_factory=list,
+        description="An incremental run (input.since_run): the earlier runs whose output it completes, newest first.",
+    )
+    skipped: dict[str, int] = Field(
+        default_factory=dict,
+        description="An incremental run: input keys left out, by reason (unchanged: an earlier run of the lineage "
+        "embedded the same object version with the same model artifact, for every model of this run).",
+    )
 
 
 class ManifestRejected(EventDetail):
@@ -492,7 +507,26 @@ class PrefixRange(_Written):
     stop_at: str | None = None
 
 
-PrepareTask = Annotated[KeyListRange | InventoryFiles | PrefixRange, Field(discriminator="kind")]
+class InlineKeys(_Written):
+    """An incremental run's inline keys (input.keys), validated by the manifest Lambda: (bucket, key) pairs."""
+
+    kind: Literal["inline"] = "inline"
+    pairs: list[tuple[str, str]]
+
+
+PrepareTask = Annotated[KeyListRange | InventoryFiles | PrefixRange | InlineKeys, Field(discriminator="kind")]
+
+
+class EarlierOutput(_Written):
+    """Shards [start, stop) of one model's output of an earlier run: read for its object versions (incremental)."""
+
+    kind: Literal["earlier"] = "earlier"
+    run_id: str
+    rank: int = Field(ge=0, description="Its place in the lineage: 0 is input.since_run, 1 the run it completed, ...")
+    model_prefix: str = Field(description="RunPlan.model_output_prefix of that model: shard=<i>/ folders under it.")
+    model_id: str = Field(description="The model artifact's identity in that run's plan (sluice.modelid).")
+    start: int = Field(ge=0)
+    stop: int = Field(ge=0)
 
 
 class PrepareSpec(_Written):
@@ -512,6 +546,17 @@ class PrepareSpec(_Written):
     max_keys: int
     input_keys_estimate: int = 0
     tasks: list[PrepareTask]
+    # An incremental run (input.since_run; sluice.incremental): the map workers also learn each key's
+    # object version and read the earlier output (worker w takes earlier[w::workers]); the reducers
+    # leave out the keys whose newest earlier record matches for every model.
+    since_run: str | None = None
+    lineage: list[str] = Field(default_factory=list, description="since_run, then the runs it completed: newest first.")
+    model_ids: list[str] = Field(default_factory=list, description="This run's models' identities, one per model.")
+    earlier: list[EarlierOutput] = Field(default_factory=list)
+
+    @property
+    def incremental(self) -> bool:
+        return self.since_run is not None
 
 
 class PrepareProblem(_Written):
@@ -534,6 +579,25 @@ class MapResult(_Written):
     problem_count: int = 0
     seconds: float
     peak_rss_mb: float
+    versions: VersionCounts | None = Field(default=None, description="An incremental run: what the worker learned.")
+
+
+class VersionCounts(_Written):
+    """What a map worker of an incremental run learned about object versions (sluice.incremental)."""
+
+    partition_records: list[int] = Field(description="Version records routed to each partition (current + earlier).")
+    listed: int = Field(default=0, description="Current versions from the listing's or the inventory's ETags.")
+    heads: int = Field(default=0, description="HeadObject requests made (key lists and inline keys).")
+    head_missing: int = Field(default=0, description="HEAD 404: not skipped (the GPU worker records it as missing).")
+    head_denied: int = Field(default=0, description="HEAD 403: not skipped (grant the prepare role s3:GetObject).")
+    head_errors: int = Field(default=0, description="Other HEAD refusals: not skipped.")
+    earlier_files: int = Field(default=0, description="Committed output files of earlier runs read.")
+    earlier_rows: int = Field(default=0, description="Their rows with one of this run's model ids.")
+    earlier_unversioned: int = Field(
+        default=0,
+        description="Files without the version columns (written before output recorded them) or not readable: "
+        "their keys are embedded again.",
+    )
 
 
 class ReduceResult(_Written):
@@ -548,6 +612,12 @@ class ReduceResult(_Written):
     shard_keys: list[int] = Field(default_factory=list, description="Keys in shards first_shard, first_shard+1, ...")
     seconds: float = 0.0
     peak_rss_mb: float = 0.0
+    skipped_unchanged: int = Field(default=0, description="An incremental run: unique keys left out (unchanged).")
+    staged: bool = Field(
+        default=False,
+        description="An incremental array run: shards written as prepare/reduce/<r>/<j>.shard, numbered and "
+        "copied to shards/ by the submit step (their count is known only after the skip).",
+    )
 
 
 class PrepareItem(_Written):
@@ -567,3 +637,4 @@ class PrepareItem(_Written):
 
 
 RunItem.model_rebuild()
+MapResult.model_rebuild()

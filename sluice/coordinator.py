@@ -12,7 +12,7 @@ from urllib.parse import unquote_plus
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sluice import outbox, staging
+from sluice import modelid, outbox, staging
 from sluice.aws import Clients
 from sluice.awserror import classify, translate
 from sluice.contracts import ManifestRejected, RunFailed, UploadItem
@@ -158,13 +158,25 @@ def _plan_and_submit(
         src = read_manifest_object(clients.s3, bucket, key, settings)
         manifest = parse_manifest(src, settings)
         check_manifest(manifest, settings, control=control, s3=clients.s3)
-        routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3)
+        model_ids = [modelid.resolve(m.uri, clients.s3) for m in manifest.models]
+        routed = staging.route(
+            run_id, src.uri, manifest, control, settings, clients.s3, model_ids=model_ids, ledger=ledger
+        )
     if routed is None:
         try:
-            plan = _write_plan(run_id, src.uri, manifest, control, settings, clients.s3)
+            plan = _write_plan(run_id, src.uri, manifest, control, settings, clients.s3, model_ids)
         except TooBigForLambda as exc:  # the estimate was low (long lines sampled first): prepare after all
             with reading_input():
-                routed = staging.route(run_id, src.uri, manifest, control, settings, clients.s3, at_least=exc.keys_seen)
+                routed = staging.route(
+                    run_id,
+                    src.uri,
+                    manifest,
+                    control,
+                    settings,
+                    clients.s3,
+                    at_least=exc.keys_seen,
+                    model_ids=model_ids,
+                )
             if routed is None:
                 raise
     if routed is not None:
@@ -193,7 +205,7 @@ def _plan_and_submit(
 
 
 def _write_plan(
-    run_id: str, manifest_uri: str, manifest: Manifest, control: str, settings: Settings, s3: Any
+    run_id: str, manifest_uri: str, manifest: Manifest, control: str, settings: Settings, s3: Any, model_ids: list[str]
 ) -> RunPlan:
     """Pass 1 and 2 over the keys: shards under runs/<run>/shards/, then plan.json (written last)."""
     # Inline keys are bounded by the manifest's size; anything else stops at LAMBDA_CAP_FACTOR x
@@ -211,6 +223,7 @@ def _write_plan(
             duplicates=sc.duplicates,
             lay=lay,
             images_per_gpu_s=Capacity.from_settings(settings).rate,
+            model_ids=model_ids,
         )
         write_shards(sc, lay, lambda i, data: put_object(s3, plan.shard_uri(i), data, tagging=SCRATCH_TAG))
     put_object(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from sluice.errors import ManifestRejected
@@ -111,8 +112,10 @@ def dry_run(
             manifest, keys = _local(source, name or os.path.basename(source), settings, problems, s3)
             client = None if keys is not None else s3()
         check_manifest(manifest, settings, control=control, s3=client)
+        since = _incremental(manifest, control, s3) if manifest.input.since_run else None
     if assume_keys is not None:
-        return _summary(source, manifest, settings, {"keys_seen": assume_keys, "unique_keys": assume_keys})
+        assumed = _summary(source, manifest, settings, {"keys_seen": assume_keys, "unique_keys": assume_keys})
+        return assumed | ({"incremental": since} if since else {})
 
     def checked(batches: Iterator[KeyBatch]) -> Iterator[KeyBatch]:
         yield from batches
@@ -126,14 +129,35 @@ def dry_run(
             "duplicates_removed": sc.duplicates,
             "buckets": sorted(sc.buckets),
         }
-    return _summary(source, manifest, settings, scanned)
+    return _summary(source, manifest, settings, scanned) | ({"incremental": since} if since else {})
+
+
+def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any]) -> dict[str, Any]:
+    """An incremental manifest's lineage, read from the control bucket's plans (the runs table is not read).
+
+    Which keys it skips is decided by the prepare stage, which reads the lineage's output; the
+    plan's keys and shards here are the input's before that.
+    """
+    from sluice.incremental.lineage import resolve
+
+    out: dict[str, Any] = {"since_run": manifest.input.since_run, "lineage": None, "skipped": None}
+    if control is None:
+        out["note"] = "lineage not checked: set SLUICE_CONTROL_BUCKET (or plan an s3:// manifest in it)"
+        return out
+    lineage = resolve(manifest, "sluice-plan", control, s3(), None)
+    out["lineage"] = lineage.ids
+    out["note"] = (
+        "the prepare stage decides which keys are unchanged (it reads the lineage's output): keys and shards "
+        "here are before that; the runs' status is checked when the manifest is uploaded"
+    )
+    return out
 
 
 def _summary(source: str, manifest: Manifest, settings: Settings, scanned: dict[str, Any]) -> dict[str, Any]:
     """The layout of the scanned (or assumed) keys, and the preflight of that run."""
     n = scanned["unique_keys"]
     lay = layout(n, manifest, settings.max_array_size)
-    cap = Capacity.from_settings(settings)
+    cap = replace(Capacity.from_settings(settings), models=len(manifest.models))
     gpus = max(1, manifest.job.gpus_per_node)
     timeout = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, cap.rate)
     pf = preflight(facts_for(manifest, n, settings, timeout), cap)
@@ -148,7 +172,7 @@ def _summary(source: str, manifest: Manifest, settings: Settings, scanned: dict[
         "keys_per_shard": lay.keys_per_shard,
         "spot_allowed": manifest.job.mode == "array",
         "jobs": [j.model_dump() for j in lay.jobs],
-        "model": manifest.model.model_dump(),
+        "models": [m.model_dump() | {"name": m.output_name} for m in manifest.models],
         "timeout_s": timeout,
         "timeout_derived": manifest.job.timeout_s is None,
         "images_per_gpu_s": cap.rate,

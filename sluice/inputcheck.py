@@ -102,15 +102,14 @@ def _output_problem(manifest: Manifest, settings: Settings, control: str | None)
     )
 
 
-def _model_problem(manifest: Manifest, settings: Settings, s3: Any) -> str | None:
-    uri = manifest.model.uri
+def _model_problem(uri: str, field: str, settings: Settings, s3: Any) -> str | None:
     if uri.startswith("builtin:"):
         return None  # the model validated the name
     if not uri.startswith("s3://"):
         if settings.local_mode:
             return None
         return (
-            f"model.uri: {uri[:100]!r} is a local path, which Batch workers cannot read: upload the model and give "
+            f"{field}: {uri[:100]!r} is a local path, which Batch workers cannot read: upload the model and give "
             "its s3:// URI (local paths work only in local mode, SLUICE_LOCAL_MODE=1)"
         )
     if s3 is None:
@@ -123,13 +122,13 @@ def _model_problem(manifest: Manifest, settings: Settings, s3: Any) -> str | Non
         if failure.retriable:
             raise RetriableError(f"{failure.describe(f'HEAD {uri}')}; will retry") from exc
         if failure.kind is Kind.NOT_FOUND:
-            return f"model.uri: {uri} does not exist: upload the model first"
+            return f"{field}: {uri} does not exist: upload the model first"
         if failure.kind is Kind.DENIED:
             # S3 answers 403 for a missing object too when the role may not read it: this role's
             # rights are not the workers', so only "does not exist" is a verdict.
             logger.warning("model not checked: access denied", extra={"model": uri})
             return None
-        return f"model.uri: {failure.describe(uri)}"
+        return f"{field}: {failure.describe(uri)}"
     return None
 
 
@@ -140,7 +139,10 @@ def check_manifest(manifest: Manifest, settings: Settings, *, control: str | Non
         for r in (
             _queue_problem(manifest, settings),
             _output_problem(manifest, settings, control),
-            _model_problem(manifest, settings, s3),
+            *(
+                _model_problem(m.uri, "model.uri" if len(manifest.models) == 1 else f"model[{i}].uri", settings, s3)
+                for i, m in enumerate(manifest.models)
+            ),
         )
         if r
     ]

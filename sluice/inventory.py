@@ -15,7 +15,8 @@ import io
 import os
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -25,7 +26,7 @@ from sluice.awserror import Kind, classify
 from sluice.errors import ManifestRejected
 from sluice.lines import decode_lines
 from sluice.log import logger
-from sluice.manifest import KeyBatch, Problems, _get_chunks, _s3_error, batched
+from sluice.manifest import BATCH_KEYS, KeyBatch, Problems, _get_chunks, _s3_error, batched
 from sluice.paths import MANIFESTS_PREFIX
 from sluice.prepare.split import InventoryReport, read_inventory_manifest
 from sluice.s3uri import MAX_KEY_BYTES, bucket_problem, is_bucket_name, key_problem, parse_s3_uri
@@ -274,6 +275,157 @@ def parquet_keys(
     if inflated > limit:
         raise _bomb(name, inflated, size, limit)
     return batched(_parquet_pairs(pf, [names["bucket"], names["key"]], name, problems))
+
+
+# ---- object versions, for incremental runs (sluice.incremental) ---------------------------
+
+Version = tuple[str, str | None]  # (ETag, version id)
+VersionBatch = tuple[str, list[str], list[Version | None]]
+
+
+@dataclass(frozen=True)
+class VersionFields:
+    """Where an inventory row's object version is: column indexes (CSV) or names (Parquet)."""
+
+    etag: int
+    version_id: int | None
+    latest: int | None
+    delete_marker: int | None
+
+
+def version_fields(columns: Sequence[str]) -> VersionFields | None:
+    """The version columns among `columns` (CSV ETag/VersionId/IsLatest/IsDeleteMarker or Parquet e_tag/...)."""
+    norm = [c.strip().lower().replace("_", "") for c in columns]
+    if "etag" not in norm:
+        return None
+
+    def at(name: str) -> int | None:
+        return norm.index(name) if name in norm else None
+
+    return VersionFields(norm.index("etag"), at("versionid"), at("islatest"), at("isdeletemarker"))
+
+
+def no_etag_reason(where: str) -> str:
+    """Why an inventory without ETags cannot be an incremental run's input, and what to do."""
+    return (
+        f"{where}: the inventory has no ETag field, which an incremental run (input.since_run) compares with the "
+        "earlier output: add ETag (and VersionId for a versioned bucket) to the inventory configuration's "
+        "optional fields and use a report delivered after that, or name the keys in input.key_list (each key is "
+        "then HEADed)"
+    )
+
+
+def _version(values: Sequence[Any], f: VersionFields) -> Version | None:
+    """The object version a row names; None for an older version, a delete marker or no ETag."""
+
+    def text(i: int | None) -> str:
+        return "" if i is None or i >= len(values) or values[i] is None else str(values[i]).strip()
+
+    if f.latest is not None and text(f.latest).lower() not in ("true", ""):
+        return None  # a noncurrent version of a versioned bucket: its key's latest row names the version
+    if f.delete_marker is not None and text(f.delete_marker).lower() == "true":
+        return None
+    etag = text(f.etag).strip('"')
+    return (etag, text(f.version_id) or None) if etag else None
+
+
+def _batched_versions(rows: Iterable[tuple[str, str, Version | None]]) -> Iterator[VersionBatch]:
+    """Consecutive same-bucket rows as (bucket, keys, versions) of at most BATCH_KEYS."""
+    bucket, keys, versions = "", [], []  # type: ignore[var-annotated]
+    for b, k, v in rows:
+        if keys and (b != bucket or len(keys) >= BATCH_KEYS):
+            yield bucket, keys, versions
+            keys, versions = [], []
+        bucket = b
+        keys.append(k)
+        versions.append(v)
+    if keys:
+        yield bucket, keys, versions
+
+
+def csv_versions(
+    data: bytes | Iterable[bytes],
+    columns: list[str],
+    name: str,
+    problems: Problems,
+    max_inflated: int = MAX_INFLATED_BYTES,
+    ratio: int = MAX_INFLATE_RATIO,
+) -> Iterator[VersionBatch]:
+    """csv_keys with each key's object version (its fileSchema must name ETag)."""
+    bi, ki = _columns(columns, name)
+    fields = version_fields(columns)
+    if fields is None:
+        raise ManifestRejected(no_etag_reason(f"inventory file {name}"))
+    chunks = [data] if isinstance(data, bytes | bytearray) else data
+    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
+    good: set[str] = set()
+
+    def rows() -> Iterator[tuple[str, str, Version | None]]:
+        try:
+            for row in reader:
+                pair = _row(row, bi, ki, good, f"inventory file {name} line {reader.line_num}", len(columns), problems)
+                if pair is not None:
+                    yield pair[0], pair[1], _version(row, fields)
+        except csv.Error as exc:
+            raise ManifestRejected(f"inventory file {name} line {reader.line_num}: not CSV: {exc}") from exc
+
+    return _batched_versions(rows())
+
+
+def parquet_versions(data: bytes | str, name: str, problems: Problems) -> Iterator[VersionBatch]:
+    """parquet_keys with each key's object version (the file must have an e_tag column)."""
+    import pyarrow.parquet as pq
+
+    keys = parquet_keys(data, name, problems)  # the same checks first: readable, bucket and key, no bomb
+    del keys
+    pf = pq.ParquetFile(io.BytesIO(data) if isinstance(data, bytes) else data)
+    names = pf.schema_arrow.names
+    fields = version_fields(names)
+    if fields is None:
+        raise ManifestRejected(no_etag_reason(f"inventory file {name}"))
+    lower = {n.lower(): n for n in names}
+    extra = [i for i in (fields.etag, fields.version_id, fields.latest, fields.delete_marker) if i is not None]
+    cols = [lower["bucket"], lower["key"], *(names[i] for i in extra)]
+    at = {i: 2 + j for j, i in enumerate(extra)}  # where each version column is in `cols`
+
+    def moved(i: int | None) -> int | None:
+        return None if i is None else at[i]
+
+    local = VersionFields(at[fields.etag], moved(fields.version_id), moved(fields.latest), moved(fields.delete_marker))
+    return _batched_versions(_parquet_version_rows(pf, cols, local, name, problems))
+
+
+def _parquet_version_rows(
+    pf: Any, cols: list[str], fields: VersionFields, name: str, problems: Problems
+) -> Iterator[tuple[str, str, Version | None]]:
+    row = 0
+    good: set[str] = set()
+    try:
+        for batch in pf.iter_batches(batch_size=8192, columns=cols):
+            columns = [batch.column(i).to_pylist() for i in range(len(cols))]
+            for values in zip(*columns, strict=True):
+                row += 1
+                bucket, key = values[0], values[1]
+                where = f"inventory file {name} row {row}"
+                if not isinstance(bucket, str) or not isinstance(key, str):
+                    problems.add(
+                        f"{where}: bucket and key must be strings (got {type(bucket).__name__}, {type(key).__name__})"
+                    )
+                    continue
+                if bucket not in good:
+                    if not is_bucket_name(bucket):
+                        problems.add(f"{where}: {bucket_problem(bucket)}")
+                        continue
+                    good.add(bucket)
+                pair = _key(bucket, key, where, problems)
+                if pair is not None:
+                    yield bucket, key, _version(values, fields)
+    except ManifestRejected:
+        raise
+    except Exception as exc:  # a damaged page or row group
+        raise ManifestRejected(
+            f"inventory file {name}: cannot be read as Parquet at row {row + 1} ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _parquet_pairs(pf: Any, cols: list[str], name: str, problems: Problems) -> Iterator[tuple[str, str]]:

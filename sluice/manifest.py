@@ -54,7 +54,10 @@ class ManifestSource:
 def _pydantic_reasons(exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors():
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".") or "manifest"
+        loc = list(err["loc"])
+        if loc[:1] == ["model"] and loc[1:2] in (["object"], ["list"]):
+            del loc[1]  # the tag of Manifest.model's union (one model or a list), not a field
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "manifest"
         where = where if len(where) <= 200 else where[:197] + "..."  # a field name may be any length
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":

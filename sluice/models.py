@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from sluice import paths
 from sluice.paths import RunPaths
@@ -22,6 +22,9 @@ BUILTIN_MODELS = ("reference-cnn", "resnet50")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)
+MAX_MODELS = 4  # models embedded in one pass: each holds its own weights and batch on every GPU
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
 class _Strict(BaseModel):
@@ -61,6 +64,11 @@ class InputSpec(_ManifestPart):
     bucket: str | None = Field(default=None, description="Bucket for bare keys.")
     suffixes: list[str] | None = Field(
         default=None, description="Keep only keys ending with one of these (case-insensitive)."
+    )
+    since_run: Annotated[str, Field(pattern=RUN_ID)] | None = Field(
+        default=None,
+        description="Incremental run: skip keys that this earlier run (or the runs it was itself incremental "
+        "on) already embedded from the same object version (ETag / version id) with the same model artifact.",
     )
 
     @field_validator("key_list", "inventory")
@@ -106,6 +114,21 @@ class ModelSpec(_ManifestPart):
     uri: str = Field(default="builtin:reference-cnn", description="builtin:NAME, a path or s3:// URI.")
     batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64
     image_size: Annotated[int, Field(ge=8, le=8_192)] = 224
+    name: Annotated[str, Field(pattern=MODEL_NAME)] | None = Field(
+        default=None,
+        description="The model's name in output records and, with several models, its folder "
+        "output/model=<name>/; default: the builtin's name or the file name without its extension.",
+    )
+
+    @property
+    def output_name(self) -> str:
+        """`name`, else derived from the uri: builtin:resnet50 -> resnet50, s3://b/m/vit-b.pt2 -> vit-b."""
+        if self.name:
+            return self.name
+        base = self.uri.split(":", 1)[1] if self.uri.startswith("builtin:") else re.split(r"[\\/]", self.uri)[-1]
+        stem = base.rsplit(".", 1)[0] if "." in base[1:] else base
+        clean = re.sub(r"[^A-Za-z0-9_.-]", "-", stem).lstrip("._-")[:64]
+        return clean or "model"
 
     @field_validator("uri")
     @classmethod
@@ -170,7 +193,15 @@ class Manifest(_ManifestPart):
     version: Literal[1] = Field(description="Manifest schema version; this Sluice reads 1.")
     name: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] | None = None
     input: InputSpec
-    model: ModelSpec = ModelSpec()
+    model: Annotated[
+        Annotated[ModelSpec, Tag("object")]
+        | Annotated[list[ModelSpec], Field(min_length=1, max_length=MAX_MODELS), Tag("list")],
+        Discriminator(lambda v: "list" if isinstance(v, list) else "object"),  # errors from the branch written
+    ] = Field(
+        default=ModelSpec(),
+        description=f"One model, or a list of up to {MAX_MODELS} embedded in one pass (each image fetched and "
+        "decoded once); with several, output goes to output/model=<name>/.",
+    )
     job: JobSpec = JobSpec()
     output: OutputSpec = OutputSpec()
     retry_failed: Annotated[int, Field(ge=0, le=3)] = 1
@@ -188,6 +219,21 @@ class Manifest(_ManifestPart):
             raise ValueError(f'{_json_type(v)} is not a version: write "version": 1')
         raise ValueError(f'unsupported manifest version {v!r}: this Sluice reads version 1 (write "version": 1)')
 
+    @model_validator(mode="after")
+    def _model_names(self) -> Manifest:
+        names = [m.output_name for m in self.models]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f'model: two models are named {twice[0]!r}: give each a distinct "name" (it is its output folder)'
+            )
+        return self
+
+    @property
+    def models(self) -> list[ModelSpec]:
+        """The run's models, in the manifest's order (one for `"model": {...}`)."""
+        return list(self.model) if isinstance(self.model, list) else [self.model]
+
 
 def _json_type(v: object) -> str:
     if isinstance(v, bool):
@@ -201,6 +247,31 @@ class JobLayout(_Strict):
     kind: Literal["array", "single", "multinode"]
     shard_offset: int
     shard_count: int
+
+
+class PlannedModel(_Strict):
+    """One model of a planned run: the manifest's spec, its output name and its artifact's identity."""
+
+    uri: str
+    batch_size: int
+    image_size: int
+    name: str  # ModelSpec.output_name: the output records' `model` and, with several models, the folder
+    # What "the same model artifact" means to incremental runs (sluice.modelid): builtin:<name>@<weights
+    # version>, s3etag:<ETag>[@<version id>] of the model object, or sha256:<hex> of a local file.
+    model_id: str
+
+    @classmethod
+    def of(cls, spec: ModelSpec, model_id: str | None = None) -> PlannedModel:
+        """`spec` planned with `model_id` (default: the identity that needs no I/O, sluice.modelid.static_id)."""
+        from sluice.modelid import static_id
+
+        return cls(
+            uri=spec.uri,
+            batch_size=spec.batch_size,
+            image_size=spec.image_size,
+            name=spec.output_name,
+            model_id=model_id or static_id(spec.uri),
+        )
 
 
 class RunPlan(_Strict):
@@ -221,7 +292,7 @@ class RunPlan(_Strict):
     nodes: int
     gpus_per_node: int
     spot_allowed: bool  # multi-node parallel jobs cannot run on Spot
-    model: ModelSpec
+    models: Annotated[list[PlannedModel], Field(min_length=1, max_length=MAX_MODELS)]
     output_dtype: Literal["float16", "float32"]
     attempts: int
     timeout_s: int
@@ -230,6 +301,29 @@ class RunPlan(_Strict):
     jobs: list[JobLayout]
     created_at: str
     remote_write_url: str | None = None  # AMP remote-write URL; SLUICE_REMOTE_WRITE_URL on the worker wins
+    # Incremental runs: the earlier runs whose output this one completes, newest first (input.since_run
+    # and the runs it was itself incremental on), and the keys left out because they already have output.
+    lineage: list[str] = []
+    skipped: dict[str, int] = {}  # reason -> keys (unchanged: same object version, same model artifact)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_model(cls, data: Any) -> Any:
+        # Plans written before several models per run held one `model` (a ModelSpec).
+        if isinstance(data, dict) and "model" in data and "models" not in data:
+            data = dict(data)
+            data["models"] = [PlannedModel.of(ModelSpec(**data.pop("model"))).model_dump()]
+        return data
+
+    @property
+    def model(self) -> PlannedModel:
+        """The first model: the pass's batch size and input size start from it."""
+        return self.models[0]
+
+    @property
+    def multi_model(self) -> bool:
+        """Several models: output goes to output/model=<name>/shard=<i>/."""
+        return len(self.models) > 1
 
     @classmethod
     def standalone(
@@ -239,7 +333,7 @@ class RunPlan(_Strict):
         *,
         n_shards: int,
         total_keys: int,
-        model: ModelSpec | None = None,
+        model: ModelSpec | list[ModelSpec] | None = None,
         mode: Literal["array", "multinode"] = "array",
         **overrides: Any,
     ) -> RunPlan:
@@ -266,7 +360,7 @@ class RunPlan(_Strict):
             "nodes": n_shards if mode == "multinode" else 1,
             "gpus_per_node": 0,
             "spot_allowed": mode == "array",
-            "model": model or ModelSpec(),
+            "models": [PlannedModel.of(m) for m in (model if isinstance(model, list) else [model or ModelSpec()])],
             "output_dtype": "float16",
             "attempts": 3,
             "timeout_s": 3600,
@@ -289,6 +383,12 @@ class RunPlan(_Strict):
         """URI of shard `index`'s failures/<i>.jsonl."""
         return paths.failures_uri(self.failures_prefix, index)
 
-    def output_dir(self, index: int) -> str:
-        """Where shard `index`'s Parquet chunks and commit markers go."""
-        return paths.shard_output_dir(self.output_prefix, index)
+    def model_output_prefix(self, model: int = 0) -> str:
+        """Where model `model`'s output goes: the output prefix, or <prefix>model=<name>/ with several models."""
+        if not self.multi_model:
+            return self.output_prefix
+        return paths.model_output_prefix(self.output_prefix, self.models[model].name)
+
+    def output_dir(self, index: int, model: int = 0) -> str:
+        """Where shard `index`'s Parquet chunks and commit markers go (for model `model`)."""
+        return paths.shard_output_dir(self.model_output_prefix(model), index)

@@ -13,8 +13,12 @@ standalone workers):
     prepare/map/<w>/<r>.part       keys map worker w routed to partition r (shard format)
     prepare/map/<w>.json           map worker w's result (MapResult), written after its parts
     prepare/reduce/<r>.json        reduce worker r's result (ReduceResult), written after its shards
+    prepare/map/<w>/<r>.current    incremental runs: current object versions map worker w routed to r
+    prepare/map/<w>/<r>.earlier    ... and the earlier runs' output records it routed to r
+    prepare/reduce/<r>/<j>.shard   incremental array runs: reduce worker r's shards, numbered at submit
     output/shard=<i>/part-*.parquet             embeddings (the default output prefix)
     output/shard=<i>/_commits/part-*.json       commit markers, written after each Parquet object
+    output/model=<name>/shard=<i>/...           the same, per model, when a run embeds with several models
 """
 
 from __future__ import annotations
@@ -78,6 +82,14 @@ class RunPaths:
     def prepare_part(self, worker: int, partition: int) -> str:
         return self.root + f"prepare/map/{worker}/{partition}.part"
 
+    def versions_part(self, worker: int, partition: int, earlier: bool) -> str:
+        """Map worker `worker`'s version records for `partition` (an incremental run): current or earlier."""
+        return self.root + f"prepare/map/{worker}/{partition}.{'earlier' if earlier else 'current'}"
+
+    def staged_shard(self, partition: int, j: int) -> str:
+        """Reduce worker `partition`'s j-th shard before the submit step numbers it (an incremental array run)."""
+        return self.root + f"prepare/reduce/{partition}/{j}.shard"
+
     def map_result(self, worker: int) -> str:
         return self.root + f"prepare/map/{worker}.json"
 
@@ -104,6 +116,11 @@ def result_uri(shards_prefix: str, i: int) -> str:
 
 def failures_uri(failures_prefix: str, i: int) -> str:
     return join(failures_prefix, f"{i}.jsonl")
+
+
+def model_output_prefix(output_prefix: str, name: str) -> str:
+    """Where one model's output goes in a run with several models: <output prefix>model=<name>/."""
+    return join(output_prefix, f"model={name}/")
 
 
 def shard_output_dir(output_prefix: str, i: int) -> str:

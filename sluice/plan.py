@@ -14,7 +14,7 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from sluice.dedup import DuplicateFinder
 from sluice.errors import ManifestRejected, PlanError, TooBigForLambda
-from sluice.models import JobLayout, Manifest, RunPlan
+from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan
 from sluice.paths import RunPaths
 from sluice.preflight.checks import derived_timeout_s
 from sluice.preflight.facts import Capacity
@@ -172,11 +172,18 @@ def build_plan(
     duplicates: int,
     lay: Layout,
     images_per_gpu_s: float | None = None,
+    model_ids: Sequence[str] | None = None,
+    lineage: Sequence[str] = (),
+    skipped: Mapping[str, int] | None = None,
 ) -> RunPlan:
-    """The plan.json a worker reads; `images_per_gpu_s` (default: the table's) sizes a derived job timeout."""
+    """The plan.json a worker reads; `images_per_gpu_s` (default: the table's) sizes a derived job timeout.
+
+    `model_ids` are the models' artifact identities (sluice.modelid.resolve, one per model; default:
+    the static ones); `lineage` and `skipped` describe an incremental run (RunPlan).
+    """
     root = RunPaths.in_bucket(control_bucket, run_id)
     gpus = max(1, manifest.job.gpus_per_node)
-    rate = images_per_gpu_s or Capacity().rate
+    rate = (images_per_gpu_s or Capacity().rate) / len(manifest.models)  # each image goes through every model
     timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
     return RunPlan(
         run_id=run_id,
@@ -193,7 +200,9 @@ def build_plan(
         nodes=manifest.job.nodes if manifest.job.mode == "multinode" else 1,
         gpus_per_node=manifest.job.gpus_per_node,
         spot_allowed=manifest.job.mode == "array",
-        model=manifest.model,
+        models=[PlannedModel.of(m, model_ids[i] if model_ids else None) for i, m in enumerate(manifest.models)],
+        lineage=list(lineage),
+        skipped=dict(skipped or {}),
         output_dtype=manifest.output.dtype,
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,

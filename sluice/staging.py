@@ -9,7 +9,8 @@ reducers' results (sluice.prepare.collect), writes plan.json and submits the inf
 jobs: PREPARING -> SUBMITTED with "Run Submitted", or -> REJECTED ("Manifest Rejected")
 when a worker found bad input, or -> FAILED (stage "prepare") when a prepare job failed.
 A lease on the RUN item keeps two deliveries from submitting at once; job names make the
-submission itself idempotent (sluice.batch).
+submission itself idempotent (sluice.batch). An incremental manifest (input.since_run) always
+takes the prepare stage, with its lineage's output as map tasks (sluice.incremental).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from sluice import outbox
+from sluice import modelid, outbox
 from sluice.aws import Clients
 from sluice.batch import BatchAdapter
 from sluice.contracts import (
@@ -42,6 +43,8 @@ from sluice.contracts import (
 )
 from sluice.errors import AwsFatalError
 from sluice.errors import ManifestRejected as Rejection
+from sluice.incremental import PARTITION_FACTOR, inputs, lineage
+from sluice.incremental.reduceside import place_shards
 from sluice.ledger import Ledger
 from sluice.log import logger
 from sluice.models import Manifest, RunPlan
@@ -124,11 +127,19 @@ def route(
     s3: Any,
     *,
     at_least: int = 0,
+    model_ids: Sequence[str] = (),
+    ledger: Ledger | None = None,
 ) -> tuple[PrepareSpec, int | None] | None:
     """The prepare spec when the input is too big for the Lambda (or prepare is forced), else None.
 
     `at_least`: keys the Lambda's own scan already met, beyond its cap (the estimate was low).
+    `model_ids`: the models' artifact identities (sluice.modelid; default: resolved here), which
+    the submit step writes into the plan. An incremental manifest (input.since_run) always gets a
+    spec (`ledger`: the runs table its earlier run is checked in; sluice.incremental).
     """
+    ids = list(model_ids) or [modelid.resolve(m.uri, s3) for m in manifest.models]
+    if manifest.input.since_run is not None:
+        return _route_incremental(run_id, manifest_uri, manifest, control, settings, s3, ids, ledger)
     sized = size_input(manifest, s3, settings)
     forced = settings.prepare_workers
     if sized is not None and at_least > sized.keys:
@@ -137,12 +148,29 @@ def route(
         return None
     job = manifest.job
     workers = forced or split.choose_workers(sized.keys)
-    spec = PrepareSpec(
+    partitions = split.choose_partitions(sized.keys, job.mode, job.nodes)
+    spec = _spec(run_id, manifest_uri, manifest, control, settings, sized, workers, partitions, model_ids=ids)
+    return spec, sized.input_bytes
+
+
+def _spec(
+    run_id: str,
+    manifest_uri: str,
+    manifest: Manifest,
+    control: str,
+    settings: Settings,
+    sized: Sized,
+    workers: int,
+    partitions: int,
+    **extra: Any,
+) -> PrepareSpec:
+    job = manifest.job
+    return PrepareSpec(
         run_id=run_id,
         manifest_uri=manifest_uri,
         root=RunPaths.in_bucket(control, run_id).root,
         workers=workers,
-        partitions=split.choose_partitions(sized.keys, job.mode, job.nodes),
+        partitions=partitions,
         keys_per_shard=job.keys_per_shard,
         mode=job.mode,
         nodes=job.nodes if job.mode == "multinode" else 1,
@@ -152,8 +180,64 @@ def route(
         max_keys=settings.max_keys,
         input_keys_estimate=sized.keys,
         tasks=list(sized.tasks(workers)),
+        **extra,
+    )
+
+
+def _route_incremental(
+    run_id: str,
+    manifest_uri: str,
+    manifest: Manifest,
+    control: str,
+    settings: Settings,
+    s3: Any,
+    model_ids: list[str],
+    ledger: Ledger | None,
+) -> tuple[PrepareSpec, int | None]:
+    """An incremental run's spec, whatever its size: its input, and its lineage's output as map tasks.
+
+    Workers and partitions are sized for the larger of the input and the earlier rows the map
+    workers read, and a reducer's share is halved (PARTITION_FACTOR: it holds versions too).
+    """
+    lin = lineage.resolve(manifest, run_id, control, s3, ledger)
+    sized = _incremental_input(manifest, s3, settings)
+    job = manifest.job
+    load = max(sized.keys, lin.rows_estimate(model_ids))
+    workers = settings.prepare_workers or split.choose_workers(load)
+    partitions = split.choose_partitions(load * PARTITION_FACTOR, job.mode, job.nodes)
+    spec = _spec(
+        run_id,
+        manifest_uri,
+        manifest,
+        control,
+        settings,
+        sized,
+        workers,
+        partitions,
+        model_ids=model_ids,
+        since_run=manifest.input.since_run,
+        lineage=lin.ids,
+        earlier=lin.tasks(model_ids, workers),
+    )
+    logger.info(
+        "incremental run: prepare stage",
+        extra={"lineage": lin.ids, "earlier_rows_estimate": lin.rows_estimate(model_ids), "workers": workers},
     )
     return spec, sized.input_bytes
+
+
+def _incremental_input(manifest: Manifest, s3: Any, settings: Settings) -> Sized:
+    """An incremental run's input sized: inline keys become tasks; an inventory must carry ETags."""
+    if manifest.input.keys is not None:
+        pairs = inputs.inline_pairs(manifest, settings)
+        return Sized(len(pairs), None, False, lambda p: inputs.inline_tasks(pairs, p))
+    sized = size_input(manifest, s3, settings)
+    if sized is None:
+        raise inputs.input_rejection(manifest, s3, settings)
+    why = inputs.versions_problem(sized.tasks(1))
+    if why:
+        raise Rejection(why)
+    return sized
 
 
 def start(
@@ -259,6 +343,8 @@ def _submit(run: RunItem, prep: PrepareItem, settings: Settings, clients: Client
         ledger.mark_rejected(run.run_id, got.rejected, rejected, expect=RunStatus.PREPARING)
         logger.warning("manifest rejected by the prepare stage", extra={"reasons": got.rejected[:5]})
         return ManifestRejected.detail_type
+    if got.pieces:  # an incremental array run: its reducers' shards, numbered now (sluice.incremental)
+        place_shards(spec, got.pieces, Store(clients.s3))
     mode = manifest.job.mode
     kps = spec.keys_per_shard if mode == "array" else max(1, math.ceil(got.unique_keys / spec.nodes))
     lay = Layout(got.n_shards, kps, job_layouts(got.n_shards, mode, settings.max_array_size))
@@ -272,6 +358,9 @@ def _submit(run: RunItem, prep: PrepareItem, settings: Settings, clients: Client
         duplicates=got.duplicates,
         lay=lay,
         images_per_gpu_s=Capacity.from_settings(settings).rate,
+        model_ids=spec.model_ids or None,
+        lineage=spec.lineage,
+        skipped=got.skipped,
     )
     put_object(clients.s3, paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
     try:
@@ -285,17 +374,34 @@ def _submit(run: RunItem, prep: PrepareItem, settings: Settings, clients: Client
             clients,
             ledger,
             expect=RunStatus.PREPARING,
+            warnings=_version_warnings(got.versions),
         )
     except Rejection as exc:  # the preflight: a limit the prepared run cannot pass
         rejected = ManifestRejected(run_id=run.run_id, manifest=run.manifest_uri, reasons=exc.reasons)
         ledger.mark_rejected(run.run_id, exc.reasons, rejected, expect=RunStatus.PREPARING)
         logger.warning("manifest rejected by the preflight", extra={"reasons": exc.reasons[:5]})
         return ManifestRejected.detail_type
-    logger.info(
-        "run submitted after prepare",
-        extra={"total_keys": plan.total_keys, "duplicates": plan.duplicates, "shards": plan.n_shards},
-    )
+    extra: dict[str, Any] = {"total_keys": plan.total_keys, "duplicates": plan.duplicates, "shards": plan.n_shards}
+    if spec.incremental:
+        extra.update(lineage=plan.lineage, skipped=plan.skipped, versions=got.versions)
+    logger.info("run submitted after prepare", extra=extra)
     return RunSubmitted.detail_type
+
+
+def _version_warnings(counts: dict[str, int]) -> list[str]:
+    """Why some keys of an incremental run were embedded again though they may be unchanged, and what to do."""
+    out = []
+    if counts.get("head_denied"):
+        out.append(
+            f"input.since_run: {counts['head_denied']} HEADs were denied, so those keys were embedded again: grant the "
+            "prepare job role s3:GetObject on the input objects (template.yaml InputBucketNames)"
+        )
+    if counts.get("earlier_unversioned"):
+        out.append(
+            f"input.since_run: {counts['earlier_unversioned']} earlier output files have no object versions (written "
+            "before Sluice recorded them) or are not readable: their keys were embedded again"
+        )
+    return out
 
 
 def submit_plan(
@@ -309,13 +415,15 @@ def submit_plan(
     ledger: Ledger,
     *,
     expect: RunStatus = RunStatus.PLANNING,
+    warnings: Sequence[str] = (),
 ) -> RunSubmitted:
     """Preflight, submit the plan's jobs (adopted by name when already out), record SUBMITTED with "Run Submitted".
 
     A preflight error (a limit the run cannot pass: sluice.preflight) raises ManifestRejected
-    before anything is submitted; its warnings and cost estimate go out with "Run Submitted".
+    before anything is submitted; its warnings and cost estimate go out with "Run Submitted",
+    after `warnings` (the prepare stage's).
     """
-    cap = Capacity.from_settings(settings)
+    cap = replace(Capacity.from_settings(settings), models=len(plan.models))  # each image costs every model
     checked = preflight(
         RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys), cap
     )
@@ -332,9 +440,11 @@ def submit_plan(
         mode=plan.mode,
         job_ids=job_ids,
         plan_uri=plan_uri,
-        warnings=[f"preflight: {line}" for line in checked.lines("warn")],
+        warnings=[*warnings, *(f"preflight: {line}" for line in checked.lines("warn"))],
         gpu_hours_estimate=estimate["gpu_hours"],
         cost_estimate_usd=estimate["cost_usd"],
+        lineage=plan.lineage,
+        skipped=plan.skipped,
     )
     ledger.mark_submitted(run_id, submitted_fields(plan, job_ids, plan_uri), submitted, expect=expect)
     return submitted
@@ -353,6 +463,7 @@ def submitted_fields(plan: RunPlan, job_ids: list[str], plan_uri: str) -> dict[s
         "plan_uri": plan_uri,
         "output_prefix": plan.output_prefix,
         "jobs_done": 0,
+        **({"lineage": plan.lineage, "skipped": plan.skipped} if plan.lineage else {}),
     }
 
 

@@ -12,7 +12,19 @@ from sluice.contracts import RunStatus
 from sluice.ledger import Ledger
 from sluice.tally import Tally
 
-SHOWN = ("run_id", "status", "manifest_uri", "mode", "total_keys", "duplicates", "output_prefix", "reason", "reasons")
+SHOWN = (
+    "run_id",
+    "status",
+    "manifest_uri",
+    "mode",
+    "total_keys",
+    "duplicates",
+    "output_prefix",
+    "reason",
+    "reasons",
+    "lineage",
+    "skipped",
+)
 
 
 def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
@@ -63,6 +75,9 @@ def render(s: dict[str, Any], out: TextIO) -> None:
             f"prepare   {p['workers']} workers, {p['partitions']} partitions, about {p['input_keys_estimate']:,} keys "
             f"(jobs {p['map_job_id']}, {p['reduce_job_id']})\n"
         )
+    if s.get("lineage"):
+        skipped = ", ".join(f"{n:,} {why}" for why, n in sorted(s.get("skipped", {}).items())) or "none"
+        out.write(f"since     {', '.join(s['lineage'])} (incremental: skipped {skipped})\n")
     if s.get("total_keys") is not None:
         out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
         keys_done = s["keys_processed"] + s["keys_failed"]

@@ -32,7 +32,7 @@ from sluice.local.lambda_context import LocalContext
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
-from sluice.paths import MANIFESTS_PREFIX, RunPaths, is_commit_marker
+from sluice.paths import COMMITS_DIR, MANIFESTS_PREFIX, RunPaths, is_commit_marker
 from sluice.s3uri import parse_s3_uri
 
 INPUT_BUCKET = "sluice-local-images"
@@ -137,12 +137,29 @@ def _manifest(args: argparse.Namespace, prefix: str, count: int) -> tuple[str, b
         "version": 1,
         "name": "local-demo" if args.images is None else "local-images",
         "input": {"prefix": f"s3://{INPUT_BUCKET}/{prefix}"},
-        "model": {"uri": "builtin:reference-cnn", "batch_size": 32, "image_size": args.image_size},
+        "model": _models(args),
         "job": job,
     }
     if args.max_failed_fraction is not None:
         manifest["max_failed_fraction"] = args.max_failed_fraction
     return "local-run.json", json.dumps(manifest, indent=2).encode()
+
+
+def _models(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
+    """The generated manifest's model(s): --model URIs (a local path as an absolute one), else the builtin."""
+    uris = args.model or ["builtin:reference-cnn"]
+    for u in uris:
+        if not u.startswith(("builtin:", "s3://")) and not Path(u).expanduser().is_file():
+            raise SystemExit(f"sluice: --model {u}: no such file (give a model file, an s3:// URI or builtin:NAME)")
+    specs = [
+        {
+            "uri": u if u.startswith(("builtin:", "s3://")) else str(Path(u).expanduser().resolve()),
+            "batch_size": 32,
+            "image_size": args.image_size,  # an exported model's spec gives its own size
+        }
+        for u in uris
+    ]
+    return specs[0] if len(specs) == 1 else specs
 
 
 @dataclass
@@ -170,6 +187,7 @@ def run_local(args: argparse.Namespace) -> int:
                 fh.write(f"{pid}\n")
 
     out = OutputDir.check(args.out)  # an unusable --out fails now, not after the run
+    _models(args)  # so does a --model file that is not there
     svc = _Services()
     interrupted = threading.Event()
 
@@ -424,6 +442,8 @@ def _summary(c: Any, stack: Any, row: RunItem, seconds: float, endpoint: str, lo
         "endpoint": endpoint,
         "logs": log_dir,
         "prepare": _prepare_summary(c, row),
+        "lineage": row.lineage or [],
+        "skipped": row.skipped or {},
     }
 
 
@@ -463,19 +483,31 @@ def _failure_reasons(c: Any, row: RunItem) -> dict[str, int]:
 
 
 def _copy_output(c: Any, row: RunItem, dest: Path) -> str | None:
-    """Copy Parquet output and failures into the run's own folder (OUT/<run id>/), commit markers left out."""
+    """Copy committed Parquet output, failures and plan.json into the run's own folder (OUT/<run id>/).
+
+    A chunk without its commit marker (a killed attempt's leftover) is left out, and the markers
+    too: the copy is the run's valid output only (`sluice output sql RUN --local OUT` reads it).
+    """
     if not row.output_prefix:
         return None
     bucket, prefix = parse_s3_uri(row.output_prefix, allow_empty_key=True)
     ctl, failures = _failures_prefix(row)
     for b, p, sub in ((bucket, prefix, "output"), (ctl, failures, "failures")):
-        for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=p):
-            for o in page.get("Contents", []):
-                if is_commit_marker(o["Key"]):
-                    continue
-                target = dest / sub / o["Key"][len(p) :]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(c.s3.get_object(Bucket=b, Key=o["Key"])["Body"].read())
+        keys = [
+            o["Key"]
+            for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=p)
+            for o in page.get("Contents", [])
+        ]
+        marked = {k.replace(COMMITS_DIR, "").removesuffix(".json") + ".parquet" for k in keys if is_commit_marker(k)}
+        for key in keys:
+            if is_commit_marker(key) or (key.endswith(".parquet") and key not in marked):
+                continue
+            target = dest / sub / key[len(p) :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(c.s3.get_object(Bucket=b, Key=key)["Body"].read())
+    if row.plan_uri:
+        pb, pk = parse_s3_uri(row.plan_uri)
+        (dest / "plan.json").write_bytes(c.s3.get_object(Bucket=pb, Key=pk)["Body"].read())
     return str(dest)
 
 
@@ -504,6 +536,9 @@ def _report(args: argparse.Namespace, s: dict[str, Any]) -> None:
         ]
         if s.get("metrics"):
             rows.append(("metrics", s["metrics"]))
+        if s.get("lineage"):
+            skipped = ", ".join(f"{n} {why}" for why, n in sorted(s.get("skipped", {}).items())) or "none"
+            rows.append(("since", f"{', '.join(s['lineage'])} (incremental: skipped {skipped})"))
         if s.get("prepare"):
             p = s["prepare"]
             rows.append(

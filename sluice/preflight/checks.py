@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from sluice.preflight import limits as L
@@ -83,6 +83,7 @@ class Preflight:
 
 def preflight(run: RunFacts, cap: Capacity) -> Preflight:
     """Check `run` against Batch, S3, AMP, Lambda, DynamoDB and EventBridge limits on `cap`."""
+    cap = replace(cap, models=run.models)  # several models in one pass: each image costs all of them
     out = Preflight()
     add = out.checks.append
     _batch(run, add)

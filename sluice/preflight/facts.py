@@ -20,6 +20,7 @@ class Capacity:
     gpu_family: str = DEFAULT_FAMILY  # first of GpuInstanceTypes
     images_per_gpu_s: float | None = None  # a measurement (gpu_worker.autotune) over the table's figure
     push_interval_s: float = 30.0  # the workers' remote-write period (SLUICE_WORKER_PUSH_INTERVAL_S default)
+    models: int = 1  # models embedded in one pass: each image costs each model's GPU time
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Capacity:
@@ -37,8 +38,9 @@ class Capacity:
 
     @property
     def rate(self) -> float:
-        """Images per GPU-second used for estimates."""
-        return self.images_per_gpu_s or IMAGES_PER_GPU_S.get(self.gpu_family, IMAGES_PER_GPU_S[DEFAULT_FAMILY])
+        """Images per GPU-second used for estimates (through every model of the pass)."""
+        one = self.images_per_gpu_s or IMAGES_PER_GPU_S.get(self.gpu_family, IMAGES_PER_GPU_S[DEFAULT_FAMILY])
+        return one / max(1, self.models)
 
     @property
     def rate_source(self) -> str:
@@ -61,6 +63,7 @@ class RunFacts:
     timeout_from_manifest: bool = False
     in_lambda: bool = True  # planned by the manifest function (else the prepare stage)
     max_keys: int = 1_000_000_000  # SLUICE_MAX_KEYS
+    models: int = 1  # models embedded in one pass
 
     @classmethod
     def from_plan(cls, plan: RunPlan, *, in_lambda: bool, max_keys: int) -> RunFacts:
@@ -74,4 +77,5 @@ class RunFacts:
             timeout_s=plan.timeout_s,
             in_lambda=in_lambda,
             max_keys=max_keys,
+            models=len(plan.models),
         )

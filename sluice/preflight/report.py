@@ -26,6 +26,7 @@ def facts_for(manifest: Manifest, unique_keys: int, settings: Settings, timeout_
         timeout_s=timeout_s,
         in_lambda=unique_keys <= settings.prepare_over_keys,
         max_keys=settings.max_keys,
+        models=len(manifest.models),
     )
 
 

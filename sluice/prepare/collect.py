@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.contracts import KeyListRange, MapResult, PrefixRange, PrepareSpec, ReduceResult
+from sluice.incremental import SKIPPED_UNCHANGED
 from sluice.manifest import MAX_REASONS
 from sluice.paths import RunPaths
 from sluice.prepare.reducer import IO_THREADS, PrepareError, load_map_results, read_result
@@ -27,6 +28,11 @@ class Collected:
     reduce_seconds: float = 0.0  # the slowest reduce worker
     peak_rss_mb_per_worker: float = 0.0  # the most any one map or reduce worker held
     problem_count: int = 0
+    # An incremental run: keys left out by reason, the staged shards per partition (placed by the
+    # submit step: sluice.incremental.reduceside.place_shards), and the map workers' version counts.
+    skipped: dict[str, int] = field(default_factory=dict)
+    pieces: list[int] = field(default_factory=list)
+    versions: dict[str, int] = field(default_factory=dict)
 
     def summary(self, spec: PrepareSpec) -> dict[str, Any]:
         """The prepare stage in a run's summary (`sluice local run --json`, `sluice prepare --json`)."""
@@ -39,6 +45,7 @@ class Collected:
             "shards": self.n_shards,
             "seconds": self.seconds,
             "peak_rss_mb_per_worker": self.peak_rss_mb_per_worker,
+            **({"skipped": self.skipped, "versions": self.versions} if spec.incremental else {}),
         }
 
     @property
@@ -99,7 +106,7 @@ def collect(spec: PrepareSpec, store: Store) -> Collected:
         reduces = list(pool.map(load, range(spec.partitions)))
     shard_keys: list[int] = []
     for res in reduces:
-        if res.skipped or res.first_shard != len(shard_keys):
+        if res.skipped or (res.first_shard != len(shard_keys) and not res.staged):
             raise PrepareError(
                 f"reduce worker {res.partition}'s shards start at {res.first_shard}, expected {len(shard_keys)}: "
                 "its result is from another run of the map job; rerun the reduce job"
@@ -107,19 +114,25 @@ def collect(spec: PrepareSpec, store: Store) -> Collected:
         shard_keys += res.shard_keys
     keys_in = sum(m.keys_in for m in maps)
     unique = sum(r.unique_keys for r in reduces)
+    skipped = sum(r.skipped_unchanged for r in reduces)
     totals = Collected(
         rejected=None,
         keys_in=keys_in,
-        unique_keys=unique,
+        unique_keys=unique - skipped,  # what the shards hold
         duplicates=keys_in - unique,
         n_shards=len(shard_keys),
         shard_keys=shard_keys,
         map_seconds=map_s,
         reduce_seconds=max(r.seconds for r in reduces),
         peak_rss_mb_per_worker=max(peak, *(r.peak_rss_mb for r in reduces)),
+        skipped={SKIPPED_UNCHANGED: skipped} if spec.incremental else {},
+        pieces=[len(r.shard_keys) for r in reduces] if any(r.staged for r in reduces) else [],
+        versions=_version_counts(maps),
     )
     if unique == 0:
         return _reject(totals, _zero_keys(spec))
+    if unique == skipped:
+        return _reject(totals, _all_unchanged(spec, unique))
     if unique > spec.max_keys:
         return _reject(
             totals,
@@ -127,6 +140,24 @@ def collect(spec: PrepareSpec, store: Store) -> Collected:
             "split the input into several manifests",
         )
     return totals
+
+
+def _all_unchanged(spec: PrepareSpec, unique: int) -> str:
+    return (
+        f"input.since_run: nothing to embed: each of the {unique} unique keys is unchanged since the output of "
+        f"{', '.join(spec.lineage)} (same object version, same model artifact for every model); that output is "
+        f"already complete for this input (read it with `sluice output sql {spec.lineage[0]}`)"
+    )
+
+
+def _version_counts(maps: list[MapResult]) -> dict[str, int]:
+    """The map workers' VersionCounts summed (an incremental run; empty otherwise)."""
+    out: dict[str, int] = {}
+    for m in maps:
+        if m.versions is not None:
+            for k, v in m.versions.model_dump(exclude={"partition_records"}).items():
+                out[k] = out.get(k, 0) + int(v)
+    return out
 
 
 def _reject(c: Collected, reason: str) -> Collected:
@@ -138,4 +169,6 @@ def _reject(c: Collected, reason: str) -> Collected:
         map_seconds=c.map_seconds,
         reduce_seconds=c.reduce_seconds,
         peak_rss_mb_per_worker=c.peak_rss_mb_per_worker,
+        skipped=c.skipped,
+        versions=c.versions,
     )

@@ -8,15 +8,17 @@ bytes, so a retried worker overwrites its parts with identical objects.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from sluice.awserror import AwsFailure, Kind
-from sluice.contracts import InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
+from sluice.contracts import InlineKeys, InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
 from sluice.errors import AwsFatalError, ManifestRejected
-from sluice.inventory import csv_keys, parquet_keys
+from sluice.incremental.mapside import VersionSink, map_earlier
+from sluice.inventory import csv_keys, csv_versions, parquet_keys, parquet_versions
 from sluice.paths import RunPaths
 from sluice.prepare import peak_rss_mb
 from sluice.prepare.keylist import map_keylist
@@ -37,9 +39,17 @@ def _input_problem(exc: AwsFatalError, what: str) -> str:
 
 
 def map_inventory(
-    task: InventoryFiles, store: Store, problems: TaskProblems, emit_batch: Callable[[str, list[str]], None]
+    task: InventoryFiles,
+    store: Store,
+    problems: TaskProblems,
+    emit_batch: Callable[..., None],
+    *,
+    versions: bool = False,
 ) -> int:
-    """Read each data file (gzip CSV or Parquet, via sluice.inventory); returns the keys it held."""
+    """Read each data file (gzip CSV or Parquet, via sluice.inventory); returns the keys it held.
+
+    `versions`: batches carry each key's object version too (an incremental run).
+    """
     rows = 0
     for key in task.keys:
         uri = f"s3://{task.bucket}/{key}"
@@ -50,6 +60,14 @@ def map_inventory(
             problems.add(_input_problem(exc, what))
             continue
         try:
+            if versions:
+                csv_v = task.format == "CSV"
+                for bucket, keys, vs in (
+                    csv_versions(data, task.columns, uri, problems) if csv_v else parquet_versions(data, uri, problems)
+                ):
+                    rows += len(keys)
+                    emit_batch(bucket, keys, vs)
+                continue
             batches = (
                 csv_keys(data, task.columns, uri, problems)
                 if task.format == "CSV"
@@ -66,9 +84,17 @@ def map_inventory(
 
 
 def map_prefix(
-    task: PrefixRange, store: Store, problems: TaskProblems, emit_batch: Callable[[str, list[str]], None]
+    task: PrefixRange,
+    store: Store,
+    problems: TaskProblems,
+    emit_batch: Callable[..., None],
+    *,
+    versions: bool = False,
 ) -> int:
-    """List start_after < key < stop_at under the prefix (folder markers skipped); returns the keys listed."""
+    """List start_after < key < stop_at under the prefix (folder markers skipped); returns the keys listed.
+
+    `versions`: batches carry each key's ETag from the listing too (an incremental run).
+    """
     listed, token = 0, None
     what = f"prefix s3://{task.bucket}/{task.prefix}"
     while True:
@@ -77,15 +103,21 @@ def map_prefix(
         except AwsFatalError as exc:
             problems.add(_input_problem(exc, what))
             return listed
-        keys = page.keys
         done = not page.truncated
-        if task.stop_at is not None and keys and keys[-1] >= task.stop_at:
-            keys = [k for k in keys if k < task.stop_at]
+        stop = task.stop_at
+        if stop is not None and page.keys and page.keys[-1] >= stop:
             done = True
-        keys = [k for k in keys if not k.endswith("/")]
-        listed += len(keys)
-        if keys:
-            emit_batch(task.bucket, keys)
+        etags = page.etags or [""] * len(page.keys)
+        kept = [
+            (k, e) for k, e in zip(page.keys, etags, strict=True) if not k.endswith("/") and (stop is None or k < stop)
+        ]
+        listed += len(kept)
+        if kept:
+            keys = [k for k, _ in kept]
+            if versions:
+                emit_batch(task.bucket, keys, [(e, None) if e else None for _, e in kept])
+            else:
+                emit_batch(task.bucket, keys)
         if done:
             return listed
         token = page.token
@@ -100,25 +132,28 @@ def run_map(spec: PrepareSpec, worker: int, store: Store, *, spill_dir: str | No
     suffixes = tuple(s.lower() for s in spec.suffixes) if spec.suffixes else None
     problems = TaskProblems()
     mine = list(range(worker, len(spec.tasks), spec.workers))
-    task_lines: list[int] = []
     with tempfile.TemporaryDirectory(prefix="sluice-map-", dir=spill_dir) as tmp:
         parts = Parts(tmp, spec.partitions)
         sink = Sink(parts, problems, frozenset(spec.allowed_buckets), suffixes)
+        vs = sink.versions = VersionSink(os.path.join(tmp, "v"), spec, store) if spec.incremental else None
         try:
-            for t in mine:
-                task = spec.tasks[t]
-                problems.task, problems.line = t, None
-                if isinstance(task, KeyListRange):
-                    task_lines.append(map_keylist(task, store, spec.default_bucket, sink))
-                elif isinstance(task, InventoryFiles):
-                    task_lines.append(map_inventory(task, store, problems, sink.batch))
-                else:
-                    task_lines.append(map_prefix(task, store, problems, sink.batch))
+            task_lines = [_map_task(spec, t, store, sink) for t in mine]
+            if vs is not None:  # the earlier output, after the input: its problems follow the input's
+                problems.task, problems.line = 0, None
+                for t in range(worker, len(spec.earlier), spec.workers):
+                    map_earlier(spec.earlier[t], store, vs, problems)
+                vs.close()
             parts.close()
         except BaseException:
             parts.abort()
+            if vs is not None:
+                vs.abort()
             raise
-        _upload(store, [(paths.prepare_part(worker, r), p) for r, p in enumerate(parts.paths)])
+        uploads = [(paths.prepare_part(worker, r), p) for r, p in enumerate(parts.paths)]
+        if vs is not None:  # 2R files: partition r's current versions, then its earlier records
+            r_ = spec.partitions
+            uploads += [(paths.versions_part(worker, r % r_, r >= r_), p) for r, p in enumerate(vs.parts.paths)]
+        _upload(store, uploads)
     result = MapResult(
         worker=worker,
         tasks=mine,
@@ -129,9 +164,26 @@ def run_map(spec: PrepareSpec, worker: int, store: Store, *, spill_dir: str | No
         problem_count=problems.count,
         seconds=round(time.monotonic() - t0, 3),
         peak_rss_mb=peak_rss_mb(),
+        versions=None if sink.versions is None else sink.versions.counts,
     )
     store.put(paths.map_result(worker), result.model_dump_json().encode(), content_type="application/json")
     return result
+
+
+def _map_task(spec: PrepareSpec, t: int, store: Store, sink: Sink) -> int:
+    """Task `t` of the input: its lines, rows or keys, routed to the sink."""
+    task = spec.tasks[t]
+    problems = sink.problems
+    problems.task, problems.line = t, None
+    versions = sink.versions is not None
+    if isinstance(task, KeyListRange):
+        return map_keylist(task, store, spec.default_bucket, sink)
+    if isinstance(task, InventoryFiles):
+        return map_inventory(task, store, problems, sink.batch, versions=versions)
+    if isinstance(task, InlineKeys):
+        sink.pairs(list(task.pairs))  # validated by the manifest Lambda (sluice.incremental.lineage)
+        return len(task.pairs)
+    return map_prefix(task, store, problems, sink.batch, versions=versions)
 
 
 def _upload(store: Store, items: list[tuple[str, str]]) -> None:

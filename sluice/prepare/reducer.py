@@ -94,8 +94,34 @@ def run_reduce(spec: PrepareSpec, partition: int, store: Store) -> ReduceResult:
         res = ReduceResult(partition=partition, skipped=True, seconds=round(time.monotonic() - t0, 3))
         store.put(paths.reduce_result(partition), res.model_dump_json().encode(), content_type="application/json")
         return res
+    groups, keys_in = read_partition(spec, partition, store, results)
+    if spec.incremental:
+        from sluice.incremental.reduceside import reduce_incremental
+
+        return reduce_incremental(spec, partition, store, results, groups, keys_in, t0)
     slots = shard_slots(spec, results)
     first = sum(slots[:partition])
+    unique = sum(len(k) for _, k in groups)
+    pieces = cut(groups, unique, slots[partition])
+    del groups
+    write_pieces(store, [paths.shard(first + j) for j in range(len(pieces))], pieces)
+    res = ReduceResult(
+        partition=partition,
+        keys_in=keys_in,
+        unique_keys=unique,
+        duplicates=keys_in - unique,
+        first_shard=first,
+        shard_keys=[sum(len(k) for _, k in p) for p in pieces],
+        seconds=round(time.monotonic() - t0, 3),
+        peak_rss_mb=peak_rss_mb(),
+    )
+    store.put(paths.reduce_result(partition), res.model_dump_json().encode(), content_type="application/json")
+    return res
+
+
+def read_partition(spec: PrepareSpec, partition: int, store: Store, results: list[MapResult]) -> tuple[Groups, int]:
+    """Partition `partition`'s keys from every map worker: sorted unique keys per bucket, and the keys read."""
+    paths = RunPaths(spec.root)
     expected = sum(m.partition_keys[partition] for m in results)
     by_bucket: dict[str, list[str]] = {}
     uris = [paths.prepare_part(w, partition) for w in range(spec.workers)]
@@ -112,24 +138,14 @@ def run_reduce(spec: PrepareSpec, partition: int, store: Store) -> ReduceResult:
     groups: Groups = []
     for bucket in sorted(by_bucket):
         groups.append((bucket, sorted(set(by_bucket.pop(bucket)))))  # exact: equal strings, not digests
-    unique = sum(len(k) for _, k in groups)
-    pieces = cut(groups, unique, slots[partition])
-    del groups
+    return groups, keys_in
+
+
+def write_pieces(store: Store, uris: list[str], pieces: list[Groups]) -> None:
+    """Each piece as a sorted shard at its URI (in parallel)."""
 
     def write(j: int) -> None:
-        store.put(paths.shard(first + j), encode_shard(pieces[j], sort=True), scratch=True)
+        store.put(uris[j], encode_shard(pieces[j], sort=True), scratch=True)
 
     with ThreadPoolExecutor(IO_THREADS) as pool:
         list(pool.map(write, range(len(pieces))))
-    res = ReduceResult(
-        partition=partition,
-        keys_in=keys_in,
-        unique_keys=unique,
-        duplicates=keys_in - unique,
-        first_shard=first,
-        shard_keys=[sum(len(k) for _, k in p) for p in pieces],
-        seconds=round(time.monotonic() - t0, 3),
-        peak_rss_mb=peak_rss_mb(),
-    )
-    store.put(paths.reduce_result(partition), res.model_dump_json().encode(), content_type="application/json")
-    return res

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from sluice.contracts import PrepareProblem
 from sluice.manifest import MAX_REASONS, Problems
 from sluice.prepare import partitions_of
 from sluice.shards import ShardWriter
+
+if TYPE_CHECKING:
+    from sluice.incremental.mapside import VersionSink
 
 WHERE = "\0"  # stands for "<name> line <n>" in a reason; collect() writes the global line there
 FLUSH_BUDGET = 262_144  # keys buffered over all partitions before they are written as blocks
@@ -50,10 +53,10 @@ class Parts:
         self.counts = [0] * partitions
         self._r = partitions
 
-    def add(self, pairs: list[tuple[str, str]]) -> None:
-        """Route a batch of valid (bucket, key) pairs to their partitions."""
+    def add(self, pairs: list[tuple[str, str]], routes: list[int] | None = None) -> None:
+        """Route a batch of valid (bucket, key) pairs to their partitions (`routes`: given, one per pair)."""
         bufs, held = self._buf, self._held
-        for (bucket, key), r in zip(pairs, partitions_of(pairs, self._r)):
+        for (bucket, key), r in zip(pairs, partitions_of(pairs, self._r) if routes is None else routes, strict=True):
             buf = bufs[r]
             keys = buf.get(bucket)
             if keys is None:
@@ -83,15 +86,23 @@ class Parts:
             f.close()
 
 
+Version = tuple[str, str | None]  # (ETag, version id) of an object as the input names it
+
+
 @dataclass
 class Sink:
-    """Where valid keys go: the suffix and allowed-bucket filters (as sluice.manifest.iter_keys), then Parts."""
+    """Where valid keys go: the suffix and allowed-bucket filters (as sluice.manifest.iter_keys), then Parts.
+
+    An incremental run's sink also hands each key's current object version to `versions`: the
+    listing's or inventory's when the batch carries them, else a HEAD (sluice.incremental).
+    """
 
     parts: Parts
     problems: TaskProblems
     allowed: frozenset[str]
     suffixes: tuple[str, ...] | None
     keys_in: int = 0
+    versions: VersionSink | None = None
 
     def not_allowed(self, bucket: str, key: str, where: str = "") -> bool:
         """True (and a problem noted) when allowed buckets are set and `bucket` is not one."""
@@ -103,14 +114,22 @@ class Sink:
         )
         return True
 
-    def batch(self, bucket: str, keys: list[str]) -> None:
-        """Keys of one bucket (an inventory or listing batch): one problem per batch when not allowed."""
+    def batch(self, bucket: str, keys: list[str], versions: list[Version | None] | None = None) -> None:
+        """Keys of one bucket (an inventory or listing batch, with their versions when it has them).
+
+        One problem per batch when the bucket is not allowed.
+        """
         if not keys or self.not_allowed(bucket, keys[0]):
             return
         if self.suffixes:
-            keys = [k for k in keys if k.lower().endswith(self.suffixes)]
+            keep = [i for i, k in enumerate(keys) if k.lower().endswith(self.suffixes)]
+            keys = [keys[i] for i in keep]
+            versions = None if versions is None else [versions[i] for i in keep]
         self.keys_in += len(keys)
-        self.parts.add([(bucket, k) for k in keys])
+        pairs = [(bucket, k) for k in keys]
+        self.parts.add(pairs)
+        if self.versions is not None:
+            self.versions.current(pairs, versions)
 
     def pairs(self, pairs: list[tuple[str, str]]) -> None:
         """Key-list pairs, already checked against the allowed buckets."""
@@ -118,3 +137,5 @@ class Sink:
             pairs = [p for p in pairs if p[1].lower().endswith(self.suffixes)]
         self.keys_in += len(pairs)
         self.parts.add(pairs)
+        if self.versions is not None:
+            self.versions.current(pairs, None)

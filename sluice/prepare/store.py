@@ -9,12 +9,13 @@ worker never leaves half a file under its final name.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, TypeVar, cast
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -32,11 +33,13 @@ CHUNK = 8 * 2**20  # one ranged GET: big enough that request overhead is small, 
 
 @dataclass(frozen=True)
 class Page:
-    """One ListObjectsV2 page: its keys, and whether more pages follow."""
+    """One ListObjectsV2 page: its keys, and whether more pages follow (and each key's ETag and size)."""
 
     keys: list[str]
     truncated: bool
     token: str | None
+    etags: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
 
 
 class Store:
@@ -157,10 +160,107 @@ class Store:
         if delimiter:
             kw["Delimiter"] = delimiter
         resp = self._call(f"listing s3://{bucket}/{prefix}", lambda: self.s3.list_objects_v2(**kw))
-        keys = [o["Key"] for o in resp.get("Contents", ())]
+        contents = resp.get("Contents", ())
+        keys = [o["Key"] for o in contents]
         prefixes = [p["Prefix"] for p in resp.get("CommonPrefixes", ())]
-        page = Page(keys, bool(resp.get("IsTruncated")), resp.get("NextContinuationToken"))
+        etags = [str(o.get("ETag", "")).strip('"') for o in contents]
+        sizes = [int(o.get("Size", 0)) for o in contents]
+        page = Page(keys, bool(resp.get("IsTruncated")), resp.get("NextContinuationToken"), etags, sizes)
         return page, prefixes
+
+    def list_objects(self, prefix_uri: str) -> list[tuple[str, int]]:
+        """(URI, size) of every object under `prefix_uri` (S3: every page; local: the files below the folder)."""
+        if not prefix_uri.startswith("s3://"):
+            folder = prefix_uri.rstrip("/")
+            found = [
+                (os.path.join(d, f), os.path.getsize(os.path.join(d, f)))
+                for d, _, files in os.walk(folder)
+                for f in files
+                if not f.startswith(".tmp-")  # _atomic_write's temporary files are no objects
+            ]
+            return sorted(found)
+        bucket, prefix = parse_s3_uri(prefix_uri, allow_empty_key=True)
+        out: list[tuple[str, int]] = []
+        token = None
+        while True:
+            page, _ = self.list_page(bucket, prefix, token=token)
+            out += [(f"s3://{bucket}/{k}", n) for k, n in zip(page.keys, page.sizes, strict=True)]
+            if not page.truncated:
+                return out
+            token = page.token
+
+    def head(self, uri: str) -> dict[str, Any]:
+        """HeadObject (S3 only): ETag, VersionId, ContentLength ...; transient failures retried, others raised."""
+        bucket, key = parse_s3_uri(uri)
+        return dict(self._call(f"HEAD {uri}", lambda: self.s3.head_object(Bucket=bucket, Key=key)))
+
+    def copy(self, src: str, dst: str, *, scratch: bool = False) -> None:
+        """Copy an object (server-side on S3, within one bucket or across); `scratch` tags the copy as put() does."""
+        if not src.startswith("s3://"):
+            with open(src, "rb") as fh:
+                _atomic_write(dst, fh.read())
+            return
+        sb, sk = parse_s3_uri(src)
+        db, dk = parse_s3_uri(dst)
+        extra = {"TaggingDirective": "REPLACE", "Tagging": SCRATCH_TAG} if scratch else {}
+        self._call(
+            f"copying {src} to {dst}",
+            lambda: self.s3.copy_object(Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk}, **extra),
+        )
+
+    def open_ranges(self, uri: str, size: int) -> BinaryIO:
+        """A read-only, seekable file over the object whose reads are ranged GETs (a local path: the file)."""
+        if not uri.startswith("s3://"):
+            return open(uri, "rb")
+        return cast(BinaryIO, RangeFile(self, uri, size))
+
+
+class RangeFile(io.RawIOBase):
+    """An object as a seekable file: each read is one ranged GET, so a Parquet reader fetches only its columns.
+
+    The last TAIL bytes are fetched once and served from memory: a Parquet reader reads the
+    footer in several small reads there.
+    """
+
+    TAIL = 64 * 2**10
+
+    def __init__(self, store: Store, uri: str, size: int) -> None:
+        super().__init__()
+        self._store, self._uri, self._size, self._pos = store, uri, size, 0
+        self._tail_at = max(0, size - self.TAIL)
+        self._tail: bytes | None = None
+        self.gets = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self._size - self._pos)
+        if want <= 0:
+            return 0
+        start, end = self._pos, self._pos + want
+        if start >= self._tail_at:
+            if self._tail is None:
+                self._tail = self._store.get_range(self._uri, self._tail_at, self._size)
+                self.gets += 1
+            data = self._tail[start - self._tail_at : end - self._tail_at]
+        else:
+            data = self._store.get_range(self._uri, start, end)
+            self.gets += 1
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 def _atomic_write(path: str, data: bytes) -> None:

@@ -587,7 +587,7 @@ def test_prepare_queue_and_job_definition() -> None:
     assert c["NetworkConfiguration"] == {"AssignPublicIp": "DISABLED"}
 
 
-def test_prepare_worker_reads_lists_never_images_and_writes_only_prepare_files_and_shards() -> None:
+def test_prepare_worker_reads_lists_and_heads_input_keys_and_writes_only_prepare_files_and_shards() -> None:
     grants = role_grants("PrepareRole")
     assert grants
     assert {a for a, _, _ in grants} == {
@@ -601,12 +601,17 @@ def test_prepare_worker_reads_lists_never_images_and_writes_only_prepare_files_a
         if action in ("s3:PutObject", "s3:PutObjectTagging"):
             assert resource in (f"{CONTROL}/runs/*/prepare/*", f"{CONTROL}/runs/*/shards/*"), (action, resource)
         elif action == "s3:GetObject":
+            if resource == f"{INPUTS}/*":
+                # HeadObject (authorized by s3:GetObject) of each key of an incremental run's key list
+                # or inline keys (sluice.incremental.mapside); the control bucket's inputs/ stays list-only.
+                continue
             if resource.startswith(INPUTS) or resource.startswith(f"{CONTROL}/inputs/"):
                 assert resource.endswith(LIST_SUFFIXES) and not resource.endswith("/*"), resource
             else:
                 assert resource in (
                     f"{CONTROL}/runs/*/prepare/*",
                     f"{CONTROL}/runs/*/shards/*",
+                    f"{CONTROL}/runs/*/output/*",  # an incremental run reads the earlier runs' output
                     f"{CONTROL}/manifests/*",
                 ), resource
         elif action == "s3:ListBucket":

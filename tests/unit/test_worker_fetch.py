@@ -64,7 +64,7 @@ def fetcher(script: list[Any], **cfg: Any) -> tuple[Fetcher, FakeClient, list[fl
 def test_immediate_retries_with_capped_exponential_full_jitter():
     slow = client_error("SlowDown", 503)
     f, client, sleeps, stats = fetcher([slow, slow, slow, b"data"], retries=3, backoff_base_s=0.1, backoff_max_s=0.3)
-    assert f.get("b", "k") == b"data"
+    assert f.get("b", "k").data == b"data"
     assert client.calls == 4
     assert len(sleeps) == 3
     assert all(0 <= s <= cap for s, cap in zip(sleeps, [0.1, 0.2, 0.3]))
@@ -102,7 +102,7 @@ def test_unexpected_http_stack_errors_are_transient_key_failures():
     import http.client
 
     f, client, _, _ = fetcher([http.client.IncompleteRead(b"partial"), b"data"], retries=1)
-    assert f.get("b", "k") == b"data" and client.calls == 2
+    assert f.get("b", "k").data == b"data" and client.calls == 2
     f, _, _, _ = fetcher([ValueError("bad header")], retries=0)
     with pytest.raises(ObjectFailure) as info:
         f.get("b", "k")
@@ -113,3 +113,17 @@ def test_missing_credentials_are_fatal_not_a_key_failure():
     f, _, _, _ = fetcher([NoCredentialsError()])
     with pytest.raises(WorkerError, match="credentials"):
         f.get("b", "k")
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_the_object_version_comes_with_its_bytes(aws, versioned):
+    """On moto's S3: the ETag (unquoted) and, in a versioned bucket, the version id of the bytes read."""
+    s3 = aws.s3
+    s3.create_bucket(Bucket="imgs")
+    if versioned:
+        s3.put_bucket_versioning(Bucket="imgs", VersioningConfiguration={"Status": "Enabled"})
+    s3.put_object(Bucket="imgs", Key="a.jpg", Body=b"old")
+    put = s3.put_object(Bucket="imgs", Key="a.jpg", Body=b"new bytes")
+    got = Fetcher(WorkerConfig(), client=s3).get("imgs", "a.jpg")
+    assert got.data == b"new bytes" and got.etag == put["ETag"].strip('"') and '"' not in got.etag
+    assert got.version_id == (put["VersionId"] if versioned else None)

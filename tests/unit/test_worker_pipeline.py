@@ -161,7 +161,9 @@ def test_messages_pickle_through_process_queues():
     import pickle
 
     for msg in (
-        BatchMsg(1, 0, 2, [3, 4], ["s3://b/a", "s3://b/b"], [0, 1], {"decoded": 2.0}),
+        BatchMsg(
+            1, 0, 2, [3, 4], ["s3://b/a", "s3://b/b"], [0, 1], [("e1", None, 3), ("e2", "v", 4)], {"decoded": 2.0}
+        ),
         FailMsg(1, 5, "s3://b/c", 0, "missing", "NoSuchKey", False),
         DoneMsg(1, {"s3_gets": 3.0}),
         ErrorMsg(1, "loader 1: boom", "Traceback ..."),

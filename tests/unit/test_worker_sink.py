@@ -11,8 +11,9 @@ import pytest
 
 from gpu_worker.commits import Marker, Paths, ShardState, load_state, remove_orphans
 from gpu_worker.errors import WorkerError
-from gpu_worker.sink import ChunkSink, write_shard_result
+from gpu_worker.sink import ChunkSink, RecordLabel, write_shard_result
 from gpu_worker.store import Store
+from sluice import outputs
 from sluice.contracts import FailureLine, FailureReason, ShardResult
 
 # The fields of result.json only the node knows (gpu_worker.main fills them in).
@@ -37,7 +38,10 @@ def paths(tmp_path):
     return Paths.for_shard(f"{tmp_path}/out/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
 
 
-def sink(paths, windows, attempt=1, chunk_keys=10, rank=5):
+LABEL = RecordLabel("m", "v1", "sha256:abc", "r")
+
+
+def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=()):
     return ChunkSink(
         Store(),
         paths,
@@ -47,6 +51,8 @@ def sink(paths, windows, attempt=1, chunk_keys=10, rank=5):
         chunk_keys=chunk_keys,
         dtype="float16",
         metadata={"model": "m"},
+        label=LABEL,
+        retry=retry,
     )
 
 
@@ -121,7 +127,7 @@ def test_shard_result_writes_failures_and_result(paths):
     s.add_failure(1, "u1", 0, "bomb", "too many pixels", False)
     s.close()
     store = Store()
-    result = write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.25, info=INFO)
+    result = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.25, info=INFO)
     assert (result.processed, result.failed, result.ok) == (2, 2, False)
     assert result.failed_by_reason == {FailureReason.BOMB: 1, FailureReason.MISSING: 1}
     lines = [FailureLine.model_validate_json(x) for x in Path(paths.failures).read_text().splitlines()]
@@ -129,7 +135,7 @@ def test_shard_result_writes_failures_and_result(paths):
     written = ShardResult.model_validate_json(Path(paths.result).read_text())
     assert written == result and written.failed_fraction == 0.5
     assert json.loads(Path(paths.result).read_text())["failed_by_reason"] == {"bomb": 1, "missing": 1}
-    assert write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.5, info=INFO).ok is True
+    assert write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.5, info=INFO).ok is True
 
 
 def test_transient_failures_never_fail_the_shard(paths):
@@ -142,22 +148,22 @@ def test_transient_failures_never_fail_the_shard(paths):
     s.add_failure(3, "u3", 0, "corrupt", "truncated", False)
     s.close()
     store = Store()
-    result = write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.25, info=INFO)
+    result = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.25, info=INFO)
     assert (result.failed, result.failed_transient, result.failed_fraction, result.ok) == (3, 2, 0.25, True)
-    strict = write_shard_result(store, paths, load_state(store, paths), 4, threshold=0.2, info=INFO)
+    strict = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.2, info=INFO)
     assert strict.ok is False  # the one corrupt key is over a 20% threshold
 
 
 def test_shard_result_refuses_gaps_and_double_coverage(paths):
     store = Store()
     with pytest.raises(WorkerError, match="3 of 3 keys were never settled"):
-        write_shard_result(store, paths, ShardState([]), 3, threshold=1.0, info=INFO)
+        write_shard_result(store, paths, {"m": ShardState([])}, 3, threshold=1.0, info=INFO)
     dup = ShardState(
         [Marker("a", "range", 2, [(0, 2)], [], [], 1, 0, None), Marker("b", "range", 2, [(1, 3)], [], [], 2, 0, None)]
     )
     with pytest.raises(WorkerError, match="1 keys are covered by two chunks"):
-        write_shard_result(store, paths, dup, 3, threshold=1.0, info=INFO)
-    assert write_shard_result(store, paths, ShardState([]), 0, threshold=0.0, info=INFO).ok is True
+        write_shard_result(store, paths, {"m": dup}, 3, threshold=1.0, info=INFO)
+    assert write_shard_result(store, paths, {"m": ShardState([])}, 0, threshold=0.0, info=INFO).ok is True
 
 
 def test_orphan_parquet_files_are_removed(paths):
@@ -170,3 +176,66 @@ def test_orphan_parquet_files_are_removed(paths):
     state = load_state(store, paths)
     assert remove_orphans(store, paths, state) == [orphan]
     assert store.list(paths.output_dir) == [paths.marker("part-0005-000000000"), paths.parquet("part-0005-000000000")]
+
+
+def test_rows_carry_what_an_index_upserts(paths):
+    s = sink(paths, [[(0, 2)]])
+    objs = [("9b2cf535f27731c974343645a3985328", None, 1234), ("d41d8cd98f00b204e9800998ecf8427e-2", "3HL4kqtJ", 9)]
+    s.add_rows([1, 0], ["s3://i/b.jpg", "s3://i/a.jpg"], [0, 0], emb(1, 0), objs)
+    s.close()
+    table = pq.read_table(paths.parquet("part-0005-000000000"))
+    assert table.column_names == list(outputs.COLUMNS)
+    rows = table.to_pylist()
+    assert [r["key"] for r in rows] == ["s3://i/a.jpg", "s3://i/b.jpg"]  # sorted by position
+    assert rows[0]["etag"] == "d41d8cd98f00b204e9800998ecf8427e-2" and rows[0]["version_id"] == "3HL4kqtJ"
+    assert rows[0]["size"] == 9 and rows[1]["size"] == 1234 and rows[1]["version_id"] is None
+    assert {(r["model"], r["model_version"], r["model_id"], r["run"]) for r in rows} == {("m", "v1", "sha256:abc", "r")}
+
+
+def test_a_fetcher_without_versions_writes_nulls(paths):
+    s = sink(paths, [[(0, 1)]])
+    s.add_rows([0], ["u0"], [0], emb(0))
+    s.close()
+    (row,) = pq.read_table(paths.parquet("part-0005-000000000")).to_pylist()
+    assert row["etag"] is None and row["version_id"] is None and row["size"] is None
+
+
+def test_owns_what_is_still_owed(paths):
+    s = sink(paths, [[(0, 3)], [(5, 6)]], retry=[9])
+    assert [p for p in range(10) if s.owns(p, 0)] == [0, 1, 2, 5]
+    assert [p for p in range(10) if s.owns(p, 1)] == [9]
+    s.add_failure(1, "u1", 0, "s3_error_transient", "503", deferred=True)  # deferred now: owed a final result
+    assert s.owns(1, 1)
+
+
+def test_a_key_is_failed_when_any_model_failed_it(tmp_path):
+    store = Store()
+    a = Paths.for_shard(f"{tmp_path}/out/model=a/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
+    b = Paths.for_shard(f"{tmp_path}/out/model=b/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
+    sa, sb = sink(a, [[(0, 3)]]), sink(b, [[(0, 3)]])
+    sa.add_rows([0, 1], ["u0", "u1"], [0, 0], emb(0, 1))
+    sa.add_failure(2, "u2", 0, "corrupt", "bad", deferred=False)
+    sb.add_rows([0], ["u0"], [0], emb(0))
+    sb.add_failure(1, "u1", 0, "corrupt", "bad", deferred=False)
+    sb.add_failure(2, "u2", 0, "corrupt", "bad", deferred=False)
+    sa.close()
+    sb.close()
+    states = {"a": load_state(store, a), "b": load_state(store, b)}
+    result = write_shard_result(store, a, states, 3, threshold=1.0, info=INFO)
+    assert result.processed_by_model == {"a": 2, "b": 1} and result.processed == 1
+    assert result.failed == 2 and result.chunks == 2
+    assert [json.loads(x)["key"] for x in Path(a.failures).read_text().splitlines()] == ["u1", "u2"]
+    with pytest.raises(WorkerError, match="never settled for model b"):
+        write_shard_result(store, a, {"a": states["a"], "b": ShardState([])}, 3, threshold=1.0, info=INFO)
+
+
+def test_a_final_pass_result_is_taken_once(paths):
+    """Two fetches of one deferred key (each model's own) give the sink one result, not two."""
+    s = sink(paths, [[(0, 1)]], retry=[5])
+    assert s.owns(5, 1)
+    s.add_rows([5], ["u5"], [1], emb(5))
+    assert not s.owns(5, 1)
+    s.add_rows([0], ["u0"], [0], emb(0))
+    s.close()
+    state = load_state(Store(), paths)
+    assert sorted(state.covered) == [(0, 1), (5, 6)] and not state.overlaps()

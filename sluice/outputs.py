@@ -1,0 +1,58 @@
+"""The output records: one Parquet row per embedded key, with what a search index needs to upsert.
+
+Columns (docs/output.md):
+    key            string    s3://bucket/key of the image
+    embedding      fixed_size_list<float16|float32>[dim], L2-normalised
+    model          string    the model's name (PlannedModel.name)
+    model_version  string    its spec's version ("" when the file has none)
+    model_id       string    its artifact's identity (sluice.modelid)
+    etag           string    the object's ETag when it was read, without quotes
+    version_id     string    its version id (null in an unversioned bucket)
+    size           int64     its size in bytes
+    run            string    the run that wrote the row
+
+The file's key-value metadata repeats the run, shard, chunk, model and dim. Defined once here:
+the worker writes these rows, incremental planning and `sluice output` read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KEY = "key"
+EMBEDDING = "embedding"
+MODEL = "model"
+MODEL_VERSION = "model_version"
+MODEL_ID = "model_id"
+ETAG = "etag"
+VERSION_ID = "version_id"
+SIZE = "size"
+RUN = "run"
+COLUMNS = (KEY, EMBEDDING, MODEL, MODEL_VERSION, MODEL_ID, ETAG, VERSION_ID, SIZE, RUN)
+# What an incremental run reads of earlier output: which key, which object version, which model.
+VERSION_COLUMNS = (KEY, ETAG, VERSION_ID, MODEL_ID)
+
+
+def arrow_schema(dim: int, dtype: str) -> Any:
+    """The pyarrow schema of an output file (pyarrow is imported here, never by the Lambdas)."""
+    import pyarrow as pa
+
+    value = pa.float16() if dtype == "float16" else pa.float32()
+    return pa.schema(
+        [
+            pa.field(KEY, pa.string(), nullable=False),
+            pa.field(EMBEDDING, pa.list_(value, dim), nullable=False),
+            pa.field(MODEL, pa.dictionary(pa.int8(), pa.string()), nullable=False),
+            pa.field(MODEL_VERSION, pa.dictionary(pa.int8(), pa.string()), nullable=False),
+            pa.field(MODEL_ID, pa.dictionary(pa.int8(), pa.string()), nullable=False),
+            pa.field(ETAG, pa.string()),
+            pa.field(VERSION_ID, pa.string()),
+            pa.field(SIZE, pa.int64()),
+            pa.field(RUN, pa.dictionary(pa.int8(), pa.string()), nullable=False),
+        ]
+    )
+
+
+def object_version(etag: str | None, version_id: str | None) -> str:
+    """What identifies one version of an object: its version id when versioned, else its ETag."""
+    return f"v:{version_id}" if version_id and version_id != "null" else f"e:{(etag or '').strip(chr(34))}"
