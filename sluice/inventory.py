@@ -398,6 +398,19 @@ def parquet_versions(data: bytes | str, name: str, problems: Problems) -> Iterat
 def _parquet_version_rows(
     pf: Any, cols: list[str], fields: VersionFields, name: str, problems: Problems
 ) -> Iterator[tuple[str, str, Version | None]]:
+    for bucket, key, values in _parquet_rows(pf, cols, name, problems):
+        yield bucket, key, _version(values, fields)
+
+
+def _parquet_pairs(pf: Any, cols: list[str], name: str, problems: Problems) -> Iterator[tuple[str, str]]:
+    for bucket, key, _ in _parquet_rows(pf, cols, name, problems):
+        yield bucket, key
+
+
+def _parquet_rows(
+    pf: Any, cols: list[str], name: str, problems: Problems
+) -> Iterator[tuple[str, str, tuple[Any, ...]]]:
+    """(bucket, key, row values) of each valid row (cols: bucket, key, ...); bad rows go to `problems`."""
     row = 0
     good: set[str] = set()
     try:
@@ -417,38 +430,8 @@ def _parquet_version_rows(
                         problems.add(f"{where}: {bucket_problem(bucket)}")
                         continue
                     good.add(bucket)
-                pair = _key(bucket, key, where, problems)
-                if pair is not None:
-                    yield bucket, key, _version(values, fields)
-    except ManifestRejected:
-        raise
-    except Exception as exc:  # a damaged page or row group
-        raise ManifestRejected(
-            f"inventory file {name}: cannot be read as Parquet at row {row + 1} ({type(exc).__name__}: {exc})"
-        ) from exc
-
-
-def _parquet_pairs(pf: Any, cols: list[str], name: str, problems: Problems) -> Iterator[tuple[str, str]]:
-    row = 0
-    good: set[str] = set()
-    try:
-        for batch in pf.iter_batches(batch_size=8192, columns=cols):
-            for bucket, key in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                row += 1
-                where = f"inventory file {name} row {row}"
-                if not isinstance(bucket, str) or not isinstance(key, str):
-                    problems.add(
-                        f"{where}: bucket and key must be strings (got {type(bucket).__name__}, {type(key).__name__})"
-                    )
-                    continue
-                if bucket not in good:
-                    if not is_bucket_name(bucket):
-                        problems.add(f"{where}: {bucket_problem(bucket)}")
-                        continue
-                    good.add(bucket)
-                pair = _key(bucket, key, where, problems)
-                if pair is not None:
-                    yield pair
+                if _key(bucket, key, where, problems) is not None:
+                    yield bucket, key, values
     except ManifestRejected:
         raise
     except Exception as exc:  # a damaged page or row group

@@ -11,15 +11,13 @@ shards/<i>.shard, server-side. A multinode run keeps one shard per partition (= 
 from __future__ import annotations
 
 import math
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from sluice.contracts import MapResult, PrepareSpec, ReduceResult
 from sluice.incremental import prefetched
 from sluice.incremental.compare import Skipper, distinct
 from sluice.paths import RunPaths
-from sluice.prepare import peak_rss_mb
-from sluice.prepare.reducer import IO_THREADS, Groups, PrepareError, cut, write_pieces
+from sluice.prepare.reducer import IO_THREADS, Groups, PrepareError, cut, write_partition
 from sluice.prepare.store import Store
 from sluice.shards import ShardReader
 
@@ -70,21 +68,10 @@ def reduce_incremental(
             True,
         )
     pieces = cut(kept, n, len(uris))
-    write_pieces(store, uris, pieces)
-    res = ReduceResult(
-        partition=partition,
-        keys_in=keys_in,
-        unique_keys=unique,
-        duplicates=keys_in - unique,
-        first_shard=first,
-        shard_keys=[sum(len(k) for _, k in p) for p in pieces],
-        seconds=round(time.monotonic() - t0, 3),
-        peak_rss_mb=peak_rss_mb(),
-        skipped_unchanged=unique - n,
-        staged=staged,
-    )
-    store.put(paths.reduce_result(partition), res.model_dump_json().encode(), content_type="application/json")
-    return res
+    return write_partition(
+        spec, partition, store, uris, pieces, keys_in=keys_in, unique=unique, first=first, t0=t0,
+        skipped_unchanged=unique - n, staged=staged,
+    )  # fmt: skip
 
 
 def place_shards(spec: PrepareSpec, pieces: list[int], store: Store) -> None:

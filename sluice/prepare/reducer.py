@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from sluice.awserror import AwsFailure, Kind
 from sluice.contracts import MapResult, PrepareSpec, ReduceResult
@@ -104,7 +105,25 @@ def run_reduce(spec: PrepareSpec, partition: int, store: Store) -> ReduceResult:
     unique = sum(len(k) for _, k in groups)
     pieces = cut(groups, unique, slots[partition])
     del groups
-    write_pieces(store, [paths.shard(first + j) for j in range(len(pieces))], pieces)
+    uris = [paths.shard(first + j) for j in range(len(pieces))]
+    return write_partition(spec, partition, store, uris, pieces, keys_in=keys_in, unique=unique, first=first, t0=t0)
+
+
+def write_partition(
+    spec: PrepareSpec,
+    partition: int,
+    store: Store,
+    uris: list[str],
+    pieces: list[Groups],
+    *,
+    keys_in: int,
+    unique: int,
+    first: int,
+    t0: float,
+    **extra: Any,
+) -> ReduceResult:
+    """Write the partition's shards, then its ReduceResult (its commit marker); `extra`: more result fields."""
+    write_pieces(store, uris, pieces)
     res = ReduceResult(
         partition=partition,
         keys_in=keys_in,
@@ -114,8 +133,11 @@ def run_reduce(spec: PrepareSpec, partition: int, store: Store) -> ReduceResult:
         shard_keys=[sum(len(k) for _, k in p) for p in pieces],
         seconds=round(time.monotonic() - t0, 3),
         peak_rss_mb=peak_rss_mb(),
+        **extra,
     )
-    store.put(paths.reduce_result(partition), res.model_dump_json().encode(), content_type="application/json")
+    store.put(
+        RunPaths(spec.root).reduce_result(partition), res.model_dump_json().encode(), content_type="application/json"
+    )
     return res
 
 

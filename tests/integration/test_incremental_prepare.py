@@ -184,16 +184,7 @@ def test_an_inventory_since_run_compares_version_ids_of_a_versioned_bucket(aws, 
     buf = io.StringIO()
     csv.writer(buf).writerows(rows)
     aws.s3.put_object(Bucket=ctl, Key="inputs/inv/data/1.csv.gz", Body=gzip.compress(buf.getvalue().encode()))
-    report = {
-        "sourceBucket": INPUT_BUCKET,
-        "destinationBucket": f"arn:aws:s3:::{ctl}",
-        "fileFormat": "CSV",
-        "fileSchema": "Bucket, Key, VersionId, IsLatest, IsDeleteMarker, ETag",
-        "files": [{"key": "inputs/inv/data/1.csv.gz", "size": 100}],
-    }
-    raw = json.dumps(report).encode()
-    aws.s3.put_object(Bucket=ctl, Key="inputs/inv/manifest.json", Body=raw)
-    aws.s3.put_object(Bucket=ctl, Key="inputs/inv/manifest.checksum", Body=md5(raw).encode())
+    _inventory_report(aws.s3, ctl, "inputs/inv/", "Bucket, Key, VersionId, IsLatest, IsDeleteMarker, ETag", 100)
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID)], n_shards=1, total_keys=4)
     write_output(
         Store(aws.s3), a, [[(_uri("a.jpg"), "ea", "va1"), (_uri("b.jpg"), "eb", "vb1"), (_uri("d.jpg"), "ed", "vd1")]]
@@ -265,16 +256,7 @@ def test_bad_since_runs_are_rejected_at_upload_with_what_to_do(aws, stack, monke
     out = invoke_manifest_handler(aws, stack, "manifests/overlap.json", overlap, monkeypatch)
     assert out["status"] == "rejected" and out["reasons"][0].startswith("output.prefix: "), out
     ctl = stack.names["ControlBucket"]
-    report = {
-        "sourceBucket": INPUT_BUCKET,
-        "destinationBucket": f"arn:aws:s3:::{ctl}",
-        "fileFormat": "CSV",
-        "fileSchema": "Bucket, Key, Size",
-        "files": [{"key": "inputs/noetag/1.csv.gz", "size": 10}],
-    }
-    raw = json.dumps(report).encode()
-    aws.s3.put_object(Bucket=ctl, Key="inputs/noetag/manifest.json", Body=raw)
-    aws.s3.put_object(Bucket=ctl, Key="inputs/noetag/manifest.checksum", Body=md5(raw).encode())
+    _inventory_report(aws.s3, ctl, "inputs/noetag/", "Bucket, Key, Size", 10, data="inputs/noetag/1.csv.gz")
     inv = _manifest({"inventory": f"s3://{ctl}/inputs/noetag/manifest.json", "since_run": "done"})
     out = invoke_manifest_handler(aws, stack, "manifests/noetag.json", inv, monkeypatch)
     assert out["status"] == "rejected" and "has no ETag field" in out["reasons"][0], out
@@ -308,3 +290,17 @@ def test_the_prepare_route_plans_with_the_model_artifacts_resolved_ids(aws, stac
     want = "s3etag:" + model["ETag"].strip('"') + (f"@{model['VersionId']}" if model.get("VersionId") else "")
     assert plan.models[0].model_id == want == spec.model_ids[0]
     assert plan.lineage == [] and plan.skipped == {} and plan.total_keys == 2
+
+
+def _inventory_report(s3, ctl: str, prefix: str, schema: str, size: int, data: str = "") -> None:
+    """An S3 Inventory manifest.json (CSV, one data file) and its manifest.checksum under `prefix`."""
+    report = {
+        "sourceBucket": INPUT_BUCKET,
+        "destinationBucket": f"arn:aws:s3:::{ctl}",
+        "fileFormat": "CSV",
+        "fileSchema": schema,
+        "files": [{"key": data or prefix + "data/1.csv.gz", "size": size}],
+    }
+    raw = json.dumps(report).encode()
+    s3.put_object(Bucket=ctl, Key=prefix + "manifest.json", Body=raw)
+    s3.put_object(Bucket=ctl, Key=prefix + "manifest.checksum", Body=md5(raw).encode())
