@@ -30,12 +30,12 @@ test: $(STAMP)
 	$(BIN)/ruff check sluice functions gpu_worker tests bench
 	$(BIN)/mypy
 	$(BIN)/python .ci/check_sizes.py
-	$(BIN)/python -m sluice.schemas --check
+	$(BIN)/python -m sluice.ops.schemas --check
 	$(BIN)/pytest -q
 
 # JSON Schemas of the event details in docs/schemas/ (make test fails when they are stale).
 schemas: $(STAMP)
-	$(BIN)/python -m sluice.schemas
+	$(BIN)/python -m sluice.ops.schemas
 
 bench: $(STAMP)
 	$(BIN)/python bench/shards.py

@@ -7,7 +7,7 @@ For each size: a run submitted through the real manifest handler (keys_per_shard
 30,000 shards are 3 array jobs of 10,000), every shard's result.json written as a worker
 would, then every event Batch sends (each child RUNNABLE, STARTING, RUNNING, SUCCEEDED; each
 parent PENDING, RUNNING, SUCCEEDED) in a random order from several threads to
-sluice.completion.handle_job_event, against in-process moto (each DynamoDB request atomic,
+sluice.control.completion.handle_job_event, against in-process moto (each DynamoDB request atomic,
 as DynamoDB is). It prints events/s, DynamoDB and S3 calls per event, transactions retried,
 and the seconds the concluding invocation took, against the previous design's finalize,
 which read every result.json and failures file (2N+1 sequential GETs), timed on the same
@@ -110,9 +110,9 @@ def failing_shards(n: int, k: int) -> set[int]:
 def _results(s3: Any, run_id: str, control: str, n: int, failing: set[int]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    from sluice.aws.s3uri import parse_s3_uri
     from sluice.contracts import ShardResult
     from sluice.paths import RunPaths
-    from sluice.s3uri import parse_s3_uri
 
     paths = RunPaths.in_bucket(control, run_id)
 
@@ -151,8 +151,8 @@ def _baseline_finalize(s3: Any, run_id: str, control: str, n: int) -> float:
     """The previous finalize's S3 reads: every result.json and failures/<i>.jsonl, one after another."""
     from botocore.exceptions import ClientError
 
+    from sluice.aws.s3uri import parse_s3_uri
     from sluice.paths import RunPaths
-    from sluice.s3uri import parse_s3_uri
 
     paths = RunPaths.in_bucket(control, run_id)
     t = time.perf_counter()
@@ -172,8 +172,8 @@ def _settle_in_bulk(dynamodb: Any, table: str, run_id: str, jobs: list[Any], fai
     is counted terminal.
     """
     from sluice.contracts import CounterItem, JobItem, JobStatus, MarkItem, ShardItem
-    from sluice.ddb import item
-    from sluice.tally import COUNTER_SHARDS, FAIL, counter_sk, job_sk, shard_sk
+    from sluice.control.ddb import item
+    from sluice.control.records import COUNTER_SHARDS, FAIL, counter_sk, job_sk, shard_sk
 
     now = int(time.time())
     rows: list[dict[str, Any]] = []
@@ -237,12 +237,12 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False, fail: i
 
     from moto import mock_aws
 
-    from sluice import aws as sluice_aws
-    from sluice import ddb
-    from sluice.aws import Clients
-    from sluice.batch_events import BatchJobStateChangeEvent
-    from sluice.completion import handle_job_event
-    from sluice.ledger import Ledger
+    from sluice.aws import clients as sluice_aws
+    from sluice.aws.clients import Clients
+    from sluice.control import ddb
+    from sluice.control.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion import handle_job_event
+    from sluice.control.ledger import Ledger
     from sluice.local.infra import create_local
     from sluice.local.lambda_context import LocalContext
     from sluice.local.server import FAKE_CREDENTIALS

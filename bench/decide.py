@@ -56,7 +56,7 @@ def inventory_manifest(bucket: str, keys: int) -> bytes:
 
 def run_case(name: str, aws: Any, stack: Any, manifest: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     from functions.handle_manifest_upload import handler
-    from sluice.ledger import Ledger
+    from sluice.control.ledger import Ledger
     from sluice.local.events import s3_object_created
     from sluice.local.lambda_context import LocalContext
 
@@ -100,7 +100,7 @@ def main() -> None:
     args = ap.parse_args()
     from moto import mock_aws
 
-    from sluice import aws as sluice_aws
+    from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
     from sluice.local.server import FAKE_CREDENTIALS
     from tests.conftest import AwsClients

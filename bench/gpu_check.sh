@@ -86,7 +86,7 @@ import sys, time, urllib.request
 import boto3
 from sluice.models import ModelSpec, RunPlan
 from sluice.paths import RunPaths
-from sluice.s3uri import parse_s3_uri
+from sluice.aws.s3uri import parse_s3_uri
 from sluice.shards import encode_shard
 keys, model, batch, size, img_port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 for _ in range(600):  # servers up (the image server generates its JPEGs first)
@@ -138,7 +138,7 @@ from datetime import datetime
 import boto3
 from sluice.contracts import ShardResult
 from sluice.paths import RunPaths
-from sluice.s3uri import parse_s3_uri
+from sluice.aws.s3uri import parse_s3_uri
 key = parse_s3_uri(RunPaths.in_bucket("check-control", "gpu-check").result(0))[1]
 res = ShardResult.model_validate_json(
     boto3.client("s3").get_object(Bucket="check-control", Key=key)["Body"].read()).model_dump(mode="json")

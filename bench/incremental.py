@@ -17,12 +17,12 @@ HEAD either way (docs/incremental.md). A key list would cost one HEAD per key.
 
 Ours: the incremental prepare (map: the inventory's versions plus the earlier output's version
 columns by ranged GETs; reduce: the anti-join, shards of only the keys to embed; then the
-submit step's placement of the staged shards, sluice.incremental.reduceside.place_shards).
+submit step's placement of the staged shards, sluice.prepare.versions_reduce.place_shards).
 Baseline: the same input prepared without since_run, which sends every key to the GPUs. Both
 run the real run_map / run_reduce, one fresh process per worker (its peak RSS is its own), at
 most one per CPU at a time, against the same server. The spec is built here as the manifest
-Lambda builds it (sluice.staging._route_incremental: workers, partitions, the earlier output
-as tasks via sluice.incremental.lineage.Lineage); the Lambda's checks of the earlier run
+Lambda builds it (sluice.control.staging._route_incremental: workers, partitions, the earlier output
+as tasks via sluice.control.lineage.Lineage); the Lambda's checks of the earlier run
 (ledger, plan) are not run. The bench checks the result (the skipped count and the exact set
 of keys in the shards) and prints FAIL and exits 1 when it is wrong.
 """
@@ -53,18 +53,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sluice.contracts import InventoryFiles, PrepareSpec
-from sluice.dedup import MAX_POSITIONS
-from sluice.incremental import PARTITION_FACTOR
-from sluice.incremental.lineage import EarlierRun, Lineage
-from sluice.incremental.reduceside import place_shards
+from sluice.control.lineage import EarlierRun, Lineage
 from sluice.local.server import MotoServer
 from sluice.models import ModelSpec
 from sluice.outputs import arrow_schema
 from sluice.paths import RunPaths, shard_output_dir
+from sluice.plan.dedup import MAX_POSITIONS
 from sluice.preflight import Capacity
 from sluice.prepare.collect import Collected, collect
-from sluice.prepare.split import choose_partitions
-from sluice.prepare.store import Store
+from sluice.prepare.split import PARTITION_FACTOR, choose_partitions
+from sluice.prepare.store import PrepareStore
+from sluice.prepare.versions_reduce import place_shards
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import earlier_plan, md5
 
@@ -87,8 +86,8 @@ class Requests:
         self.counts[model.name] += 1
 
 
-def _counted_store() -> tuple[Store, Requests]:
-    store = Store()  # sluice.aws.client: AWS_ENDPOINT_URL (the moto server) from the environment
+def _counted_store() -> tuple[PrepareStore, Requests]:
+    store = PrepareStore()  # sluice.aws.clients.client: AWS_ENDPOINT_URL (the moto server) from the environment
     return store, Requests(store.s3)
 
 
@@ -229,7 +228,7 @@ def run_prepare(spec: PrepareSpec) -> dict[str, Any]:
 
 def shard_keys(spec: PrepareSpec, n_shards: int) -> list[str]:
     """Every key in the run's shards/ (read after the clock, through an uncounted client)."""
-    store, paths, out = Store(), RunPaths(spec.root), []
+    store, paths, out = PrepareStore(), RunPaths(spec.root), []
     for i in range(n_shards):
         for _, keys in ShardReader(store.get(paths.shard(i))).groups():
             out += keys
@@ -258,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     server = MotoServer().start()
     os.environ.update(server.env)  # the forkserver and its workers inherit it
     try:
-        s3 = Store().s3
+        s3 = PrepareStore().s3
         for b in (IMAGES, CONTROL):
             s3.create_bucket(Bucket=b)
         t = time.monotonic()
@@ -274,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         def spec(run_id: str, incremental: bool) -> PrepareSpec:
             load = max(len(current), n) if incremental else len(current)
             extra: dict[str, Any] = {}
-            if incremental:  # as sluice.staging._route_incremental builds it
+            if incremental:  # as sluice.control.staging._route_incremental builds it
                 extra = {
                     "since_run": "full-a",
                     "lineage": ["full-a"],

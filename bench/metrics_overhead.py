@@ -25,11 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sluice.aws.s3uri import parse_s3_uri  # noqa: E402
 from sluice.local.demo import demo_images  # noqa: E402
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
 from sluice.models import ModelSpec, RunPlan  # noqa: E402
 from sluice.paths import RunPaths  # noqa: E402
-from sluice.s3uri import parse_s3_uri  # noqa: E402
 from sluice.shards import encode_shard  # noqa: E402
 
 BUCKET = "bench-metrics"

@@ -80,9 +80,10 @@ def write_keylist(path: Path, n: int, seed: int = 42) -> None:
 def _baseline_child(path: str, out: str) -> dict[str, float]:
     """Today's in-Lambda path on the key list: plan.scan (validate, digest, spill), then write_shards."""
     from sluice.cli import _read_chunks
-    from sluice.manifest import Problems, iter_keylist
+    from sluice.input.sources import Problems, iter_keylist
     from sluice.models import InputSpec, JobSpec, Manifest
-    from sluice.plan import layout, scan, write_shards
+    from sluice.plan.layout import layout
+    from sluice.plan.scan import scan, write_shards
     from sluice.prepare import peak_rss_mb
 
     os.makedirs(out, exist_ok=True)

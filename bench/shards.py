@@ -122,9 +122,10 @@ def memory_child(mode: str, path: str) -> None:
     """Shard a key-list file like the coordinator does; print peak RSS (MiB) and seconds."""
     t0 = time.perf_counter()
     if mode == "sluice":
-        from sluice.manifest import Problems, iter_keylist
+        from sluice.input.sources import Problems, iter_keylist
         from sluice.models import Manifest
-        from sluice.plan import layout, scan, write_shards
+        from sluice.plan.layout import layout
+        from sluice.plan.scan import scan, write_shards
 
         def chunks() -> Iterator[bytes]:
             with open(path, "rb") as fh:

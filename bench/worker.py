@@ -117,10 +117,10 @@ def bench_pipeline(
     """One worker run over `keys`: images/s of its pipeline and of the whole node.
 
     `model_uri` may be a list of ModelSpecs: one run with several models in one pass."""
+    from sluice.aws.s3uri import parse_s3_uri
     from sluice.contracts import ShardResult
     from sluice.models import ModelSpec, RunPlan
     from sluice.paths import RunPaths
-    from sluice.s3uri import parse_s3_uri
     from sluice.shards import encode_shard
 
     run = f"{RUN}-{len(extra_env)}-{time.time_ns()}"

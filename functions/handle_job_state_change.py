@@ -11,10 +11,10 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
-from sluice.batch_events import BatchJobStateChangeEvent
-from sluice.completion import handle_job_event
+from sluice.control.batch_events import BatchJobStateChangeEvent
+from sluice.control.completion import handle_job_event
+from sluice.control.reconcile import reconcile
 from sluice.log import logger
-from sluice.reconcile import reconcile
 
 SCHEDULED = "Scheduled Event"
 

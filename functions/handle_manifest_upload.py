@@ -8,7 +8,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sluice.coordinator import handle_upload
+from sluice.control.coordinator import handle_upload
 from sluice.log import logger
 
 

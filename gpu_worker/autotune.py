@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
 
         from gpu_worker.model import resolve_uri
-        from gpu_worker.store import Store
+        from gpu_worker.store import RunStore
 
-        path = resolve_uri(path, tempfile.mkdtemp(prefix="sluice-autotune-"), Store())
+        path = resolve_uri(path, tempfile.mkdtemp(prefix="sluice-autotune-"), RunStore())
     model, info = load_model(path, args.image_size)
     print(
         f"model {args.model} ({info.kind}), {info.image_size}px, device {device}"

@@ -21,7 +21,7 @@ from typing import Any
 from gpu_worker import intervals
 from gpu_worker.errors import WorkerError
 from gpu_worker.intervals import Span
-from gpu_worker.store import Store
+from gpu_worker.store import RunStore
 from sluice.paths import COMMITS_DIR, failures_uri, is_commit_marker, join, result_uri, shard_output_dir
 
 MARKER_VERSION = 1
@@ -153,12 +153,12 @@ class ShardState:
         return cls([Marker.from_json(json.dumps(d).encode()) for d in json.loads(data)])
 
 
-def load_state(store: Store, paths: Paths) -> ShardState:
+def load_state(store: RunStore, paths: Paths) -> ShardState:
     markers = [Marker.from_json(store.get(uri)) for uri in store.list(paths.commits_dir) if is_commit_marker(uri)]
     return ShardState(sorted(markers, key=lambda m: m.name))
 
 
-def remove_orphans(store: Store, paths: Paths, state: ShardState) -> list[str]:
+def remove_orphans(store: RunStore, paths: Paths, state: ShardState) -> list[str]:
     """Delete Parquet objects no marker names (left by a killed attempt); returns their URIs."""
     keep = {paths.parquet(m.name) for m in state.markers if m.file}
     orphans = [

@@ -5,7 +5,7 @@ Transient (429, 5xx, SlowDown, timeouts, dropped connections): botocore retries 
 backoff and full jitter; a key that still fails is deferred (ObjectFailure transient=True)
 to the final pass at the end of the loader's stream, which uses longer backoffs.
 Everything else is permanent: missing, access_denied, s3_error, too_large. Which errors are
-transient is sluice.awserror's one classification, shared with the Lambdas.
+transient is sluice.aws.errors's one classification, shared with the Lambdas.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, WorkerError
-from gpu_worker.metrics import retry_class
+from gpu_worker.metrics import count_retry
 from gpu_worker.stats import Observer, Stats
-from sluice import awserror
+from sluice.aws import errors as awserror
 from sluice.contracts import FailureReason
 
 _REASONS = {
@@ -32,7 +32,7 @@ _REASONS = {
 
 
 def classify(exc: BaseException) -> ObjectFailure:
-    """The ObjectFailure an S3 exception means (transient or permanent), by sluice.awserror's classification."""
+    """The ObjectFailure an S3 exception means (transient or permanent), by sluice.aws.errors's classification."""
     failure = awserror.classify(exc)
     reason = _REASONS.get(failure.kind, FailureReason.S3_ERROR)
     if isinstance(exc, ClientError):
@@ -125,7 +125,7 @@ class Fetcher:
                     if not failure.transient or i == tries - 1:
                         raise
                     self._obs.incr("s3_retries")
-                    self._obs.incr(f"s3_retry:{retry_class(failure.detail.split(':', 1)[0])}")
+                    count_retry(self._obs, failure.detail.split(":", 1)[0])
                     self._sleep(self._rng.uniform(0, min(cfg.backoff_max_s, base * 2**i)))
             raise AssertionError("unreachable")  # pragma: no cover
         finally:

@@ -31,11 +31,10 @@ from gpu_worker.errors import OK, ConfigError, RankFailed, Terminated, WorkerErr
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.rank import RankSpec, run_rank, spec_json
 from gpu_worker.stats import Stats
-from gpu_worker.store import Store
+from gpu_worker.store import RunStore
 from sluice.contracts import ShardResult
 from sluice.errors import PlanError, ShardFormatError
-from sluice.models import RunPlan
-from sluice.plan import load_plan
+from sluice.models import RunPlan, load_plan
 from sluice.shards import ShardReader
 
 
@@ -56,7 +55,7 @@ def detect_device(cfg: WorkerConfig) -> tuple[str, int]:
     return "cpu", cfg.cpu_ranks
 
 
-def read_plan(store: Store, uri: str) -> RunPlan:
+def read_plan(store: RunStore, uri: str) -> RunPlan:
     """The run's plan (sluice.plan.load_plan); a missing or invalid plan is a configuration error."""
     try:
         return load_plan(store.get, uri)
@@ -65,14 +64,14 @@ def read_plan(store: Store, uri: str) -> RunPlan:
 
 
 def run_node(
-    cfg: WorkerConfig, environ: Mapping[str, str], *, store: Store | None = None, fetcher: Any = None
+    cfg: WorkerConfig, environ: Mapping[str, str], *, store: RunStore | None = None, fetcher: Any = None
 ) -> ShardResult:
     """Everything `python -m gpu_worker` does; returns what it wrote to result.json.
 
     `fetcher` replaces S3 image GETs (tests; single rank with SLUICE_WORKER_LOADERS=0 only).
     """
     started = time.time()
-    store = store or Store()
+    store = store or RunStore()
     plan = read_plan(store, envmod.plan_uri(environ))
     asg = envmod.select(plan, environ)
     set_labels(run=plan.run_id, shard=asg.shard, node=asg.node, attempt=asg.attempt)
@@ -128,7 +127,7 @@ def _todo_count(states: list[ShardState], n_keys: int) -> int:
     return intervals.count(unclaimed) + len(retry)
 
 
-def _count_keys(store: Store, shard_uri: str) -> int:
+def _count_keys(store: RunStore, shard_uri: str) -> int:
     """Keys in the shard (its header and index only); an unreadable shard fails the attempt."""
     try:
         return ShardReader(store.range_source(shard_uri)).n_keys
@@ -142,7 +141,7 @@ def _rank_specs(
     plan: RunPlan,
     asg: envmod.Assignment,
     states: list[ShardState],
-    store: Store,
+    store: RunStore,
     work: str,
     *,
     device: str,
@@ -212,7 +211,7 @@ def _window(summaries: list[dict[str, Any]]) -> list[float]:
     return [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else []
 
 
-def _run_ranks(specs: list[RankSpec], cfg: WorkerConfig, store: Store, fetcher: Any) -> list[dict[str, Any]]:
+def _run_ranks(specs: list[RankSpec], cfg: WorkerConfig, store: RunStore, fetcher: Any) -> list[dict[str, Any]]:
     if len(specs) == 1:
         return [run_rank(specs[0], cfg, store=store, fetcher=fetcher)]
     if fetcher is not None:

@@ -1,4 +1,4 @@
-"""One rank: a contiguous slice of the shard, its loaders, one model on one device.
+"""One rank: a contiguous slice of the shard, its loaders, and its models (one engine and sink each) on one device.
 
 Run in-process by the node when it has one rank, else as `python -m gpu_worker.rank SPEC`.
 Module-level imports stay torch-free: loader processes are spawned from here and re-import
@@ -29,8 +29,8 @@ from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.metrics import GpuProbe, MetricsObserver, RankCollector, RankMetrics, instance_type, keep_list
 from gpu_worker.procs import cpu_count, die_with_parent, shm_prefix
 from gpu_worker.stats import Stats
+from sluice.aws.s3uri import parse_s3_uri
 from sluice.models import RunPlan
-from sluice.s3uri import parse_s3_uri
 from sluice.shards import ShardReader, rank_slice
 
 TASK_KEYS = 32  # keys per task message to the loaders
@@ -211,7 +211,7 @@ def _feed(
 
 def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: Any = None) -> dict[str, Any]:
     """Process this rank's slice; returns its summary. Raises WorkerError/RankFailed on failure."""
-    from gpu_worker.store import Store
+    from gpu_worker.store import RunStore
 
     started = time.perf_counter()
     plan = RunPlan.model_validate_json(spec.plan_json)
@@ -224,7 +224,7 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
         local_rank=spec.local_rank,
         world=spec.world,
     )
-    store = store or Store()
+    store = store or RunStore()
     (lo, hi), todos = _todo(spec)
     # The keys any model still needs: each is fetched and decoded once, for every model that needs it.
     remaining = intervals.normalize(span for t in todos for span in t.remaining)

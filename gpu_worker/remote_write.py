@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from gpu_worker.log import child
 from gpu_worker.write_request import Series, encode_write_request, registry_series, snappy_block
-from sluice.sigv4 import normalize, region_of, sign_aps
+from sluice.aws.sigv4 import normalize, region_of, sign_aps
 
 log = child("remote_write")
 

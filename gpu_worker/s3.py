@@ -1,4 +1,4 @@
-"""boto3 S3 clients, one of each kind per process, created on first use (sluice.aws's cache).
+"""boto3 S3 clients, one of each kind per process, created on first use (sluice.aws.clients's cache).
 
 control: plan, shards, markers, output (botocore adaptive mode, many attempts: losing a marker
 write fails the attempt). data: image GETs, tuned by WorkerConfig (pool size, attempts,
@@ -12,7 +12,7 @@ from typing import Any
 from botocore.config import Config
 
 from gpu_worker.config import WorkerConfig
-from sluice import aws
+from sluice.aws import clients as aws
 
 CONTROL_CONFIG = Config(
     retries={"total_max_attempts": 10, "mode": "adaptive"},

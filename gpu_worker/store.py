@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from gpu_worker.s3source import S3RangeSource
-from sluice.s3uri import parse_s3_uri
+from sluice.aws.s3uri import parse_s3_uri
 from sluice.shards import FileSource, RangeSource
 
 
-class Store:
+class RunStore:
     """Object storage by URI; the S3 client is created lazily (control client)."""
 
     def __init__(self, client: Any = None) -> None:

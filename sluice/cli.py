@@ -12,7 +12,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sluice.errors import ManifestRejected, ShardFormatError, SluiceError
+from sluice.errors import Rejection, ShardFormatError, SluiceError
 from sluice.prepare.offline import add_offline_arguments, offline_main
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -25,14 +25,14 @@ def _read_chunks(path: str, chunk: int = 8 * 2**20) -> Iterator[bytes]:
 
 
 def _s3() -> Any:
-    from sluice.aws import client
+    from sluice.aws.clients import client
 
     return client("s3")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Dry run: the manifest Lambda's validation and key scan, then the layout; writes nothing to AWS."""
-    from sluice.dryrun import dry_run
+    from sluice.ops.dryrun import dry_run
     from sluice.settings import Settings
 
     settings = Settings.from_env()
@@ -60,7 +60,7 @@ PLAN_BUCKET_HINT = "or pass --bucket BUCKET (in a JSON manifest, input.bucket)"
 
 
 def _print_plan(summary: dict[str, Any]) -> None:
-    from sluice.preflight.report import render_summary
+    from sluice.ops.plan_report import render_summary
 
     print(f"manifest        {summary['manifest']}")
     if summary["assumed"]:
@@ -89,7 +89,7 @@ def _print_plan(summary: dict[str, Any]) -> None:
 
 def cmd_shard_pack(args: argparse.Namespace) -> int:
     """Key-list file (one key or s3:// URI a line) -> one shard file, keys exactly as given."""
-    from sluice.manifest import Problems, iter_keylist
+    from sluice.input.sources import Problems, iter_keylist
     from sluice.shards import ShardWriter
 
     problems = Problems()
@@ -110,7 +110,7 @@ def cmd_shard_cat(args: argparse.Namespace) -> int:
     from sluice.shards import FileSource, ShardReader
 
     if args.shard.startswith("s3://"):
-        from sluice.s3uri import parse_s3_uri
+        from sluice.aws.s3uri import parse_s3_uri
 
         b, k = parse_s3_uri(args.shard)
         reader = ShardReader(_s3().get_object(Bucket=b, Key=k)["Body"].read())
@@ -128,21 +128,21 @@ def cmd_shard_cat(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Upload a manifest or key list to manifests/ of the control bucket; print its run id."""
-    from sluice.coordinator import run_id_for
+    from sluice.control.coordinator import run_id_for
     from sluice.paths import MANIFESTS_PREFIX
 
     path = Path(args.manifest)
     key = f"{MANIFESTS_PREFIX}{args.name or path.name}"
     if not args.no_validate:
-        from sluice.dryrun import dry_run
+        from sluice.ops.dryrun import dry_run
         from sluice.settings import Settings
 
         try:  # what the Lambda would reject is not uploaded (--no-validate skips this)
             summary = dry_run(str(path), Settings.from_env(), _s3, name=key.rsplit("/", 1)[-1], control=args.bucket)
             failed = [c for c in summary["checks"] if c["status"] == "error"]
             if failed:  # the preflight: the manifest function rejects these too
-                raise ManifestRejected([f"preflight: {c['name']}: {c['advice']}" for c in failed])
-        except ManifestRejected as exc:
+                raise Rejection([f"preflight: {c['name']}: {c['advice']}" for c in failed])
+        except Rejection as exc:
             print(f"sluice: not uploaded: {path} would be rejected:", file=sys.stderr)
             for r in exc.reasons:
                 print(f"  - {r}", file=sys.stderr)
@@ -165,8 +165,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _ledger(args: argparse.Namespace) -> Any:
-    from sluice.aws import client
-    from sluice.ledger import Ledger
+    from sluice.aws.clients import client
+    from sluice.control.ledger import Ledger
     from sluice.settings import Settings
 
     return Ledger(client("dynamodb"), args.table or Settings.from_env().runs_table)
@@ -174,22 +174,22 @@ def _ledger(args: argparse.Namespace) -> Any:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """A run's status and progress from the ledger."""
-    from sluice.status import cmd_status as show
+    from sluice.ops.status import cmd_status as show
 
     return show(_ledger(args), args.run_id, watch=args.watch, as_json=args.json, interval=args.interval)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """Recent runs, newest first."""
-    from sluice.status import cmd_runs as show
+    from sluice.ops.status import cmd_runs as show
 
     return show(_ledger(args), limit=args.limit, as_json=args.json)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     """Settle runs whose Batch events stopped: what the 5-minute sweep does, now."""
-    from sluice.completion import Context
-    from sluice.reconcile import reconcile
+    from sluice.control.completion import Context
+    from sluice.control.reconcile import reconcile
     from sluice.settings import Settings
 
     settings = Settings.from_env()
@@ -210,7 +210,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     """A run's throughput, GPU utilization and data-wait from AMP or Prometheus."""
-    from sluice.metrics_query import PromClient, fetch, plot, render
+    from sluice.ops.metrics import PromClient, fetch, plot, render
 
     url = args.url or os.environ.get("SLUICE_PROMETHEUS_URL")
     if not url:
@@ -242,7 +242,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def cmd_output_sql(args: argparse.Namespace) -> int:
     """Print the duckdb query that reads a run and the runs it completes as one set (docs/incremental.md)."""
-    from sluice.incremental.recipe import sql_for_run
+    from sluice.ops.recipe import sql_for_run
 
     if args.local:
         print(sql_for_run(args.run_id, local=args.local))
@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except ManifestRejected as exc:
+    except Rejection as exc:
         print("manifest rejected:", file=sys.stderr)
         for r in exc.reasons:
             print(f"  - {r}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Contracts between processes, defined once: what the worker writes, what the ledger holds, what the bus carries.
 
 Sluice writes every model here, so each forbids unknown fields: a writer that drifts fails
-its tests instead of silently sending something a reader ignores. `python -m sluice.schemas`
+its tests instead of silently sending something a reader ignores. `python -m sluice.ops.schemas`
 writes the JSON Schema of each event detail into docs/schemas/ (CI checks it is current).
 """
 
@@ -203,7 +203,7 @@ class RunItem(_Written):
     skipped: dict[str, int] | None = None  # an incremental run: keys left out, by reason
     jobs_done: int = 0
     jobs_failed: int = 0
-    outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.outbox)
+    outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)
     prepare: PrepareItem | None = None  # PREPARING: the prepare stage's jobs
     finalize_from: RunStatus | None = None
     retried_keys: int = 0
@@ -271,7 +271,7 @@ class CounterItem(_Written):
 
     Besides the shard and key totals it sums the keys failed for transient reasons and each
     failure reason's keys, so that a run whose counters show no failed shard is decided from
-    these items alone, without reading its SHARD items (sluice.completion).
+    these items alone, without reading its SHARD items (sluice.control.completion).
     """
 
     pk: str

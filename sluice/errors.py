@@ -31,7 +31,7 @@ MAX_REASONS = 20
 MAX_REASON_CHARS = 1000
 
 
-class ManifestRejected(SluiceError):
+class Rejection(SluiceError):
     """The manifest (or the keys it names) cannot be run; nothing was submitted.
 
     At most MAX_REASONS reasons of at most MAX_REASON_CHARS each (plus a count of the rest):
@@ -51,17 +51,5 @@ class RetriableError(SluiceError):
     """A transient AWS failure (throttling, 5xx): the caller should retry later."""
 
 
-class AwsFatalError(SluiceError):
-    """An AWS call failed for a reason a retry will not fix; the message says what to check."""
-
-    def __init__(self, message: str, failure: object = None) -> None:
-        super().__init__(message)
-        self.failure = failure  # the sluice.awserror.AwsFailure it came from
-
-
 class SubmissionError(SluiceError):
     """AWS Batch refused the job for a reason a retry will not fix."""
-
-
-class DuplicateRun(SluiceError):
-    """The run was already claimed by an earlier delivery of the same upload."""

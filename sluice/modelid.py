@@ -16,7 +16,7 @@ import hashlib
 import os
 from typing import Any
 
-from sluice.s3uri import parse_s3_uri
+from sluice.aws.s3uri import parse_s3_uri
 
 # Bump when a builtin network's construction or seed changes: its earlier embeddings are then stale.
 BUILTIN_WEIGHTS = "1"

@@ -7,13 +7,15 @@ details) are in sluice.contracts.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from sluice import paths
+from sluice.aws.s3uri import bad_char, bucket_problem, parse_s3_uri
+from sluice.errors import PlanError
 from sluice.paths import RunPaths
-from sluice.s3uri import bad_char, bucket_problem, parse_s3_uri
 
 MANIFEST_VERSION = 1
 # The worker's builtin networks (gpu_worker.model.BUILTINS; a unit test keeps the two equal),
@@ -133,7 +135,7 @@ class ModelSpec(_ManifestPart):
     @field_validator("uri")
     @classmethod
     def _uri(cls, v: str) -> str:
-        """What can be told without S3 or settings (sluice.inputcheck checks the rest at plan time)."""
+        """What can be told without S3 or settings (sluice.input.checks checks the rest at plan time)."""
         if v.startswith("builtin:"):
             if v[8:] not in BUILTIN_MODELS:
                 raise ValueError(f"unknown builtin model {v[8:80]!r}; builtins: {', '.join(BUILTIN_MODELS)}")
@@ -392,3 +394,22 @@ class RunPlan(_Strict):
     def output_dir(self, index: int, model: int = 0) -> str:
         """Where shard `index`'s Parquet chunks and commit markers go (for model `model`)."""
         return paths.shard_output_dir(self.model_output_prefix(model), index)
+
+
+def load_plan(read: Callable[[str], bytes], uri: str) -> RunPlan:
+    """Read and validate a plan.json; `read` fetches a URI (S3 or a local path). PlanError says what is wrong."""
+    try:
+        raw = read(uri)
+    except Exception as exc:
+        raise PlanError(f"cannot read the plan {uri}: {type(exc).__name__}: {exc}") from exc
+    try:
+        return RunPlan.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "plan"
+        raise PlanError(
+            f"{uri} is not a valid plan.json: {where}: {first.get('msg')} ({exc.error_count()} problem(s))"
+        ) from None
+
+
+SKIPPED_UNCHANGED = "unchanged"  # RunPlan.skipped's one reason

@@ -131,3 +131,6 @@ def shard_output_dir(output_prefix: str, i: int) -> str:
 def is_commit_marker(key: str) -> bool:
     """True for a commit marker's key or URI (output/shard=<i>/_commits/<chunk>.json)."""
     return f"/{COMMITS_DIR}" in key and key.endswith(".json")
+
+
+SCRATCH_TAG = "sluice-scratch=true"  # the bucket's lifecycle rule expires tagged shards (template.yaml)

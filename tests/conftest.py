@@ -11,7 +11,7 @@ from typing import Any
 import boto3
 import pytest
 
-from sluice.aws import Clients
+from sluice.aws.clients import Clients
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
@@ -28,7 +28,7 @@ def load_event(name: str) -> dict[str, Any]:
 
 
 class AwsClients(Clients):
-    """sluice.aws.Clients with plain boto3 clients bound to moto injected (boto3's own retries,
+    """sluice.aws.clients.Clients with plain boto3 clients bound to moto injected (boto3's own retries,
     not the shared cache's), so a test's clients are not the code under test's."""
 
     def __init__(self) -> None:
@@ -48,7 +48,7 @@ def aws() -> Iterator[AwsClients]:
 @pytest.fixture
 def stack(aws: AwsClients) -> Any:
     """The template's resources on moto, plus the manifest function's settings."""
-    from sluice import aws as sluice_aws
+    from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
 
     sluice_aws.reset_clients()
@@ -60,7 +60,7 @@ def moto_s3(bucket: str):
     import boto3
     from moto import mock_aws
 
-    from sluice import aws as sluice_aws
+    from sluice.aws import clients as sluice_aws
 
     with mock_aws():
         sluice_aws.reset_clients()

@@ -80,12 +80,12 @@ def export(
     if not uri.startswith("s3://"):
         meta, result = write_local(src, fmt, uri)
     else:
-        from gpu_worker.store import Store
+        from gpu_worker.store import RunStore
 
         with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
             local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
             meta, result = write_local(src, fmt, local)
-            store = Store()
+            store = RunStore()
             with open(local, "rb") as fh:
                 store.put(uri, fh.read())
             with open(local + ".json", "rb") as fh:

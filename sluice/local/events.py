@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sluice.contracts import JobStatus
+from sluice.control.policy import retry_strategy
 from sluice.local.infra import ACCOUNT
-from sluice.policy import retry_strategy
 
 
 def s3_object_created(

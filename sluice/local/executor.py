@@ -5,15 +5,15 @@ This executor reads each new job back from the Batch API, runs its array childre
 nodes as `python -m gpu_worker` processes (a prepare job's as `python -m sluice.prepare
 STAGE`, after the jobs it depends on) with the AWS_BATCH_* variables Batch would set,
 applies the job's retry strategy to each failed attempt as Batch does
-(sluice.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
+(sluice.control.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
 remain, EXIT fails it), honours a concurrency limit, and emits the same "Batch Job State
 Change" events Batch would to `deliver`.
 
 The retry strategy is the job's own `retryStrategy` from DescribeJobs. moto (5.2.5) does not
 echo the one SubmitJob sent, so then: the rules (`evaluateOnExit`) are the job definition's
 (DescribeJobDefinitions; moto lower-cases their actions, which Batch matches without regard
-to case), or sluice.policy's when the definition has none; and `attempts` is the plan's,
-which is what Sluice's SubmitJob sets (sluice.policy.retry_strategy(plan.attempts)) and
+to case), or sluice.control.policy's when the definition has none; and `attempts` is the plan's,
+which is what Sluice's SubmitJob sets (sluice.control.policy.retry_strategy(plan.attempts)) and
 which overrides the definition's.
 
 moto keeps array jobs' environment but drops MNP `nodeOverrides`, so node count and
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sluice.contracts import JobStatus, RunItem
-from sluice.ledger import Ledger
+from sluice.control.ledger import Ledger
+from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, evaluate_on_exit
 from sluice.local.events import attempt as attempt_entry
 from sluice.local.events import batch_job_state_change
-from sluice.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, evaluate_on_exit
 
 Deliver = Callable[[dict[str, Any]], object]
 Rules = Sequence[Mapping[str, str]]
@@ -131,7 +131,7 @@ def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -
     rules = tuple(strategy.get("evaluateOnExit") or ())
     job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts, rules)
     command = [str(c) for c in (j.get("container") or {}).get("command") or []]
-    if command[:3] == ["python", "-m", "sluice.prepare"]:  # a prepare job (sluice.batch.prepare_request)
+    if command[:3] == ["python", "-m", "sluice.prepare"]:  # a prepare job (sluice.control.batch.prepare_request)
         job.module = tuple(command[2:])
     job.depends_on = tuple(d["jobId"] for d in j.get("dependsOn") or [] if d.get("jobId"))
     job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
@@ -155,9 +155,9 @@ def fail_all(job: LocalJob) -> None:
 
 def plan_attempts(plan_uri: str | None) -> int:
     """The plan's attempts (what Sluice's SubmitJob puts in retryStrategy); the default if unreadable."""
-    from sluice.aws import client
-    from sluice.plan import load_plan
-    from sluice.s3io import read_uri
+    from sluice.aws.clients import client
+    from sluice.aws.s3io import read_uri
+    from sluice.models import load_plan
 
     if not plan_uri:
         return DEFAULT_ATTEMPTS

@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import RunItem
+from sluice.control.records import ShardRecords
 from sluice.paths import is_commit_marker
-from sluice.s3uri import parse_s3_uri
-from sluice.tally import Tally
 
 BAR_WIDTH = 24
 TTY_EVERY_S = 0.5  # a terminal redraws in place
@@ -89,7 +89,7 @@ class Progress:
         self._last = time.monotonic()
         snap = Snapshot(
             status=row.status.value,
-            shards_done=Tally(self._c.dynamodb, self._table).counts(row.run_id).shards_done,
+            shards_done=ShardRecords(self._c.dynamodb, self._table).counts(row.run_id).shards_done,
             shards_total=row.total_shards,
             images=self.images_done(row.output_prefix) if row.output_prefix else 0,
             images_total=int(row.total_keys or 0),

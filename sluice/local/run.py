@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.aws import Clients, reset_clients
+from sluice.aws.clients import Clients, reset_clients
+from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
 from sluice.local.events import matches, s3_object_created
 from sluice.local.lambda_context import LocalContext
@@ -33,7 +34,6 @@ from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
 from sluice.paths import COMMITS_DIR, MANIFESTS_PREFIX, RunPaths, is_commit_marker
-from sluice.s3uri import parse_s3_uri
 
 INPUT_BUCKET = "sluice-local-images"
 LOCAL_CHUNK_KEYS = 16
@@ -281,7 +281,7 @@ def _run(
     note_pid: NotePid,
     interrupted: threading.Event,
 ) -> int:
-    from sluice.ledger import Ledger
+    from sluice.control.ledger import Ledger
     from sluice.local.executor import LocalExecutor
     from sluice.local.infra import create_local
 
@@ -451,13 +451,13 @@ def _prepare_summary(c: Any, row: RunItem) -> dict[str, Any] | None:
     """What the prepare stage did (None when the manifest Lambda planned the run itself)."""
     if row.prepare is None:
         return None
+    from sluice.aws.s3io import read_uri
     from sluice.contracts import PrepareSpec
     from sluice.prepare.collect import collect
-    from sluice.prepare.store import Store
-    from sluice.s3io import read_uri
+    from sluice.prepare.store import PrepareStore
 
     spec = PrepareSpec.model_validate_json(read_uri(c.s3, row.prepare.spec_uri))
-    return collect(spec, Store(c.s3)).summary(spec)
+    return collect(spec, PrepareStore(c.s3)).summary(spec)
 
 
 def _failures_prefix(row: RunItem) -> tuple[str, str]:

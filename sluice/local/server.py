@@ -123,7 +123,8 @@ class MotoServer:
         """A boto3 client on this server (`config`: a botocore Config)."""
         import boto3
 
-        return boto3.session.Session(region_name=self.credentials.get("AWS_DEFAULT_REGION", "us-east-1")).client(
+        session: Any = boto3.session.Session(region_name=self.credentials.get("AWS_DEFAULT_REGION", "us-east-1"))
+        return session.client(
             service,
             endpoint_url=self.endpoint,
             aws_access_key_id=self.credentials.get("AWS_ACCESS_KEY_ID"),

@@ -8,22 +8,11 @@ machine); store (S3 or a local directory). Nothing here imports torch.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Sequence
-
-
-def partitions_of(pairs: Sequence[tuple[str, str]], partitions: int) -> list[int]:
-    """The dedup partition of each (bucket, key): equal keys always meet in the same reduce worker."""
-    # CRC-32 of "bucket/key" (a bucket name has no "/"): stable across processes and retries,
-    # unlike hash(); as even as a random assignment on realistic and sequential keys (within 1-8%
-    # of the mean at 3..512 partitions), and a third of BLAKE2b's cost, which is most of a map
-    # worker's per-key work. One comprehension over a batch: a Python call per key costs as much.
-    return [zlib.crc32(f"{b}/{k}".encode("utf-8", "surrogatepass")) % partitions for b, k in pairs]
-
-
-def partition_of(bucket: str, key: str, partitions: int) -> int:
-    """partitions_of for one key."""
-    return partitions_of([(bucket, key)], partitions)[0]
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from typing import TypeVar
 
 
 def peak_rss_mb() -> float:
@@ -33,3 +22,23 @@ def peak_rss_mb() -> float:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)  # macOS reports bytes, Linux KiB
+
+
+T = TypeVar("T")
+
+
+R = TypeVar("R")
+
+
+def prefetched(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T], ahead: int) -> Iterator[R]:
+    """fn(item) for each item, in order, at most `ahead` running or waiting at once (bounded memory).
+
+    ThreadPoolExecutor.map submits every item at once and holds every result until it is read.
+    """
+    rest = iter(items)
+    pending = deque(pool.submit(fn, x) for x in islice(rest, ahead))
+    while pending:
+        got = pending.popleft().result()
+        for x in islice(rest, 1):
+            pending.append(pool.submit(fn, x))
+        yield got

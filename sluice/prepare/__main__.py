@@ -16,13 +16,13 @@ from pydantic import ValidationError
 
 from sluice.contracts import PrepareSpec
 from sluice.errors import SluiceError
-from sluice.prepare.reducer import PrepareError
-from sluice.prepare.store import Store
+from sluice.prepare.reduceparts import PrepareError
+from sluice.prepare.store import PrepareStore
 
 EXIT_OK, EXIT_FAIL = 0, 1
 
 
-def load_spec(store: Store, uri: str) -> PrepareSpec:
+def load_spec(store: PrepareStore, uri: str) -> PrepareSpec:
     """The PrepareSpec at `uri`; PrepareError says what is wrong with it."""
     try:
         return PrepareSpec.model_validate_json(store.get(uri))
@@ -38,7 +38,7 @@ def worker_index(env: dict[str, str] | None = None) -> int:
     return int(raw) if raw else 0
 
 
-def main(argv: Sequence[str] | None = None, store: Store | None = None) -> int:
+def main(argv: Sequence[str] | None = None, store: PrepareStore | None = None) -> int:
     """Run one map or reduce worker; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m sluice.prepare", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["map", "reduce"])
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None, store: Store | None = None) -> int:
     from sluice.prepare.mapper import run_map
     from sluice.prepare.reducer import run_reduce
 
-    store = store or Store()
+    store = store or PrepareStore()
     try:
         index = worker_index()
         spec = load_spec(store, args.spec)

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.contracts import KeyListRange, MapResult, PrefixRange, PrepareSpec, ReduceResult
-from sluice.incremental import SKIPPED_UNCHANGED
-from sluice.manifest import MAX_REASONS
+from sluice.errors import MAX_REASONS
+from sluice.models import SKIPPED_UNCHANGED
 from sluice.paths import RunPaths
-from sluice.prepare.reducer import IO_THREADS, PrepareError, load_map_results, read_result
-from sluice.prepare.store import Store
+from sluice.prepare.reduceparts import IO_THREADS, PrepareError, load_map_results, read_result
+from sluice.prepare.store import PrepareStore
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Collected:
     peak_rss_mb_per_worker: float = 0.0  # the most any one map or reduce worker held
     problem_count: int = 0
     # An incremental run: keys left out by reason, the staged shards per partition (placed by the
-    # submit step: sluice.incremental.reduceside.place_shards), and the map workers' version counts.
+    # submit step: sluice.prepare.versions_reduce.place_shards), and the map workers' version counts.
     skipped: dict[str, int] = field(default_factory=dict)
     pieces: list[int] = field(default_factory=list)
     versions: dict[str, int] = field(default_factory=dict)
@@ -88,7 +88,7 @@ def _zero_keys(spec: PrepareSpec) -> str:
     return "the input names zero keys: nothing to run"
 
 
-def collect(spec: PrepareSpec, store: Store) -> Collected:
+def collect(spec: PrepareSpec, store: PrepareStore) -> Collected:
     """Read the P MapResults and (unless a map worker found bad input) the R ReduceResults."""
     maps = load_map_results(spec, store)
     peak = max(m.peak_rss_mb for m in maps)

@@ -1,4 +1,4 @@
-"""A map worker's key-list range: the lines that start in it, read and checked as sluice.manifest does."""
+"""A map worker's key-list range: the lines that start in it, read and checked as sluice.input.manifest does."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import re
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
+from sluice.aws.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name
 from sluice.contracts import KeyListRange
-from sluice.errors import ManifestRejected
-from sluice.lines import LineTooLong, decode_lines
-from sluice.manifest import _entry_to_pair, _keylist_entries
-from sluice.prepare.sink import WHERE, Sink, TaskProblems
-from sluice.prepare.store import CHUNK, Store
-from sluice.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name
+from sluice.errors import Rejection
+from sluice.input.lines import LineTooLong, decode_lines
+from sluice.input.sources import entry_to_pair, keylist_entries
+from sluice.prepare.mapparts import WHERE, TaskProblems
+from sluice.prepare.router import KeyRouter
+from sluice.prepare.store import CHUNK, PrepareStore
 
 TAIL_CHUNK = 64 * 2**10  # the line that crosses a range's end is read in small GETs
 BATCH = 8192  # lines checked, and pairs routed, at a time
@@ -25,7 +26,7 @@ _OFFSET = re.compile(r"invalid byte at offset (\d+)")
 class OwnedLines:
     """The bytes of the lines whose first byte is in [start, end) of a key list, and what they held."""
 
-    def __init__(self, store: Store, task: KeyListRange, chunk: int = CHUNK) -> None:
+    def __init__(self, store: PrepareStore, task: KeyListRange, chunk: int = CHUNK) -> None:
         self._store, self._task, self._chunk = store, task, chunk
         self.first = task.start  # offset of the first owned line (set once found)
         self.lines = 0
@@ -82,7 +83,7 @@ def _header_line(header: list[str]) -> str:
     return buf.getvalue()
 
 
-def map_keylist(task: KeyListRange, store: Store, default_bucket: str | None, sink: Sink) -> int:
+def map_keylist(task: KeyListRange, store: PrepareStore, default_bucket: str | None, sink: KeyRouter) -> int:
     """Validate and route the entries of one byte range; returns the lines it holds."""
     problems = sink.problems
     owned = OwnedLines(store, task)
@@ -101,7 +102,7 @@ def map_keylist(task: KeyListRange, store: Store, default_bucket: str | None, si
             return owned.lines
         pending: list[tuple[str, str]] = []
         n = 0
-        for n, bucket, entry in _keylist_entries(lines, task.uri, task.format):
+        for n, bucket, entry in keylist_entries(lines, task.uri, task.format):
             pair = _fast_pair(entry, bucket, default_bucket, good)
             if pair is None:
                 problems.line = n - shift
@@ -124,7 +125,7 @@ def map_keylist(task: KeyListRange, store: Store, default_bucket: str | None, si
     except LineTooLong as exc:  # the rest of the range is not lines either
         problems.line = owned.line_at(exc.offset)
         problems.add(f"{WHERE}: {exc.reasons[0].split(': ', 1)[1]}")
-    except ManifestRejected as exc:  # not UTF-8: the rest of the range cannot be read as lines
+    except Rejection as exc:  # not UTF-8: the rest of the range cannot be read as lines
         m = _OFFSET.search(str(exc))
         at = int(m.group(1)) if m else 0
         problems.line = owned.line_at(at)
@@ -133,25 +134,25 @@ def map_keylist(task: KeyListRange, store: Store, default_bucket: str | None, si
 
 
 # A plain URI line: a bucket as is_bucket_name has it (less its ".." rule, checked after), then a key
-# of 1..256 characters not ending in "/" or "\r", then at most one "\r" (_keylist_entries drops it).
+# of 1..256 characters not ending in "/" or "\r", then at most one "\r" (keylist_entries drops it).
 _URI_LINE = re.compile(
     rf"^s3://([a-z0-9][a-z0-9.\-]{{1,61}}[a-z0-9])/([^\n]{{0,{SHORT_KEY - 1}}}[^\n/\r])\r?$", re.MULTILINE
 )
-# Characters sluice.s3uri.bad_char refuses, less \n (the batch's separator) and a \r ending a line (CRLF).
+# Characters sluice.aws.s3uri.bad_char refuses, less \n (the batch's separator) and a \r ending a line (CRLF).
 _DIRTY = re.compile(r"[\x00-\x09\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]|\r(?!\n|\Z)")
-_SLOW = ("", "", "")  # a line the batch path leaves to sluice.manifest's checks
+_SLOW = ("", "", "")  # a line the batch path leaves to sluice.input.manifest's checks
 _BARE = "\0bare"  # stands for the default bucket (never a bucket name: it has a NUL)
 
 
 def _txt_batch(
-    batch: list[str], first: int, uri: str, default: str | None, good: set[str], sink: Sink
+    batch: list[str], first: int, uri: str, default: str | None, good: set[str], sink: KeyRouter
 ) -> list[tuple[str, str]]:
     """A batch of .txt lines -> valid pairs: plain lines in one regex or a few comprehensions, the rest one by one.
 
-    A line is plain when _keylist_entries and _entry_to_pair would return it unchanged: an
+    A line is plain when keylist_entries and entry_to_pair would return it unchanged: an
     s3:// URI whose bucket is_bucket_name accepts (or a bare key, given a default bucket, with no
     "://"), a key of 1..256 characters not ending in "/" or "\\r" and not all blanks. Anything
-    else goes through sluice.manifest's own functions, with its line number, for their reasons.
+    else goes through sluice.input.manifest's own functions, with its line number, for their reasons.
     """
     joined = "\n".join(batch)
     dirty = _DIRTY.search(joined) is not None  # a control character (or a surrogate): line by line
@@ -187,7 +188,7 @@ def _txt_batch(
             sink.problems.line = first + i
             pair: tuple[str, str] | None = (d if b == _BARE else b, k) if y else None
             if pair is None:
-                for _, _, entry in _keylist_entries([batch[i]], uri, ".txt"):  # blank lines yield nothing
+                for _, _, entry in keylist_entries([batch[i]], uri, ".txt"):  # blank lines yield nothing
                     pair = _slow_pair(entry, None, default, sink.problems)
             if pair is not None and not sink.not_allowed(pair[0], pair[1], f"{WHERE}: "):
                 pairs.append(pair)
@@ -195,8 +196,8 @@ def _txt_batch(
 
 
 def _fast_pair(entry: str, bucket: str | None, default: str | None, good: set[str]) -> tuple[str, str] | None:
-    """(bucket, key) when the entry is plainly valid, exactly as _entry_to_pair would return it; else None."""
-    if entry[:1] == "\0" or bad_char(entry):  # _keylist_entries' own "this line is bad" marker, a control char
+    """(bucket, key) when the entry is plainly valid, exactly as entry_to_pair would return it; else None."""
+    if entry[:1] == "\0" or bad_char(entry):  # keylist_entries' own "this line is bad" marker, a control char
         return None
     if bucket is None and entry.startswith("s3://"):
         b, _, k = entry[5:].partition("/")
@@ -205,12 +206,12 @@ def _fast_pair(entry: str, bucket: str | None, default: str | None, good: set[st
         return None
     b2 = default if bucket is None else bucket
     if b2 in good and "://" not in entry and entry and not entry.endswith("/") and len(entry) <= SHORT_KEY:
-        return b2, entry  # "://" absent: not a URL (sluice.manifest._SCHEME needs it)
+        return b2, entry  # "://" absent: not a URL (sluice.input.manifest._SCHEME needs it)
     return None
 
 
 def _slow_pair(entry: str, bucket: str | None, default: str | None, problems: TaskProblems) -> tuple[str, str] | None:
-    """sluice.manifest's checks with its reasons (as _keylist_pairs does, with the line left to collect)."""
+    """sluice.input.manifest's checks with its reasons (as keylist_pairs does, with the line left to collect)."""
     if entry.startswith("\0"):
         problems.add(f"{WHERE}: {entry[1:]}")
         return None
@@ -218,8 +219,8 @@ def _slow_pair(entry: str, bucket: str | None, default: str | None, problems: Ta
         if not is_bucket_name(bucket):
             problems.add(f"{WHERE}: {bucket_problem(bucket)}")
             return None
-        return _entry_to_pair(entry, bucket, WHERE, problems)
-    return _entry_to_pair(entry, default, WHERE, problems)
+        return entry_to_pair(entry, bucket, WHERE, problems)
+    return entry_to_pair(entry, default, WHERE, problems)
 
 
 def _prepend(first: str, rest: Iterable[str]) -> Iterator[str]:

@@ -1,6 +1,6 @@
 """Map worker w: read tasks[w::workers], validate every entry, route each key to its partition's part file.
 
-Each key goes, by partition_of, to one of R local spill files (shard format, unsorted blocks,
+Each key goes, by partitions_of (sluice.prepare.mapparts), to one of R local spill files (shard format, unsorted blocks,
 bounded memory); then all R are uploaded (empty ones too, so a reducer never guesses) and the
 MapResult is written last: it is the worker's commit marker. The same input gives the same
 bytes, so a retried worker overwrites its parts with identical objects.
@@ -14,39 +14,40 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from sluice.awserror import AwsFailure, Kind
+from sluice.aws.errors import AwsFatalError, Kind
 from sluice.contracts import InlineKeys, InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
-from sluice.errors import AwsFatalError, ManifestRejected
-from sluice.incremental.mapside import VersionSink, map_earlier
-from sluice.inventory import csv_keys, csv_versions, parquet_keys, parquet_versions
+from sluice.errors import Rejection
+from sluice.input.inventory import csv_keys, csv_versions, parquet_keys, parquet_versions
 from sluice.paths import RunPaths
 from sluice.prepare import peak_rss_mb
 from sluice.prepare.keylist import map_keylist
-from sluice.prepare.sink import Parts, Sink, TaskProblems
-from sluice.prepare.store import Store
+from sluice.prepare.mapparts import Parts, TaskProblems
+from sluice.prepare.router import KeyRouter
+from sluice.prepare.store import PrepareStore
+from sluice.prepare.versions_map import VersionRouter, map_earlier
 
 UPLOAD_THREADS = 8
 
 
 def _input_problem(exc: AwsFatalError, what: str) -> str:
-    """The rejection reason for an input object S3 will not give (sluice.manifest._s3_error's words)."""
+    """The rejection reason for an input object S3 will not give (sluice.input.manifest.s3_error's words)."""
     failure = exc.failure
-    if isinstance(failure, AwsFailure) and failure.kind is Kind.NOT_FOUND:
+    if failure.kind is Kind.NOT_FOUND:
         return f"{what}: the bucket does not exist" if failure.code == "NoSuchBucket" else f"{what} does not exist"
-    if isinstance(failure, AwsFailure) and failure.kind is Kind.DENIED:
+    if failure.kind is Kind.DENIED:
         return f"{what} cannot be read: access denied (grant the prepare job role read access)"
     raise exc
 
 
 def map_inventory(
     task: InventoryFiles,
-    store: Store,
+    store: PrepareStore,
     problems: TaskProblems,
     emit_batch: Callable[..., None],
     *,
     versions: bool = False,
 ) -> int:
-    """Read each data file (gzip CSV or Parquet, via sluice.inventory); returns the keys it held.
+    """Read each data file (gzip CSV or Parquet, via sluice.input.inventory); returns the keys it held.
 
     `versions`: batches carry each key's object version too (an incremental run).
     """
@@ -76,7 +77,7 @@ def map_inventory(
             for bucket, keys in batches:
                 rows += len(keys)
                 emit_batch(bucket, keys)
-        except ManifestRejected as exc:
+        except Rejection as exc:
             problems.add("; ".join(exc.reasons))
         except Exception as exc:  # pyarrow's errors (a damaged Parquet file), a schema without Bucket/Key
             problems.add(f"inventory file {key}: cannot be read as {task.format}: {type(exc).__name__}: {exc}")
@@ -85,7 +86,7 @@ def map_inventory(
 
 def map_prefix(
     task: PrefixRange,
-    store: Store,
+    store: PrepareStore,
     problems: TaskProblems,
     emit_batch: Callable[..., None],
     *,
@@ -123,7 +124,7 @@ def map_prefix(
         token = page.token
 
 
-def run_map(spec: PrepareSpec, worker: int, store: Store, *, spill_dir: str | None = None) -> MapResult:
+def run_map(spec: PrepareSpec, worker: int, store: PrepareStore, *, spill_dir: str | None = None) -> MapResult:
     """Map worker `worker`: its parts, then its MapResult (last)."""
     t0 = time.monotonic()
     if not 0 <= worker < spec.workers:
@@ -134,8 +135,8 @@ def run_map(spec: PrepareSpec, worker: int, store: Store, *, spill_dir: str | No
     mine = list(range(worker, len(spec.tasks), spec.workers))
     with tempfile.TemporaryDirectory(prefix="sluice-map-", dir=spill_dir) as tmp:
         parts = Parts(tmp, spec.partitions)
-        sink = Sink(parts, problems, frozenset(spec.allowed_buckets), suffixes)
-        vs = sink.versions = VersionSink(os.path.join(tmp, "v"), spec, store) if spec.incremental else None
+        sink = KeyRouter(parts, problems, frozenset(spec.allowed_buckets), suffixes)
+        vs = sink.versions = VersionRouter(os.path.join(tmp, "v"), spec, store) if spec.incremental else None
         try:
             task_lines = [_map_task(spec, t, store, sink) for t in mine]
             if vs is not None:  # the earlier output, after the input: its problems follow the input's
@@ -170,7 +171,7 @@ def run_map(spec: PrepareSpec, worker: int, store: Store, *, spill_dir: str | No
     return result
 
 
-def _map_task(spec: PrepareSpec, t: int, store: Store, sink: Sink) -> int:
+def _map_task(spec: PrepareSpec, t: int, store: PrepareStore, sink: KeyRouter) -> int:
     """Task `t` of the input: its lines, rows or keys, routed to the sink."""
     task = spec.tasks[t]
     problems = sink.problems
@@ -181,12 +182,12 @@ def _map_task(spec: PrepareSpec, t: int, store: Store, sink: Sink) -> int:
     if isinstance(task, InventoryFiles):
         return map_inventory(task, store, problems, sink.batch, versions=versions)
     if isinstance(task, InlineKeys):
-        sink.pairs(list(task.pairs))  # validated by the manifest Lambda (sluice.incremental.lineage)
+        sink.pairs(list(task.pairs))  # validated by the manifest Lambda (sluice.control.lineage)
         return len(task.pairs)
     return map_prefix(task, store, problems, sink.batch, versions=versions)
 
 
-def _upload(store: Store, items: list[tuple[str, str]]) -> None:
+def _upload(store: PrepareStore, items: list[tuple[str, str]]) -> None:
     """PUT each local part file to its URI (threads: S3 PUT latency, not bandwidth, bounds this)."""
 
     def put(item: tuple[str, str]) -> None:

@@ -18,15 +18,15 @@ from multiprocessing import get_context
 from typing import Any
 
 from sluice.contracts import PrepareSpec
-from sluice.dedup import MAX_POSITIONS
-from sluice.errors import ManifestRejected
+from sluice.errors import Rejection
 from sluice.models import MAX_ARRAY_SIZE, RunPlan
 from sluice.paths import RunPaths
-from sluice.plan import job_layouts
+from sluice.plan.dedup import MAX_POSITIONS
+from sluice.plan.layout import job_layouts
 from sluice.prepare.collect import collect
-from sluice.prepare.reducer import PrepareError
+from sluice.prepare.reduceparts import PrepareError
 from sluice.prepare.split import choose_partitions, estimate_keylist, keylist_tasks
-from sluice.prepare.store import Store
+from sluice.prepare.store import PrepareStore
 
 
 def _map_child(spec_uri: str, worker: int) -> float:
@@ -34,7 +34,7 @@ def _map_child(spec_uri: str, worker: int) -> float:
     from sluice.prepare.__main__ import load_spec
     from sluice.prepare.mapper import run_map
 
-    cpu, store = time.process_time(), Store()
+    cpu, store = time.process_time(), PrepareStore()
     run_map(load_spec(store, spec_uri), worker, store)
     return time.process_time() - cpu
 
@@ -44,7 +44,7 @@ def _reduce_child(spec_uri: str, partition: int) -> float:
     from sluice.prepare.__main__ import load_spec
     from sluice.prepare.reducer import run_reduce
 
-    cpu, store = time.process_time(), Store()
+    cpu, store = time.process_time(), PrepareStore()
     run_reduce(load_spec(store, spec_uri), partition, store)
     return time.process_time() - cpu
 
@@ -74,11 +74,11 @@ def prepare_offline(
     max_keys: int = MAX_POSITIONS - 1,
     keep_parts: bool = False,
 ) -> dict[str, Any]:
-    """Shard a local key list into out_dir/shards/ and write out_dir/plan.json; ManifestRejected on bad input."""
+    """Shard a local key list into out_dir/shards/ and write out_dir/plan.json; Rejection on bad input."""
     t0 = time.monotonic()
     path = os.path.abspath(keylist_path)
     root = os.path.abspath(out_dir) + "/"
-    paths, store = RunPaths(root), Store()
+    paths, store = RunPaths(root), PrepareStore()
     est = estimate_keylist(store, path)
     run_id = "offline-" + blake2b(path.encode(), digest_size=6).hexdigest()
     spec = PrepareSpec(
@@ -100,7 +100,7 @@ def prepare_offline(
     if not keep_parts:
         shutil.rmtree(root + "prepare/map", ignore_errors=True)
     if got.rejected:
-        raise ManifestRejected(got.rejected)
+        raise Rejection(got.rejected)
     plan = RunPlan.standalone(
         run_id,
         root,
@@ -135,7 +135,7 @@ def add_offline_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def offline_main(args: argparse.Namespace) -> int:
-    """`sluice prepare`: run prepare_offline and print its summary; ManifestRejected propagates (cli prints it)."""
+    """`sluice prepare`: run prepare_offline and print its summary; Rejection propagates (cli prints it)."""
     if args.workers < 1 or (args.partitions is not None and args.partitions < 1) or args.keys_per_shard < 1:
         raise PrepareError("--workers, --partitions and --keys-per-shard must be at least 1")
     summary = prepare_offline(

@@ -9,82 +9,15 @@ at most one (smaller than keys_per_shard by the duplicate fraction). multinode: 
 
 from __future__ import annotations
 
-import math
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from sluice.awserror import AwsFailure, Kind
-from sluice.contracts import MapResult, PrepareSpec, ReduceResult
-from sluice.errors import AwsFatalError, SluiceError
+from sluice.contracts import PrepareSpec, ReduceResult
 from sluice.paths import RunPaths
-from sluice.prepare import peak_rss_mb
-from sluice.prepare.store import Store
-from sluice.shards import ShardReader, encode_shard, rank_slice
-
-IO_THREADS = 8
-Groups = list[tuple[str, list[str]]]
+from sluice.prepare.reduceparts import cut, load_map_results, read_partition, shard_slots, write_partition
+from sluice.prepare.store import PrepareStore
 
 
-class PrepareError(SluiceError):
-    """The prepare stage's own files are missing or inconsistent: the job fails (exit 1)."""
-
-
-def read_result(store: Store, uri: str, what: str) -> bytes:
-    """A result object's bytes; PrepareError when the worker that writes it has not finished."""
-    try:
-        return store.get(uri)
-    except FileNotFoundError:
-        pass
-    except AwsFatalError as exc:
-        if not (isinstance(exc.failure, AwsFailure) and exc.failure.kind is Kind.NOT_FOUND):
-            raise
-    raise PrepareError(f"{what} left no result ({uri}): its job did not finish; rerun it")
-
-
-def load_map_results(spec: PrepareSpec, store: Store) -> list[MapResult]:
-    """Every map worker's result (read in parallel); a missing one means the map job did not finish."""
-    paths = RunPaths(spec.root)
-
-    def load(w: int) -> MapResult:
-        uri = paths.map_result(w)
-        res = MapResult.model_validate_json(read_result(store, uri, f"map worker {w}"))
-        if len(res.partition_keys) != spec.partitions:
-            raise PrepareError(f"{uri} has {len(res.partition_keys)} partitions, the spec {spec.partitions}")
-        return res
-
-    with ThreadPoolExecutor(IO_THREADS) as pool:
-        return list(pool.map(load, range(spec.workers)))
-
-
-def shard_slots(spec: PrepareSpec, results: list[MapResult]) -> list[int]:
-    """S_q for every partition q: shards it fills (known before deduplication)."""
-    if spec.mode == "multinode":
-        return [1] * spec.partitions
-    counts = [sum(m.partition_keys[q] for m in results) for q in range(spec.partitions)]
-    return [math.ceil(c / spec.keys_per_shard) for c in counts]
-
-
-def cut(groups: Groups, n_keys: int, n_shards: int) -> list[Groups]:
-    """Sorted (bucket, keys) groups -> n_shards contiguous pieces whose sizes differ by at most one."""
-    pieces: list[Groups] = []
-    gi, off = 0, 0  # position in groups: group index, offset inside it
-    for j in range(n_shards):
-        lo, hi = rank_slice(n_keys, n_shards, j)
-        need, piece = hi - lo, []
-        while need:
-            bucket, keys = groups[gi]
-            take = min(need, len(keys) - off)
-            piece.append((bucket, keys[off : off + take]))
-            need -= take
-            off += take
-            if off == len(keys):
-                gi, off = gi + 1, 0
-        pieces.append(piece)
-    return pieces
-
-
-def run_reduce(spec: PrepareSpec, partition: int, store: Store) -> ReduceResult:
+def run_reduce(spec: PrepareSpec, partition: int, store: PrepareStore) -> ReduceResult:
     """Reduce worker `partition`: its shards, then its ReduceResult (last)."""
     t0 = time.monotonic()
     if not 0 <= partition < spec.partitions:
@@ -97,7 +30,7 @@ def run_reduce(spec: PrepareSpec, partition: int, store: Store) -> ReduceResult:
         return res
     groups, keys_in = read_partition(spec, partition, store, results)
     if spec.incremental:
-        from sluice.incremental.reduceside import reduce_incremental
+        from sluice.prepare.versions_reduce import reduce_incremental
 
         return reduce_incremental(spec, partition, store, results, groups, keys_in, t0)
     slots = shard_slots(spec, results)
@@ -107,67 +40,3 @@ def run_reduce(spec: PrepareSpec, partition: int, store: Store) -> ReduceResult:
     del groups
     uris = [paths.shard(first + j) for j in range(len(pieces))]
     return write_partition(spec, partition, store, uris, pieces, keys_in=keys_in, unique=unique, first=first, t0=t0)
-
-
-def write_partition(
-    spec: PrepareSpec,
-    partition: int,
-    store: Store,
-    uris: list[str],
-    pieces: list[Groups],
-    *,
-    keys_in: int,
-    unique: int,
-    first: int,
-    t0: float,
-    **extra: Any,
-) -> ReduceResult:
-    """Write the partition's shards, then its ReduceResult (its commit marker); `extra`: more result fields."""
-    write_pieces(store, uris, pieces)
-    res = ReduceResult(
-        partition=partition,
-        keys_in=keys_in,
-        unique_keys=unique,
-        duplicates=keys_in - unique,
-        first_shard=first,
-        shard_keys=[sum(len(k) for _, k in p) for p in pieces],
-        seconds=round(time.monotonic() - t0, 3),
-        peak_rss_mb=peak_rss_mb(),
-        **extra,
-    )
-    store.put(
-        RunPaths(spec.root).reduce_result(partition), res.model_dump_json().encode(), content_type="application/json"
-    )
-    return res
-
-
-def read_partition(spec: PrepareSpec, partition: int, store: Store, results: list[MapResult]) -> tuple[Groups, int]:
-    """Partition `partition`'s keys from every map worker: sorted unique keys per bucket, and the keys read."""
-    paths = RunPaths(spec.root)
-    expected = sum(m.partition_keys[partition] for m in results)
-    by_bucket: dict[str, list[str]] = {}
-    uris = [paths.prepare_part(w, partition) for w in range(spec.workers)]
-    with ThreadPoolExecutor(IO_THREADS) as pool:
-        for data in pool.map(store.get, uris):
-            for bucket, keys in ShardReader(data).groups():
-                by_bucket.setdefault(bucket, []).extend(keys)
-    keys_in = sum(len(v) for v in by_bucket.values())
-    if keys_in != expected:
-        raise PrepareError(
-            f"partition {partition}'s parts hold {keys_in} keys, the map results say {expected}: "
-            "a part was overwritten by another run of the map job; rerun the map job"
-        )
-    groups: Groups = []
-    for bucket in sorted(by_bucket):
-        groups.append((bucket, sorted(set(by_bucket.pop(bucket)))))  # exact: equal strings, not digests
-    return groups, keys_in
-
-
-def write_pieces(store: Store, uris: list[str], pieces: list[Groups]) -> None:
-    """Each piece as a sorted shard at its URI (in parallel)."""
-
-    def write(j: int) -> None:
-        store.put(uris[j], encode_shard(pieces[j], sort=True), scratch=True)
-
-    with ThreadPoolExecutor(IO_THREADS) as pool:
-        list(pool.map(write, range(len(pieces))))

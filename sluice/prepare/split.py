@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any, Literal
 
-from sluice import strictjson
 from sluice.contracts import InventoryFiles, KeyListRange, PrefixRange
-from sluice.errors import ManifestRejected
-from sluice.prepare.store import Store
-from sluice.s3uri import bad_char, bucket_problem, parse_s3_uri
+from sluice.input.inventory import InventoryReport, read_inventory_manifest
+from sluice.prepare.store import PrepareStore
 
 KeyListFormat = Literal[".txt", ".csv", ".jsonl"]
 KEYS_PER_WORKER = 5_000_000
@@ -37,7 +35,7 @@ SAMPLE_BYTES = 64 * 2**10
 INVENTORY_BYTES_PER_KEY = {"CSV": 20, "PARQUET": 25}
 MAX_INVENTORY_HEADS = 64  # data files HEADed when manifest.json lists no sizes; the rest get their mean
 TASKS_PER_WORKER = 4  # prefix ranges per worker: listing rates vary, round-robin evens them out
-HEADER_NAMES = frozenset({"uri", "key", "s3_uri", "url"})  # as sluice.manifest._keylist_entries reads a header
+HEADER_NAMES = frozenset({"uri", "key", "s3_uri", "url"})  # as sluice.input.manifest.keylist_entries reads a header
 SUCCESSOR_DEPTH = 16  # characters after the prefix the unlisted rest is split at
 DEFAULT_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -74,7 +72,7 @@ class KeyListEstimate:
 
 
 def keylist_format(uri: str) -> KeyListFormat:
-    """.txt, .csv or .jsonl from the name (anything else reads as .txt, as sluice.manifest does)."""
+    """.txt, .csv or .jsonl from the name (anything else reads as .txt, as sluice.input.manifest does)."""
     lower = uri.lower()
     for fmt in (".csv", ".jsonl", ".txt"):
         if lower.endswith(fmt):
@@ -82,7 +80,7 @@ def keylist_format(uri: str) -> KeyListFormat:
     return ".txt"
 
 
-def estimate_keylist(store: Store, uri: str, size: int | None = None) -> KeyListEstimate:
+def estimate_keylist(store: PrepareStore, uri: str, size: int | None = None) -> KeyListEstimate:
     """HEAD (unless `size` is known) and one ranged GET of the first 64 KiB: bytes a line -> keys; the .csv header."""
     fmt = keylist_format(uri)
     size = store.size(uri) if size is None else size
@@ -123,19 +121,6 @@ def keylist_tasks(
 
 
 @dataclass(frozen=True)
-class InventoryReport:
-    """An S3 Inventory manifest.json: where its data files are, their keys and sizes (None: not listed)."""
-
-    uri: str
-    bucket: str
-    format: Literal["CSV", "PARQUET"]
-    columns: list[str]
-    files: list[str]
-    sizes: list[int | None] = field(default_factory=list)
-    md5s: list[str | None] = field(default_factory=list)  # files[].MD5checksum: the data file's MD5, hex
-
-
-@dataclass(frozen=True)
 class InventoryEstimate:
     """The report with every size known (listed, HEADed or the mean) and the keys estimated from them."""
 
@@ -144,47 +129,7 @@ class InventoryEstimate:
     keys_estimate: int
 
 
-def read_inventory_manifest(raw: bytes, uri: str) -> InventoryReport:
-    """Parse and check manifest.json: the one reader of it (the manifest Lambda's and the prepare stage's)."""
-    bucket, _ = parse_s3_uri(uri) if uri.startswith("s3://") else ("local", uri)
-    inv = strictjson.loads(raw, uri)
-    try:
-        fmt = str(inv["fileFormat"]).upper()
-        entries = inv["files"]
-        if not isinstance(entries, list) or not all(isinstance(f, dict) for f in entries):
-            raise TypeError("files must be a list of objects")
-        files = [f["key"] for f in entries]
-        if not all(isinstance(k, str) and k and not bad_char(k) for k in files):
-            raise TypeError("every files[].key must be an object key")
-        sizes = [_size(f.get("size")) for f in entries]
-        md5s = [_md5(f.get("MD5checksum")) for f in entries]
-        dest = str(inv.get("destinationBucket", f"arn:aws:s3:::{bucket}")).rsplit(":", 1)[-1]
-        schema = [c.strip() for c in str(inv.get("fileSchema", "Bucket, Key")).split(",")]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ManifestRejected(f"{uri}: not an S3 Inventory manifest.json ({exc!r} missing or malformed)") from exc
-    if fmt not in ("CSV", "PARQUET"):
-        raise ManifestRejected(f"{uri}: inventory format {fmt[:40]} is not supported; use CSV or Parquet")
-    if not files:
-        raise ManifestRejected(f"{uri}: inventory lists no data files")
-    why = bucket_problem(dest)
-    if why:
-        raise ManifestRejected(f"{uri}: destinationBucket: {why}")
-    if fmt == "CSV" and not {"bucket", "key"} <= {c.lower() for c in schema}:
-        raise ManifestRejected(f"{uri}: fileSchema {', '.join(schema)[:200]!r} has no Bucket and Key columns")
-    return InventoryReport(uri, dest, fmt, schema, files, sizes, md5s)  # type: ignore[arg-type]
-
-
-def _md5(v: Any) -> str | None:
-    """A hex MD5, or None (absent, or not an MD5: then the file is not checked)."""
-    text = str(v).strip().lower() if isinstance(v, str) else ""
-    return text if len(text) == 32 and all(c in "0123456789abcdef" for c in text) else None
-
-
-def _size(v: Any) -> int | None:
-    return int(v) if isinstance(v, int | str) and str(v).isdigit() else None
-
-
-def estimate_inventory(store: Store, uri: str, max_heads: int = MAX_INVENTORY_HEADS) -> InventoryEstimate:
+def estimate_inventory(store: PrepareStore, uri: str, max_heads: int = MAX_INVENTORY_HEADS) -> InventoryEstimate:
     """Read manifest.json (one small GET), HEAD at most `max_heads` unsized data files; keys = bytes / ratio."""
     report = read_inventory_manifest(store.get(uri), uri)
     sizes = list(report.sizes)
@@ -234,8 +179,8 @@ class PrefixEstimate:
     keys_estimate: int
 
 
-def _store(s3: Any) -> Store:
-    return s3 if isinstance(s3, Store) else Store(s3)
+def _store(s3: Any) -> PrepareStore:
+    return s3 if isinstance(s3, PrepareStore) else PrepareStore(s3)
 
 
 def estimate_prefix(
@@ -285,7 +230,7 @@ def prefix_tasks(s3: Any, bucket: str, prefix: str, workers: int, max_pages: int
     return [PrefixRange(bucket=bucket, prefix=prefix, start_after=a, stop_at=b) for a, b in pairwise(edges)]
 
 
-def _fan_out(store: Store, bucket: str, prefix: str, max_pages: int) -> tuple[list[str], list[str], bool]:
+def _fan_out(store: PrepareStore, bucket: str, prefix: str, max_pages: int) -> tuple[list[str], list[str], bool]:
     """(common prefixes, keys directly under the prefix, whether the listing ended) in at most max_pages."""
     cps: list[str] = []
     keys: list[str] = []
@@ -330,3 +275,8 @@ def _successors(last: str, prefix: str, alphabet: str) -> list[str]:
     for i in range(len(prefix), min(len(last), len(prefix) + SUCCESSOR_DEPTH)):
         out += [last[:i] + c + "/" for c in alphabet if c > last[i]]
     return out
+
+
+# An incremental reducer holds, besides its keys, their current versions and the newest earlier
+# record per key and model (~2x the memory a key takes otherwise): twice the partitions.
+PARTITION_FACTOR = 2

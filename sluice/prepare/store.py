@@ -1,9 +1,9 @@
 """Where the prepare stage reads and writes: S3 (s3:// URIs) or a local directory, behind one small API.
 
-S3 calls go through a lazily created client (sluice.aws.client) with boto3's standard retries;
+S3 calls go through a lazily created client (sluice.aws.clients.client) with boto3's standard retries;
 a throttled or 5xx call that outlives those is retried here a few more times with backoff, then
 raised as RetriableError (the Batch job exits 1 and Batch retries it). Other S3 failures are
-AwsFatalError (sluice.awserror). Local writes are atomic (write, then rename), so a killed
+AwsFatalError (sluice.aws.errors). Local writes are atomic (write, then rename), so a killed
 worker never leaves half a file under its final name.
 """
 
@@ -20,10 +20,9 @@ from typing import Any, BinaryIO, TypeVar, cast
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sluice.awserror import AwsFailure, Kind, classify, translate
-from sluice.errors import AwsFatalError
-from sluice.plan import SCRATCH_TAG
-from sluice.s3uri import parse_s3_uri
+from sluice.aws.errors import AwsFatalError, Kind, classify, translate
+from sluice.aws.s3uri import parse_s3_uri
+from sluice.paths import SCRATCH_TAG
 
 T = TypeVar("T")
 S3_CONFIG = Config(retries={"max_attempts": 10, "mode": "standard"}, max_pool_connections=32, user_agent_extra="sluice")
@@ -42,7 +41,7 @@ class Page:
     sizes: list[int] = field(default_factory=list)
 
 
-class Store:
+class PrepareStore:
     """Bytes by URI: `s3://bucket/key` on S3, anything else a local path."""
 
     def __init__(self, s3: Any = None, *, backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -53,7 +52,7 @@ class Store:
     @property
     def s3(self) -> Any:
         if self._s3 is None:
-            from sluice.aws import client
+            from sluice.aws.clients import client
 
             self._s3 = client("s3", config=S3_CONFIG, name="prepare")
         return self._s3
@@ -123,7 +122,7 @@ class Store:
         try:
             self.size(uri)
         except AwsFatalError as exc:
-            if isinstance(exc.failure, AwsFailure) and exc.failure.kind is Kind.NOT_FOUND:
+            if exc.kind is Kind.NOT_FOUND:
                 return False
             raise
         return True
@@ -224,7 +223,7 @@ class RangeFile(io.RawIOBase):
 
     TAIL = 64 * 2**10
 
-    def __init__(self, store: Store, uri: str, size: int) -> None:
+    def __init__(self, store: PrepareStore, uri: str, size: int) -> None:
         super().__init__()
         self._store, self._uri, self._size, self._pos = store, uri, size, 0
         self._tail_at = max(0, size - self.TAIL)

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from sluice.contracts import JobStatus
-from sluice.ledger import Ledger
+from sluice.control.ledger import Ledger
+from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
 from sluice.local.executor import EXITED, LocalExecutor, LocalJob, Task
 from sluice.models import RunPlan
-from sluice.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
 
 RUN = "run-executor"
 

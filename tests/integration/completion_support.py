@@ -7,10 +7,10 @@ import json
 import threading
 from typing import Any
 
+from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReason, ShardResult, over_threshold
 from sluice.local.lambda_context import LocalContext
 from sluice.paths import RunPaths
-from sluice.s3uri import parse_s3_uri
 from tests.conftest import load_event
 from tests.integration.helpers import INPUT_BUCKET, invoke_manifest_handler
 

@@ -7,10 +7,10 @@ import json
 import os
 from typing import Any
 
+from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import JobStatus, parse_detail
 from sluice.local.lambda_context import LocalContext
 from sluice.paths import RunPaths
-from sluice.s3uri import parse_s3_uri
 from sluice.shards import ShardReader
 from tests.conftest import load_event
 

@@ -18,14 +18,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sluice.contracts import JobStatus, PrepareSpec, RunStatus
-from sluice.ddb import item, value
-from sluice.ledger import Ledger
+from sluice.control.ddb import item, value
+from sluice.control.ledger import Ledger
 from sluice.models import ModelSpec, PlannedModel, RunPlan
 from sluice.outputs import arrow_schema
 from sluice.paths import shard_output_dir
 from sluice.prepare.mapper import run_map
 from sluice.prepare.reducer import run_reduce
-from sluice.prepare.store import Store
+from sluice.prepare.store import PrepareStore
 
 DIM = 4
 Row = tuple[str, str, str | None]  # (s3://bucket/key, etag, version id)
@@ -60,7 +60,7 @@ def chunk_bytes(rows: Sequence[Row], model: str, model_id: str, run_id: str, dty
 
 
 def write_chunk(
-    store: Store,
+    store: PrepareStore,
     shard_dir: str,
     name: str,
     rows: Sequence[Row],
@@ -100,7 +100,7 @@ def earlier_plan(
     )
 
 
-def write_output(store: Store, plan: RunPlan, by_model: Sequence[Sequence[Row]], per_chunk: int = 3) -> None:
+def write_output(store: PrepareStore, plan: RunPlan, by_model: Sequence[Sequence[Row]], per_chunk: int = 3) -> None:
     """Each model's rows over the plan's shards, in chunks of `per_chunk` rows."""
     for m, rows in enumerate(by_model):
         for shard in range(plan.n_shards):
@@ -115,7 +115,7 @@ def write_output(store: Store, plan: RunPlan, by_model: Sequence[Sequence[Row]],
 
 def record_run(aws: Any, stack: Any, plan: RunPlan, status: RunStatus = RunStatus.SUCCEEDED) -> None:
     """The plan in the control bucket and the run's RUN item with `status` (as the completion path leaves it)."""
-    store = Store(aws.s3)
+    store = PrepareStore(aws.s3)
     store.put(plan.shards_prefix.removesuffix("shards/") + "plan.json", plan.model_dump_json().encode())
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
     assert ledger.claim(plan.run_id, plan.manifest_uri)
@@ -128,7 +128,7 @@ def record_run(aws: Any, stack: Any, plan: RunPlan, status: RunStatus = RunStatu
     )
 
 
-def run_prepare(store: Store, spec: PrepareSpec) -> None:
+def run_prepare(store: PrepareStore, spec: PrepareSpec) -> None:
     """Every map worker, then every reduce worker, in this process (the code the Batch jobs run)."""
     for w in range(spec.workers):
         run_map(spec, w, store)
@@ -138,7 +138,7 @@ def run_prepare(store: Store, spec: PrepareSpec) -> None:
 
 def prepare_events(stack: Any, run_id: str, job_ids: Sequence[str], spec: PrepareSpec) -> list[dict[str, Any]]:
     """The prepare jobs' terminal events (map, then reduce), as Batch sends them."""
-    from sluice.batch import prepare_job_name
+    from sluice.control.batch import prepare_job_name
     from sluice.local.events import attempt, batch_job_state_change
 
     out = []

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.ledger import Ledger
+from sluice.control.ledger import Ledger
+from sluice.control.records import ShardRecords
 from sluice.shards import ShardReader
-from sluice.tally import Tally
 from tests.conftest import load_event
 from tests.integration.completion_support import Atomic, deliver_job_event, job_event, submit_run, write_result
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events
@@ -70,7 +70,7 @@ def test_array_run_succeeds_once_with_counts_from_the_workers(aws, stack, monkey
     assert d["failed_by_reason"] == {"corrupt": 1}
 
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
-    counts = Tally(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
+    counts = ShardRecords(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
     assert row.status == "SUCCEEDED" and counts.shards_succeeded == 3 and row.jobs_done == 1
     # A duplicate terminal event publishes nothing more.
     again = deliver_job_event(stack, _ev(run_id, job_id, stack, "batch-array-parent-succeeded"), monkeypatch)
@@ -90,7 +90,7 @@ def test_spot_reclaim_then_success_records_attempt_two(aws, stack, monkeypatch):
     for child, sample in seq:
         deliver_job_event(stack, _ev(run_id, job_id, stack, sample, child=child), monkeypatch)
     deliver_job_event(stack, _ev(run_id, job_id, stack, "batch-array-parent-succeeded"), monkeypatch)
-    items = {i.shard: i for i in Tally(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)}
+    items = {i.shard: i for i in ShardRecords(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)}
     assert items[1].status == "SUCCEEDED" and items[1].attempt == 2 and items[1].spot_reclaimed is True
     assert items[0].attempt == 1
     (done,) = _outcomes(bus_events(aws, stack))
@@ -212,10 +212,10 @@ def test_racing_invocations_lose_no_count(aws, stack, monkeypatch):
     # Distinct shards finishing at once: a read-modify-write counter would lose increments here.
     # moto does not serialise conditional writes (or transactions) the way DynamoDB does, so each
     # request is made atomic, as DynamoDB's are; duplicates are raced in test_completion_order.
-    from sluice import aws as sluice_aws
-    from sluice.aws import Clients
-    from sluice.batch_events import BatchJobStateChangeEvent
-    from sluice.completion import handle_job_event
+    from sluice.aws import clients as sluice_aws
+    from sluice.aws.clients import Clients
+    from sluice.control.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion import handle_job_event
     from sluice.settings import Settings
 
     clients = Clients(dynamodb=Atomic(sluice_aws.client("dynamodb")))
@@ -239,7 +239,7 @@ def test_racing_invocations_lose_no_count(aws, stack, monkeypatch):
     for t in threads:
         t.join()
     assert errors == []
-    counts = Tally(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
+    counts = ShardRecords(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
     assert counts.shards_succeeded == 8 and counts.shards_failed == 0
 
 
@@ -258,7 +258,7 @@ def _all_events():
 def test_any_order_and_duplicates_give_the_same_state_and_one_outcome(monkeypatch, order, dup_positions):
     from moto import mock_aws
 
-    from sluice import aws as sluice_aws
+    from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
     from tests.conftest import AwsClients
 
@@ -276,9 +276,9 @@ def test_any_order_and_duplicates_give_the_same_state_and_one_outcome(monkeypatc
         ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
         row = ledger.get(run_id)
         shards = sorted(
-            (i.shard, i.status, i.seq) for i in Tally(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)
+            (i.shard, i.status, i.seq) for i in ShardRecords(aws.dynamodb, stack.names["RunsTable"]).shard_items(run_id)
         )
-        counts = Tally(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
+        counts = ShardRecords(aws.dynamodb, stack.names["RunsTable"]).counts(run_id)
         outcomes = _outcomes(bus_events(aws, stack))
     assert row.status == "SUCCEEDED" and counts.shards_succeeded == N_SHARDS and row.jobs_done == 1
     assert shards == [(i, "SUCCEEDED", 15) for i in range(N_SHARDS)]

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from sluice.contracts import FailureReason, reason_counter
-from sluice.tally import COUNTER_SHARDS, Tally, counter_sk
-from sluice.verdict import tally
+from sluice.control.records import COUNTER_SHARDS, ShardRecords, counter_sk
+from sluice.control.verdict import figures_from_items
 from tests.integration.completion_support import job_event, submit_run, write_result
 from tests.integration.helpers import INPUT_BUCKET, bus_events
 
@@ -47,10 +47,10 @@ def _run_to_the_end(aws, stack, monkeypatch, name, *, strip_reasons=False, trans
 
     Returns (outcome events, DynamoDB calls of the last event, the tally of the SHARD items).
     """
-    from sluice import aws as sluice_aws
-    from sluice.aws import Clients
-    from sluice.batch_events import BatchJobStateChangeEvent
-    from sluice.completion import handle_job_event
+    from sluice.aws import clients as sluice_aws
+    from sluice.aws.clients import Clients
+    from sluice.control.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion import handle_job_event
     from sluice.settings import Settings
 
     out = submit_run(aws, stack, monkeypatch, n_keys=40, keys_per_shard=10, name=name)
@@ -89,8 +89,8 @@ def _run_to_the_end(aws, stack, monkeypatch, name, *, strip_reasons=False, trans
             )
     counting = CountingDynamoDB(sluice_aws.client("dynamodb"))
     last = handle_job_event(ev("batch-array-parent-succeeded"), settings=settings, clients=Clients(dynamodb=counting))
-    t = Tally(aws.dynamodb, stack.names["RunsTable"])
-    truth = tally(4, t.shard_items(run_id), t.job_items(run_id))
+    t = ShardRecords(aws.dynamodb, stack.names["RunsTable"])
+    truth = figures_from_items(4, t.shard_items(run_id), t.job_items(run_id))
     outcomes = [e for e in bus_events(aws, stack) if e["detail-type"] in ("Run Succeeded", "Run Failed")]
     return last, outcomes, counting, truth
 

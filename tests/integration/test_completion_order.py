@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.aws import Clients
+from sluice.aws.clients import Clients
 from sluice.contracts import JobStatus, RunStatus
+from sluice.control.policy import HOST_LOST_REASON
 from sluice.local.events import attempt, batch_job_state_change
-from sluice.policy import HOST_LOST_REASON
 from tests.integration.completion_support import Atomic, submit_run, write_result
 from tests.integration.helpers import bus_events
 
@@ -179,11 +179,11 @@ def _setup(aws: Any, stack: Any, monkeypatch: Any, sc: Scenario) -> tuple[str, d
 
 
 def _check(aws: Any, stack: Any, run_id: str, sc: Scenario) -> None:
-    from sluice.ledger import Ledger
-    from sluice.tally import Tally
+    from sluice.control.ledger import Ledger
+    from sluice.control.records import ShardRecords
 
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
-    tally = Tally(aws.dynamodb, stack.names["RunsTable"])
+    tally = ShardRecords(aws.dynamodb, stack.names["RunsTable"])
     items = {s.shard: s for s in tally.shard_items(run_id)}
     counts = tally.counts(run_id)
     outcomes = [e for e in bus_events(aws, stack) if e["detail-type"] in ("Run Succeeded", "Run Failed")]
@@ -207,7 +207,7 @@ def _check(aws: Any, stack: Any, run_id: str, sc: Scenario) -> None:
 def _run_example(monkeypatch: Any, sc: Scenario, order: list[int], copies: list[int], threads: int) -> None:
     from moto import mock_aws
 
-    from sluice import aws as sluice_aws
+    from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
     from tests.conftest import AwsClients
     from tests.integration.completion_support import deliver_job_event
@@ -228,9 +228,9 @@ def _run_example(monkeypatch: Any, sc: Scenario, order: list[int], copies: list[
 
 
 def _deliver_concurrently(stack: Any, seq: list[dict[str, Any]], threads: int, monkeypatch: Any) -> None:
-    from sluice import aws as sluice_aws
-    from sluice.batch_events import BatchJobStateChangeEvent
-    from sluice.completion import handle_job_event
+    from sluice.aws import clients as sluice_aws
+    from sluice.control.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion import handle_job_event
     from sluice.settings import Settings
 
     for k, v in stack.env_for("HandleJobStateChangeFunction").items():
@@ -282,7 +282,7 @@ def test_parent_failed_before_its_failed_childs_event_never_succeeds(monkeypatch
 def _run_example_fixed(monkeypatch: Any, sc: Scenario, *, parent_first: bool) -> None:
     from moto import mock_aws
 
-    from sluice import aws as sluice_aws
+    from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
     from tests.conftest import AwsClients
     from tests.integration.completion_support import deliver_job_event

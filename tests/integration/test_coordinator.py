@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from sluice.ledger import Ledger
+from sluice.control.ledger import Ledger
 from sluice.models import RunPlan
 from tests.integration.helpers import (
     INPUT_BUCKET,

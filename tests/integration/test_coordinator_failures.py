@@ -8,9 +8,9 @@ import re
 import pytest
 from botocore.exceptions import ClientError
 
-from sluice import aws as sluice_aws
+from sluice.aws import clients as sluice_aws
+from sluice.control.ledger import Ledger
 from sluice.errors import RetriableError
-from sluice.ledger import Ledger
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, object_created_event
 
 

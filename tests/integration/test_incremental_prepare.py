@@ -16,13 +16,13 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sluice.aws.s3io import read_uri
 from sluice.contracts import MapResult, PrepareSpec, RunStatus
-from sluice.ledger import Ledger
+from sluice.control.ledger import Ledger
 from sluice.models import ModelSpec, RunPlan
+from sluice.ops.status import run_status
 from sluice.paths import RunPaths
-from sluice.prepare.store import Store
-from sluice.s3io import read_uri
-from sluice.status import run_status
+from sluice.prepare.store import PrepareStore
 from tests.integration.completion_support import deliver_job_event
 from tests.integration.helpers import INPUT_BUCKET, bus_events, invoke_manifest_handler, shard_pairs
 from tests.integration.incremental_support import (
@@ -66,7 +66,7 @@ def _prepare_and_submit(aws, stack, monkeypatch, out: dict) -> tuple[RunPlan, Pr
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
     assert row is not None and row.prepare is not None
     spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
-    run_prepare(Store(aws.s3), spec)
+    run_prepare(PrepareStore(aws.s3), spec)
     for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
         deliver_job_event(stack, ev, monkeypatch)
     plan = RunPlan.model_validate_json(
@@ -83,7 +83,7 @@ def test_a_prefix_since_run_skips_the_unchanged_keys_and_submits_the_rest(aws, s
     names = [f"img/{i:03d}.jpg" for i in range(30)]
     etags = _images(aws, names)
     unchanged, changed, failed, new = names[:20], names[20:25], names[25:28], names[28:]
-    store = Store(aws.s3)
+    store = PrepareStore(aws.s3)
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID)], n_shards=3, total_keys=28)
     rows = [(_uri(n), etags[n], None) for n in unchanged] + [(_uri(n), "0" * 32, None) for n in changed]
     write_output(store, a, [rows])
@@ -137,7 +137,7 @@ def test_a_key_list_since_run_heads_each_key_and_needs_every_model_in_a_lineage_
     names = [f"pics/{i:02d}.jpg" for i in range(12)]
     v1 = _images(aws, names)
     v2 = _images(aws, names[:3], version="v2")  # changed since run full-a; run inc-b re-embedded them
-    store = Store(aws.s3)
+    store = PrepareStore(aws.s3)
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID), (RESNET, RESNET_ID)], n_shards=2, total_keys=12)
     write_output(store, a, [[(_uri(n), v1[n], None) for n in names], [(_uri(n), v1[n], None) for n in names[:-1]]])
     b = earlier_plan(
@@ -187,7 +187,9 @@ def test_an_inventory_since_run_compares_version_ids_of_a_versioned_bucket(aws, 
     _inventory_report(aws.s3, ctl, "inputs/inv/", "Bucket, Key, VersionId, IsLatest, IsDeleteMarker, ETag", 100)
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID)], n_shards=1, total_keys=4)
     write_output(
-        Store(aws.s3), a, [[(_uri("a.jpg"), "ea", "va1"), (_uri("b.jpg"), "eb", "vb1"), (_uri("d.jpg"), "ed", "vd1")]]
+        PrepareStore(aws.s3),
+        a,
+        [[(_uri("a.jpg"), "ea", "va1"), (_uri("b.jpg"), "eb", "vb1"), (_uri("d.jpg"), "ed", "vd1")]],
     )
     record_run(aws, stack, a)
     body = _manifest({"inventory": f"s3://{ctl}/inputs/inv/manifest.json", "since_run": "full-a"})
@@ -202,7 +204,7 @@ def test_an_inventory_since_run_compares_version_ids_of_a_versioned_bucket(aws, 
 def test_nothing_to_embed_rejects_the_run_saying_the_output_is_complete(aws, stack, monkeypatch):
     etags = _images(aws, ["x/1.jpg", "x/2.jpg"])
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID)], n_shards=1, total_keys=2)
-    write_output(Store(aws.s3), a, [[(_uri(n), e, None) for n, e in etags.items()]])
+    write_output(PrepareStore(aws.s3), a, [[(_uri(n), e, None) for n, e in etags.items()]])
     record_run(aws, stack, a)
     body = _manifest(
         {"keys": ["x/1.jpg", "x/2.jpg"], "bucket": INPUT_BUCKET, "since_run": "full-a"},
@@ -213,7 +215,7 @@ def test_nothing_to_embed_rejects_the_run_saying_the_output_is_complete(aws, sta
     assert row is not None and row.prepare is not None
     spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
     assert [len(t.pairs) for t in spec.tasks if t.kind == "inline"] and spec.partitions == 2
-    run_prepare(Store(aws.s3), spec)
+    run_prepare(PrepareStore(aws.s3), spec)
     for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
         deliver_job_event(stack, ev, monkeypatch)
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
@@ -283,7 +285,7 @@ def test_the_prepare_route_plans_with_the_model_artifacts_resolved_ids(aws, stac
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
     assert row is not None and row.prepare is not None
     spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
-    run_prepare(Store(aws.s3), spec)
+    run_prepare(PrepareStore(aws.s3), spec)
     for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
         deliver_job_event(stack, ev, monkeypatch)
     plan = RunPlan.model_validate_json(read_uri(aws.s3, RunPaths.in_bucket(ctl, out["run_id"]).plan))

@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from moto import mock_aws
 
 from sluice.contracts import EarlierOutput, InlineKeys, PrepareSpec
-from sluice.incremental.reduceside import place_shards
 from sluice.paths import RunPaths
 from sluice.prepare.collect import collect
 from sluice.prepare.mapper import run_map
 from sluice.prepare.reducer import run_reduce
-from sluice.prepare.store import Store
+from sluice.prepare.store import PrepareStore
+from sluice.prepare.versions_reduce import place_shards
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import md5, write_chunk
 
@@ -68,7 +68,7 @@ def s3() -> Iterator[Any]:
 
 
 def _setup(s3: Any, case: dict[str, Any], ex: int) -> tuple[PrepareSpec, list[str]]:
-    store = Store(s3)
+    store = PrepareStore(s3)
     keys = [f"ex{ex}/{i}.jpg" for i in range(len(case["current"]))]
     for k, v in zip(keys, case["current"], strict=True):
         if v is not None:
@@ -147,7 +147,7 @@ def test_the_kept_keys_are_exactly_those_the_lineage_lacks_and_retries_write_the
 ) -> None:
     ex = next(EXAMPLES)
     spec, keys = _setup(s3, case, ex)
-    store = Store(s3)
+    store = PrepareStore(s3)
     root = spec.root.removeprefix(f"s3://{CTL}/")
     for w in range(spec.workers):
         first = run_map(spec, w, store).model_dump(exclude=TIMING)

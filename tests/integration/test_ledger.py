@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from sluice.aws.errors import AwsFatalError
 from sluice.contracts import JobStatus, RunItem, RunProgress, RunStatus
-from sluice.errors import AwsFatalError
-from sluice.ledger import Ledger
-from sluice.tally import Tally
+from sluice.control.ledger import Ledger
+from sluice.control.records import ShardRecords
 
 
 def test_items_are_typed_views_of_what_is_stored(aws, stack):
@@ -16,7 +16,7 @@ def test_items_are_typed_views_of_what_is_stored(aws, stack):
     row = ledger.get("r1")
     assert isinstance(row, RunItem) and row.status is RunStatus.PLANNING and row.created_at == 1_000
     assert row.total_shards == 0 and row.jobs is None
-    tally = Tally(aws.dynamodb, stack.names["RunsTable"])
+    tally = ShardRecords(aws.dynamodb, stack.names["RunsTable"])
     assert tally.record_shard("r1", 3, {"status": JobStatus.RUNNING, "attempt": 1, "job_id": "j:3"}, seq=14)
     (item,) = tally.shard_items("r1")
     assert (item.shard, item.status, item.seq, item.job_id) == (3, JobStatus.RUNNING, 14, "j:3")
@@ -63,13 +63,13 @@ def _conflicts(client, times: int):
 
 
 def test_transaction_conflicts_are_retried_in_the_process_then_given_back(aws, stack, monkeypatch):
-    from sluice import ddb
+    from sluice.control import ddb
     from sluice.errors import RetriableError
 
     monkeypatch.setattr(ddb.time, "sleep", lambda s: None)
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
     assert ledger.claim("r9", "s3://b/manifests/z.json")
-    tally = Tally(aws.dynamodb, stack.names["RunsTable"])
+    tally = ShardRecords(aws.dynamodb, stack.names["RunsTable"])
     ddb.STATS.clear()
     _conflicts(aws.dynamodb, 3)
     assert tally.record_job_terminal("r9", "job-a", JobStatus.SUCCEEDED, None)  # won on the 4th try

@@ -17,15 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.contracts import PrepareSpec
-from sluice.errors import ManifestRejected
+from sluice.errors import Rejection
 from sluice.models import RunPlan
 from sluice.paths import RunPaths
-from sluice.plan import job_layouts
+from sluice.plan.layout import job_layouts
 from sluice.prepare.mapper import run_map
 from sluice.prepare.offline import add_offline_arguments, offline_main, prepare_offline
 from sluice.prepare.reducer import run_reduce
 from sluice.prepare.split import estimate_keylist, keylist_tasks
-from sluice.prepare.store import Store
+from sluice.prepare.store import PrepareStore
 from sluice.shards import FileSource, ShardReader, rank_slice
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def test_offline_main_and_bad_input(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "plan.json").read_text())["jobs"] == [
         {"kind": "single", "shard_offset": 0, "shard_count": 1}
     ]
-    with pytest.raises(ManifestRejected) as exc:
+    with pytest.raises(Rejection) as exc:
         prepare_offline(str(tmp_path / "keys.txt"), str(tmp_path / "nob"), 2, processes=False)
     assert exc.value.reasons[0].startswith("keys.txt line 1: bare key 'a.jpg' but no bucket")
     assert len(exc.value.reasons) == 4  # every bare key, in line order, from both workers
@@ -131,7 +131,7 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
     """SIGKILL a real `python -m sluice.prepare map` while it writes its parts; the rerun writes the same bytes."""
     write_keylist(tmp_path / "keys.txt", 150_000, seed=8)
     path = str(tmp_path / "keys.txt")
-    est = estimate_keylist(Store(), path)
+    est = estimate_keylist(PrepareStore(), path)
     tasks = list(keylist_tasks(path, est.size, est.format, est.header, 2))
 
     def spec(root: str) -> PrepareSpec:
@@ -148,11 +148,11 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
 
     ref, run = spec(str(tmp_path / "ref") + "/"), spec(str(tmp_path / "run") + "/")
     for w in range(2):
-        run_map(ref, w, Store())
+        run_map(ref, w, PrepareStore())
     for r in range(32):
-        run_reduce(ref, r, Store())
+        run_reduce(ref, r, PrepareStore())
     spec_path = RunPaths(run.root).prepare_spec
-    Store().put(spec_path, run.model_dump_json().encode())
+    PrepareStore().put(spec_path, run.model_dump_json().encode())
     env = {**os.environ, "AWS_BATCH_JOB_ARRAY_INDEX": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "sluice.prepare", "map", "--spec", spec_path]
     parts_dir = Path(run.root) / "prepare" / "map" / "1"
@@ -168,12 +168,12 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
     if some:  # a previous attempt's damage: the retry must overwrite it
         some[0].write_bytes(b"not a part")
     assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
-    run_map(run, 0, Store())
+    run_map(run, 0, PrepareStore())
     paths, ref_paths = RunPaths(run.root), RunPaths(ref.root)
     for w in range(2):
         for r in range(32):
             assert Path(paths.prepare_part(w, r)).read_bytes() == Path(ref_paths.prepare_part(w, r)).read_bytes()
     for r in range(32):
-        res = run_reduce(run, r, Store())
+        res = run_reduce(run, r, PrepareStore())
         for i in range(res.first_shard, res.first_shard + len(res.shard_keys)):
             assert Path(paths.shard(i)).read_bytes() == Path(ref_paths.shard(i)).read_bytes()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from sluice.completion import Context
 from sluice.contracts import RunStatus
-from sluice.ledger import Ledger
-from sluice.reconcile import reconcile
+from sluice.control.completion import Context
+from sluice.control.ledger import Ledger
+from sluice.control.reconcile import reconcile
 from sluice.settings import Settings
 from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result
 from tests.integration.helpers import bus_events

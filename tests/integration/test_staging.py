@@ -14,19 +14,19 @@ import threading
 
 import pytest
 
-from sluice import aws as sluice_aws
-from sluice.batch import prepare_job_name
+from sluice.aws import clients as sluice_aws
+from sluice.aws.s3io import read_uri
 from sluice.contracts import JobStatus, PrepareSpec, RunStatus
-from sluice.ledger import Ledger
+from sluice.control.batch import prepare_job_name
+from sluice.control.ledger import Ledger
+from sluice.control.reconcile import reconcile
 from sluice.local.events import attempt, batch_job_state_change
 from sluice.models import RunPlan
+from sluice.ops.status import run_status
 from sluice.paths import RunPaths
 from sluice.prepare.mapper import run_map
 from sluice.prepare.reducer import run_reduce
-from sluice.prepare.store import Store
-from sluice.reconcile import reconcile
-from sluice.s3io import read_uri
-from sluice.status import run_status
+from sluice.prepare.store import PrepareStore
 from tests.integration.completion_support import Atomic, deliver_job_event
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler, shard_pairs
 
@@ -53,7 +53,7 @@ def _start(aws, stack, monkeypatch, lines: list[str], name: str = "big") -> tupl
 
 
 def _run_workers(aws, spec: PrepareSpec) -> None:
-    store = Store(aws.s3)
+    store = PrepareStore(aws.s3)
     for w in range(spec.workers):
         run_map(spec, w, store)
     for r in range(spec.partitions):

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from sluice import aws as sluice_aws
-from sluice.ledger import RUN_SK, Ledger
+from sluice.aws import clients as sluice_aws
+from sluice.control.ledger import RUN_SK, Ledger
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, object_created_event
 
 

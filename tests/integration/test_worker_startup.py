@@ -17,7 +17,7 @@ import pytest
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ConfigError
 from gpu_worker.main import run_node
-from gpu_worker.store import Store
+from gpu_worker.store import RunStore
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
 from tests.worker_images import make_demo_images
@@ -59,7 +59,7 @@ def _node(tmp_path: Path, model_uri: str) -> dict[str, str]:
 def test_first_get_comes_before_the_model_is_ready(tmp_path: Path):
     env = _node(tmp_path, "builtin:reference-cnn")
     fetcher = Fetcher()
-    result = run_node(CFG, env, store=Store(), fetcher=fetcher)
+    result = run_node(CFG, env, store=RunStore(), fetcher=fetcher)
     assert (result.processed, result.ok) == (40, True)
     ready = result.pipeline_window[0]  # epoch seconds: the model is loaded, traced and dry-run
     assert result.stats["model_load_seconds"] > 0.1  # the builtin's init, BatchNorm calibration, trace, dry run
@@ -72,7 +72,7 @@ def test_first_get_comes_before_the_model_is_ready(tmp_path: Path):
 def test_a_model_that_fails_to_load_stops_the_started_loaders(tmp_path: Path):
     env = _node(tmp_path, str(tmp_path / "missing.pt"))
     with pytest.raises(ConfigError, match="does not exist"):
-        run_node(CFG, env, store=Store(), fetcher=Fetcher())
+        run_node(CFG, env, store=RunStore(), fetcher=Fetcher())
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         left = [t.name for t in threading.enumerate() if t.name == "feeder" or t.name.startswith(("loader-", "fetch"))]

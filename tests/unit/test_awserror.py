@@ -1,4 +1,4 @@
-"""One classification of AWS errors: every adapter asks sluice.awserror."""
+"""One classification of AWS errors: every adapter asks sluice.aws.errors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from sluice.awserror import Kind, classify, translate
-from sluice.errors import AwsFatalError, RetriableError
+from sluice.aws.errors import AwsFatalError, Kind, classify, translate
+from sluice.errors import RetriableError
 from tests.unit.aws_errors import client_error
 
 

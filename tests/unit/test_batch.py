@@ -7,10 +7,10 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from sluice.batch import BatchAdapter, job_request
+from sluice.control.batch import BatchAdapter, job_request
 from sluice.errors import RetriableError, SubmissionError
 from sluice.models import JobLayout, Manifest
-from sluice.plan import Layout, build_plan
+from sluice.plan.layout import Layout, build_plan
 from sluice.settings import Settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.dedup import DuplicateFinder
+from sluice.plan.dedup import DuplicateFinder
 
 
 def _dups(bitmap: bytearray, n: int) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 
 from sluice.cli import main
 from sluice.models import RunPlan
-from sluice.status import render
+from sluice.ops.status import render
 from tests.conftest import moto_s3
 
 CTL = "ctl-bucket"

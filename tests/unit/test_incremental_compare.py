@@ -1,4 +1,4 @@
-"""The skip decision of an incremental run (sluice.incremental.compare), case by case.
+"""The skip decision of an incremental run (sluice.prepare.skip), case by case.
 
 A key is skipped only when, for every model of the run, the newest record of the lineage for
 (key, that model's model_id) was read from the object version the input names now.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.incremental.compare import CURRENT, Skipper, distinct, matches, parse, record
 from sluice.outputs import object_version
+from sluice.prepare.skip import CURRENT, Skipper, distinct, matches, parse, record
 
 B = "imgs"
 

@@ -9,21 +9,22 @@ import zlib
 
 import pytest
 
-from sluice.errors import ManifestRejected, RetriableError
-from sluice.inputcheck import check_manifest, guarded, input_error
-from sluice.inventory import csv_keys, inflate
-from sluice.lines import MAX_LINE_BYTES, LineTooLong, decode_lines
-from sluice.manifest import ManifestSource, Problems, iter_keylist, parse_manifest
+from sluice.aws.s3uri import bad_char, bucket_problem, is_bucket_name
+from sluice.errors import Rejection, RetriableError
+from sluice.input.checks import check_manifest, guarded, input_error
+from sluice.input.inventory import csv_keys, inflate
+from sluice.input.lines import MAX_LINE_BYTES, LineTooLong, decode_lines
+from sluice.input.manifest import ManifestSource, parse_manifest
+from sluice.input.sources import Problems, iter_keylist
+from sluice.input.strictjson import loads
 from sluice.models import BUILTIN_MODELS, Manifest
-from sluice.s3uri import bad_char, bucket_problem, is_bucket_name
 from sluice.settings import Settings
-from sluice.strictjson import loads
 from tests.unit.aws_errors import client_error
 
 
 def _reasons(body: bytes | str, key: str = "manifests/m.json") -> list[str]:
     data = body.encode() if isinstance(body, str) else body
-    with pytest.raises(ManifestRejected) as exc:
+    with pytest.raises(Rejection) as exc:
         parse_manifest(ManifestSource("ctl", key, data), Settings())
     return exc.value.reasons
 
@@ -49,7 +50,7 @@ def _m(**kw: object) -> str:
     ],
 )
 def test_strict_json_rejects_with_the_place(text, reason):
-    with pytest.raises(ManifestRejected, match=reason.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(Rejection, match=reason.replace("(", r"\(").replace(")", r"\)")):
         loads(text, "m.json")
 
 
@@ -150,7 +151,7 @@ def _keylist(body: bytes, kind: str, bucket: str | None = "images") -> tuple[lis
     try:
         pairs = [(b, k) for b, ks in iter_keylist([body], "s3://c/l" + kind, kind, bucket, problems) for k in ks]
         problems.raise_if_any()
-    except ManifestRejected as exc:
+    except Rejection as exc:
         return [], exc.reasons
     return pairs, []
 
@@ -196,7 +197,7 @@ def test_key_list_lines_are_checked_and_named(body, kind, reason):
 
 def test_the_bare_key_reason_names_the_way_to_give_a_bucket():
     problems = Problems("or pass --bucket BUCKET")
-    with pytest.raises(ManifestRejected, match="write s3://bucket/key, or pass --bucket BUCKET"):
+    with pytest.raises(Rejection, match="write s3://bucket/key, or pass --bucket BUCKET"):
         list(iter_keylist([b"a.jpg\n"], "l.txt", ".txt", None, problems))
         problems.raise_if_any()
 
@@ -207,23 +208,23 @@ def test_inflate_streams_several_members_and_stops_a_bomb():
     z = zlib.compressobj(9, zlib.DEFLATED, 31)
     bomb = b"".join(z.compress(b"\0" * 2**20) for _ in range(64)) + z.flush()
     seen = 0
-    with pytest.raises(ManifestRejected, match="a compression bomb"):
+    with pytest.raises(Rejection, match="a compression bomb"):
         for piece in inflate([bomb], "s3://b/inv/a.csv.gz"):
             seen += len(piece)
             assert len(piece) <= 2**20
     assert seen <= 100 * len(bomb) + 2**20  # stopped at the limit, not after inflating it all
-    with pytest.raises(ManifestRejected, match="SLUICE_MAX_INFLATED_BYTES"):
+    with pytest.raises(Rejection, match="SLUICE_MAX_INFLATED_BYTES"):
         list(inflate([gzip.compress(b"x" * 5000)], "f", max_inflated=1000))
-    with pytest.raises(ManifestRejected, match="truncated"):
+    with pytest.raises(Rejection, match="truncated"):
         list(inflate([gzip.compress(b"abc" * 100)[:-10]], "f"))
-    with pytest.raises(ManifestRejected, match="not gzip data"):
+    with pytest.raises(Rejection, match="not gzip data"):
         list(inflate([b"PK\x03\x04 a zip file"], "f"))
 
 
 def test_inventory_csv_rows_are_decoded_strictly():
     rows = b'"b1x","a%20b.jpg"\n"b1x","dir/"\n"b1x","%FF"\n"b1x"\n"Bad","k"\n'
     problems = Problems()
-    with pytest.raises(ManifestRejected) as exc:
+    with pytest.raises(Rejection) as exc:
         pairs = [(b, k) for b, ks in csv_keys(gzip.compress(rows), ["Bucket", "Key"], "f.csv.gz", problems) for k in ks]
         problems.raise_if_any()
     reasons = exc.value.reasons
@@ -233,7 +234,7 @@ def test_inventory_csv_rows_are_decoded_strictly():
     good = Problems()
     pairs = [(b, k) for b, ks in csv_keys(gzip.compress(rows[:30]), ["Bucket", "Key"], "f", good) for k in ks]
     assert pairs == [("b1x", "a b.jpg")]  # the folder marker skipped
-    with pytest.raises(ManifestRejected, match="has no Bucket and Key columns"):
+    with pytest.raises(Rejection, match="has no Bucket and Key columns"):
         csv_keys(b"", ["Bucket", "Size"], "f", Problems())
 
 
@@ -260,7 +261,7 @@ def test_job_queue_must_be_one_of_sluices(job, ok):
     if ok:
         check_manifest(m, _settings(), control="ctl")
     else:
-        with pytest.raises(ManifestRejected, match=r"job\.queue"):
+        with pytest.raises(Rejection, match=r"job\.queue"):
             check_manifest(m, _settings(), control="ctl")
 
 
@@ -270,14 +271,14 @@ def test_output_bucket_and_local_model_rules():
 
     check_manifest(m(output={"prefix": "s3://ctl/x/"}), _settings(), control="ctl")
     check_manifest(m(output={"prefix": "s3://out-b/x/"}), _settings(allowed_output_buckets=("out-b",)), control="ctl")
-    with pytest.raises(ManifestRejected, match="bucket 'out-b' is not the control bucket"):
+    with pytest.raises(Rejection, match="bucket 'out-b' is not the control bucket"):
         check_manifest(m(output={"prefix": "s3://out-b/x/"}), _settings(), control="ctl")
-    with pytest.raises(ManifestRejected, match="is a local path"):
+    with pytest.raises(Rejection, match="is a local path"):
         check_manifest(m(model={"uri": "./m.pt"}), _settings(), control="ctl")
     check_manifest(m(model={"uri": "./m.pt"}), _settings(local_mode=True), control="ctl")
     # Every reason at once.
     both = m(model={"uri": "./m.pt"}, job={"queue": "x"}, output={"prefix": "s3://o-b/"})
-    with pytest.raises(ManifestRejected) as exc:
+    with pytest.raises(Rejection) as exc:
         check_manifest(both, _settings(), control="ctl")
     assert len(exc.value.reasons) == 3
 
@@ -291,13 +292,13 @@ def test_reading_errors_are_classified_once(caplog):
         list(guarded(failing(client_error("ServiceUnavailable", 503))))
     with pytest.raises(RetriableError, match="SlowDown"):
         list(guarded(failing(client_error("SlowDown", 503))))
-    with pytest.raises(ManifestRejected, match="cannot read the input: S3: AccessDenied"):
+    with pytest.raises(Rejection, match="cannot read the input: S3: AccessDenied"):
         list(guarded(failing(client_error("AccessDenied", 403))))
-    with caplog.at_level(logging.ERROR), pytest.raises(ManifestRejected) as exc:
+    with caplog.at_level(logging.ERROR), pytest.raises(Rejection) as exc:
         list(guarded(failing(ZeroDivisionError("division by zero"))))
     assert exc.value.reasons == ["unexpected error while reading the input: ZeroDivisionError: division by zero"]
     assert any(r.exc_info for r in caplog.records)
-    rejected = ManifestRejected("x")
+    rejected = Rejection("x")
     assert input_error(rejected) is rejected
 
 
@@ -315,17 +316,17 @@ class _S3:
 
 
 def test_a_check_the_role_may_not_make_is_skipped_not_a_rejection():
-    from sluice.inventory import verify_checksum
+    from sluice.input.inventory import verify_checksum
 
     m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "model": {"uri": "s3://ctl/models/m.pt"}})
     check_manifest(m, _settings(), control="ctl", s3=_S3("AccessDenied", 403))
-    with pytest.raises(ManifestRejected, match="does not exist: upload the model first"):
+    with pytest.raises(Rejection, match="does not exist: upload the model first"):
         check_manifest(m, _settings(), control="ctl", s3=_S3("404", 404))
     with pytest.raises(RetriableError, match="ServiceUnavailable"):
         check_manifest(m, _settings(), control="ctl", s3=_S3("ServiceUnavailable", 503))
     verify_checksum(_S3("AccessDenied", 403), "s3://inv-b/r/manifest.json", b"{}")
     verify_checksum(_S3("NoSuchKey", 404), "s3://ctl/manifests/manifest.json", b"{}")  # copied by hand
-    with pytest.raises(ManifestRejected, match=r"manifest\.checksum does not exist"):
+    with pytest.raises(Rejection, match=r"manifest\.checksum does not exist"):
         verify_checksum(_S3("NoSuchKey", 404), "s3://inv-b/r/manifest.json", b"{}")
     with pytest.raises(RetriableError):
         verify_checksum(_S3("SlowDown", 503), "s3://inv-b/r/manifest.json", b"{}")
@@ -344,7 +345,7 @@ def test_the_prepare_stage_reads_a_bom_and_control_characters_as_the_lambda_does
 
     lines[300] = "s3://img-a/bad\x00.jpg"
     (tmp_path / "bad.txt").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
-    with pytest.raises(ManifestRejected) as exc:
+    with pytest.raises(Rejection) as exc:
         prepare_offline(str(tmp_path / "bad.txt"), str(tmp_path / "out2"), 3, processes=False)
     assert exc.value.reasons == [
         "bad.txt line 301: not a key: 's3://img-a/bad\\x00.jpg' holds a control character U+0000 at character 15: "

@@ -15,7 +15,7 @@ from gpu_worker.decode import decode_image
 from gpu_worker.infer import Engine
 from gpu_worker.main import run_node
 from gpu_worker.model import load_model, resolve_uri
-from gpu_worker.store import Store
+from gpu_worker.store import RunStore
 from sluice.cli import main
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
@@ -70,13 +70,13 @@ def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys)
     Path(base + "plan.json").write_text(plan.model_dump_json())
     cfg = WorkerConfig(device="cpu", loaders=0, torch_threads=1, output_dtype="float32")
     result = run_node(
-        cfg, {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}, store=Store(), fetcher=Fetcher()
+        cfg, {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}, store=RunStore(), fetcher=Fetcher()
     )
     assert (result.processed, result.failed, result.ok) == (12, 0, True)
 
     table = pq.read_table(sorted(Path(plan.output_prefix, "shard=0").glob("*.parquet")))
     got = dict(zip(table.column("key").to_pylist(), np.array(table.column("embedding").to_pylist())))
-    model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), Store()), 224)
+    model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), RunStore()), 224)
     engine = Engine(model, info, "cpu", len(keys))
     batch = np.stack([decode_image(IMAGES[k], 32, 89_478_485) for k in keys])
     [(_, want)] = engine.submit(torch.from_numpy(batch), None)

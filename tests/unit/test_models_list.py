@@ -8,11 +8,11 @@ import pytest
 from pydantic import ValidationError
 
 from sluice import modelid
-from sluice.manifest import _pydantic_reasons
+from sluice.input.manifest import _pydantic_reasons
 from sluice.models import Manifest, ModelSpec, RunPlan
-from sluice.plan import build_plan, layout
+from sluice.ops.plan_report import facts_for
+from sluice.plan.layout import build_plan, layout
 from sluice.preflight import Capacity, preflight
-from sluice.preflight.report import facts_for
 from sluice.settings import Settings
 
 INPUT = {"keys": ["s3://images/a.jpg"]}

@@ -1,8 +1,8 @@
-"""sluice.policy.evaluate_on_exit applies a retry strategy the way AWS Batch does."""
+"""sluice.control.policy.evaluate_on_exit applies a retry strategy the way AWS Batch does."""
 
 from __future__ import annotations
 
-from sluice.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, evaluate_on_exit, is_host_lost, retry_strategy
+from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, evaluate_on_exit, is_host_lost, retry_strategy
 
 HOST_LOST = HOST_LOST_REASON.format(instance="i-0abc")
 EXITED = "Essential container in task exited"

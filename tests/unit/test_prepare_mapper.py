@@ -1,4 +1,4 @@
-"""A map worker reads a key list exactly as sluice.manifest does: same keys, same reasons, same line numbers."""
+"""A map worker reads a key list exactly as sluice.input.manifest does: same keys, same reasons, same line numbers."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.contracts import KeyListRange
-from sluice.manifest import Problems, _keylist_pairs
+from sluice.input.sources import Problems, keylist_pairs
 from sluice.prepare.keylist import map_keylist
-from sluice.prepare.sink import Parts, Sink, TaskProblems
-from sluice.prepare.store import Store
+from sluice.prepare.mapparts import Parts, TaskProblems
+from sluice.prepare.router import KeyRouter
+from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
 
 EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
 
 
 class AllProblems(Problems):
-    """sluice.manifest.Problems that keeps every reason and never stops the scan."""
+    """sluice.input.manifest.Problems that keeps every reason and never stops the scan."""
 
     def add(self, reason: str) -> None:
         self.count += 1
@@ -71,8 +72,8 @@ def test_map_reads_a_key_list_as_the_manifest_lambda_does(keylist, default):
     uri = "keys" + fmt
     want_problems = AllProblems()
     try:
-        want: list[tuple[str, str]] | None = sorted(_keylist_pairs([data], uri, fmt, default, want_problems))
-    except csv.Error:  # sluice.manifest lets this escape; a map worker records it as the line's problem
+        want: list[tuple[str, str]] | None = sorted(keylist_pairs([data], uri, fmt, default, want_problems))
+    except csv.Error:  # sluice.input.manifest lets this escape; a map worker records it as the line's problem
         want = None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, uri)
@@ -80,8 +81,8 @@ def test_map_reads_a_key_list_as_the_manifest_lambda_does(keylist, default):
             fh.write(data)
         problems = TaskProblems()
         parts = Parts(tmp, 1)
-        sink = Sink(parts, problems, frozenset(), None)
-        lines = map_keylist(KeyListRange(uri=path, format=fmt, start=0, end=len(data)), Store(), default, sink)
+        sink = KeyRouter(parts, problems, frozenset(), None)
+        lines = map_keylist(KeyListRange(uri=path, format=fmt, start=0, end=len(data)), PrepareStore(), default, sink)
         parts.close()
         with open(parts.paths[0], "rb") as fh:
             got = sorted(ShardReader(fh.read()).pairs())

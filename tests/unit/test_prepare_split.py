@@ -14,12 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from moto import mock_aws
 
-from sluice.errors import ManifestRejected
+from sluice.errors import Rejection
+from sluice.input.inventory import InventoryReport, read_inventory_manifest
 from sluice.prepare.keylist import OwnedLines
+from sluice.prepare.mapparts import Parts, TaskProblems
 from sluice.prepare.mapper import map_prefix
-from sluice.prepare.sink import Parts, Sink, TaskProblems
+from sluice.prepare.router import KeyRouter
 from sluice.prepare.split import (
-    InventoryReport,
     choose_partitions,
     choose_workers,
     estimate_inventory,
@@ -28,9 +29,8 @@ from sluice.prepare.split import (
     inventory_tasks,
     keylist_tasks,
     prefix_tasks,
-    read_inventory_manifest,
 )
-from sluice.prepare.store import Store
+from sluice.prepare.store import PrepareStore
 
 EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None)
@@ -53,7 +53,7 @@ def test_byte_ranges_own_every_line_exactly_once(lines: list[str], final_newline
             fh.write(data)
         tasks = keylist_tasks(path, len(data), ".txt", None, workers)
         assert [t.start for t in tasks] == [0, *(t.end for t in tasks[:-1])] and tasks[-1].end == len(data)
-        owned = [OwnedLines(Store(), t, chunk=chunk) for t in tasks]
+        owned = [OwnedLines(PrepareStore(), t, chunk=chunk) for t in tasks]
         pieces = [b"".join(o.chunks()) for o in owned]
     assert b"".join(pieces) == data  # contiguous, in order, nothing twice
     offset = 0
@@ -69,16 +69,16 @@ def test_keylist_estimate_reads_only_the_head(tmp_path):
     path = tmp_path / "big.csv"
     rows = ["bucket,key"] + [f"images,photos/{i:08d}.jpg" for i in range(20_000)]
     path.write_text("\n".join(rows) + "\n")
-    est = estimate_keylist(Store(), str(path))
+    est = estimate_keylist(PrepareStore(), str(path))
     assert est.header == ["bucket", "key"] and not est.exact and est.format == ".csv"
     assert abs(est.keys_estimate - 20_000) < 200  # equal-length lines: within 1%
     small = tmp_path / "small.txt"
     small.write_text("a\n\nb\nc")
-    est = estimate_keylist(Store(), str(small))
+    est = estimate_keylist(PrepareStore(), str(small))
     assert est.exact and est.keys_estimate == 3 and est.header is None
     headerless = tmp_path / "h.csv"
     headerless.write_text("images,a.jpg\n")
-    assert estimate_keylist(Store(), str(headerless)).header is None
+    assert estimate_keylist(PrepareStore(), str(headerless)).header is None
 
 
 def test_sizing_numbers():
@@ -111,11 +111,11 @@ def test_inventory_manifest_rules():
     }
     rep = read_inventory_manifest(json.dumps(ok).encode(), "s3://inv/m.json")
     assert rep.bucket == "inv" and rep.sizes == [10, None] and rep.columns == ["Bucket", "Key", "Size"]
-    with pytest.raises(ManifestRejected, match="inventory format ORC is not supported"):
+    with pytest.raises(Rejection, match="inventory format ORC is not supported"):
         read_inventory_manifest(json.dumps({**ok, "fileFormat": "ORC"}).encode(), "s3://inv/m.json")
-    with pytest.raises(ManifestRejected, match="lists no data files"):
+    with pytest.raises(Rejection, match="lists no data files"):
         read_inventory_manifest(json.dumps({**ok, "files": []}).encode(), "s3://inv/m.json")
-    with pytest.raises(ManifestRejected, match=r"not an S3 Inventory manifest\.json"):
+    with pytest.raises(Rejection, match=r"not an S3 Inventory manifest\.json"):
         read_inventory_manifest(b"{}", "s3://inv/m.json")
 
 
@@ -131,12 +131,12 @@ def test_inventory_estimate_heads_unsized_files():
         "files": [{"key": "a.csv.gz"}, {"key": "b.csv.gz"}],
     }
     s3.put_object(Bucket="inv", Key="m.json", Body=json.dumps(manifest).encode())
-    est = estimate_inventory(Store(s3), "s3://inv/m.json")
+    est = estimate_inventory(PrepareStore(s3), "s3://inv/m.json")
     assert est.total_bytes == sum(
         s3.head_object(Bucket="inv", Key=k)["ContentLength"] for k in ("a.csv.gz", "b.csv.gz")
     )
     assert est.keys_estimate == est.total_bytes // 20
-    one_head = estimate_inventory(Store(s3), "s3://inv/m.json", max_heads=1)
+    one_head = estimate_inventory(PrepareStore(s3), "s3://inv/m.json", max_heads=1)
     assert one_head.total_bytes == 2 * one_head.report.sizes[0]  # the unHEADed file gets the mean
 
 
@@ -180,11 +180,11 @@ class FakeLister:
         return resp
 
 
-def _listed(store: Store, tasks: list[Any]) -> list[str]:
+def _listed(store: PrepareStore, tasks: list[Any]) -> list[str]:
     out: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         problems = TaskProblems()
-        sink = Sink(Parts(tmp, 1), problems, frozenset(), None)
+        sink = KeyRouter(Parts(tmp, 1), problems, frozenset(), None)
         for t in tasks:
             map_prefix(t, store, problems, lambda b, ks: out.extend(ks))
         sink.parts.close()
@@ -209,7 +209,7 @@ def test_prefix_ranges_cover_every_key_exactly_once(
     assert all(t.start_after == s for t, s in zip(tasks[1:], bounds)) and bounds == sorted(set(bounds))
     assert all(b is not None and b.endswith("/") for b in bounds)  # only a folder marker can equal one
     expected = sorted(k for k in keys if k.startswith(prefix) and not k.endswith("/"))
-    assert sorted(_listed(Store(fake), tasks)) == expected
+    assert sorted(_listed(PrepareStore(fake), tasks)) == expected
 
 
 def test_prefix_fan_out_shapes():
@@ -219,7 +219,7 @@ def test_prefix_fan_out_shapes():
     flat = {f"p/{i:032x}.jpg" for i in range(0, 2**128, 2**128 // 2000)}
     tasks = prefix_tasks(FakeLister(flat, 1000), "b", "p/", 8)
     assert len(tasks) >= 16  # no common prefixes: cut on the next characters
-    listed = _listed(Store(FakeLister(flat, 1000)), tasks)
+    listed = _listed(PrepareStore(FakeLister(flat, 1000)), tasks)
     assert sorted(listed) == sorted(flat)
     biggest = max(len([k for k in flat if (t.start_after or "") < k < (t.stop_at or "\uffff")]) for t in tasks)
     assert biggest < len(flat) / 4  # reasonably even
@@ -237,7 +237,9 @@ def test_prefix_ranges_on_moto_and_estimate():
     for k in keys:
         s3.put_object(Bucket="imgs", Key=k, Body=b"x")
     tasks = prefix_tasks(s3, "imgs", "cam/", 3)
-    assert sorted(_listed(Store(s3), tasks)) == sorted(k for k in keys if k.startswith("cam/") and not k.endswith("/"))
+    assert sorted(_listed(PrepareStore(s3), tasks)) == sorted(
+        k for k in keys if k.startswith("cam/") and not k.endswith("/")
+    )
     assert estimate_prefix(s3, "imgs", "cam/", max_pages=5).keys_estimate == 121
-    partial = estimate_prefix(Store(FakeLister(set(keys), 10)), "imgs", "cam/", max_pages=2, max_keys=999)
+    partial = estimate_prefix(PrepareStore(FakeLister(set(keys), 10)), "imgs", "cam/", max_pages=2, max_keys=999)
     assert (partial.listed, partial.exact, partial.keys_estimate) == (20, False, 999)

@@ -10,9 +10,10 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from sluice.errors import AwsFatalError, RetriableError
-from sluice.prepare import partition_of, partitions_of
-from sluice.prepare.store import RETRIES, Store
+from sluice.aws.errors import AwsFatalError
+from sluice.errors import RetriableError
+from sluice.prepare.mapparts import partitions_of
+from sluice.prepare.store import RETRIES, PrepareStore
 
 
 def _error(code: str, status: int) -> ClientError:
@@ -35,23 +36,23 @@ class Flaky:
 def test_throttling_is_retried_then_raised_as_retriable():
     slept: list[float] = []
     flaky = Flaky("SlowDown", 503, 3)
-    Store(flaky, sleep=slept.append).put("s3://ctl/k", b"x")
+    PrepareStore(flaky, sleep=slept.append).put("s3://ctl/k", b"x")
     assert flaky.calls == 4 and slept == [0.5, 1.0, 2.0]
     always = Flaky("SlowDown", 503, 10**6)
     with pytest.raises(RetriableError, match="SlowDown"):
-        Store(always, sleep=lambda s: None).put("s3://ctl/k", b"x")
+        PrepareStore(always, sleep=lambda s: None).put("s3://ctl/k", b"x")
     assert always.calls == RETRIES + 1
 
 
 def test_denied_is_fatal_at_once():
     denied = Flaky("AccessDenied", 403, 10**6)
     with pytest.raises(AwsFatalError, match="writing s3://ctl/k: AccessDenied"):
-        Store(denied, sleep=lambda s: None).put("s3://ctl/k", b"x")
+        PrepareStore(denied, sleep=lambda s: None).put("s3://ctl/k", b"x")
     assert denied.calls == 1
 
 
 def test_local_store(tmp_path):
-    store = Store()
+    store = PrepareStore()
     path = str(tmp_path / "a" / "b" / "obj")
     assert not store.exists(path)
     store.put(path, b"0123456789", scratch=True)
@@ -67,7 +68,7 @@ def test_local_store(tmp_path):
 def test_s3_store_on_moto():
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="ctl")
-    store = Store(s3)
+    store = PrepareStore(s3)
     store.put("s3://ctl/runs/r/shards/0.shard", b"abcdef", scratch=True)
     tags = s3.get_object_tagging(Bucket="ctl", Key="runs/r/shards/0.shard")["TagSet"]
     assert tags == [{"Key": "sluice-scratch", "Value": "true"}]
@@ -82,7 +83,7 @@ def test_s3_store_on_moto():
 def test_partition_is_stable_and_spread():
     pairs = [("images", f"k/{i}.jpg") for i in range(4000)]
     parts = partitions_of(pairs, 8)
-    assert parts == partitions_of(pairs, 8) and parts[17] == partition_of("images", "k/17.jpg", 8)
+    assert parts == partitions_of(pairs, 8) and parts[17] == partitions_of([("images", "k/17.jpg")], 8)[0]
     counts = [parts.count(r) for r in range(8)]
     assert min(counts) > 400  # ~500 each
-    assert partition_of("a", "b/c", 1000) == 465  # fixed forever: a retried worker must route alike
+    assert partitions_of([("a", "b/c")], 1000) == [465]  # fixed forever: a retried worker must route alike

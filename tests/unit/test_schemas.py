@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from sluice import schemas
 from sluice.contracts import EVENT_DETAILS, RunFailed, RunSucceeded, parse_detail
+from sluice.ops import schemas
 
 
 def test_committed_schemas_are_current():
-    assert schemas.stale() == [], "run `python -m sluice.schemas` and commit docs/schemas/"
+    assert schemas.stale() == [], "run `python -m sluice.ops.schemas` and commit docs/schemas/"
 
 
 def test_every_event_detail_has_a_schema_file():

@@ -1,6 +1,6 @@
 """SigV4 for AMP: what a receiver gets on the wire verifies, by a verifier written from AWS's spec.
 
-The verifier below is independent of sluice.sigv4 (which signs with botocore): it
+The verifier below is independent of sluice.aws.sigv4 (which signs with botocore): it
 canonicalizes the request as AWS does on receipt (query decoded, then re-encoded per
 RFC 3986, so '+' is a literal plus) and is itself checked against AWS's SigV4 test-suite
 vectors (aws-c-auth tests/aws-signing-test-suite/v4).
@@ -18,8 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from gpu_worker.remote_write import RemoteWriter
-from sluice import sigv4
-from sluice.metrics_query import PromClient
+from sluice.aws import sigv4
+from sluice.ops.metrics import PromClient
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"  # the test suite's example secret
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.batch import prepare_request
-from sluice.ledger import Ledger
+from sluice.control.batch import prepare_request
+from sluice.control.ledger import Ledger
+from sluice.control.policy import EVALUATE_ON_EXIT, PREPARE_ATTEMPTS, PREPARE_TIMEOUT_S
 from sluice.local.infra import load_template
 from sluice.models import JobSpec
-from sluice.policy import EVALUATE_ON_EXIT, PREPARE_ATTEMPTS, PREPARE_TIMEOUT_S
 from sluice.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -325,7 +325,7 @@ def test_functions_write_only_under_runs() -> None:
     assert retry == {
         f"{CONTROL}/runs/*/shards/*",
         f"{CONTROL}/runs/*/plan-retry-*",
-        f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.staging)
+        f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.control.staging)
     }, "retry pass and prepared plan only"
 
 
@@ -523,7 +523,7 @@ def _pascal(rule: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize("jd", ["WorkerJobDefinition", "WorkerMnpJobDefinition"])
 def test_job_definitions(jd: str) -> None:
     props = RES[jd]["Properties"]
-    # The one retry rule (sluice.policy), in CloudFormation's PascalCase keys.
+    # The one retry rule (sluice.control.policy), in CloudFormation's PascalCase keys.
     assert EVALUATE_ON_EXIT
     assert props["RetryStrategy"]["EvaluateOnExit"] == [_pascal(rule) for rule in EVALUATE_ON_EXIT]
     assert props["RetryStrategy"]["Attempts"] == JobSpec.model_fields["attempts"].default
@@ -574,7 +574,7 @@ def test_prepare_queue_and_job_definition() -> None:
     assert Settings.model_fields["prepare_job_definition"].default == "sluice-prepare"
     assert props["Type"] == "container" and props["PlatformCapabilities"] == ["FARGATE"]
     assert props["PropagateTags"] is True
-    # The retry strategy and timeout SubmitJob passes (sluice.batch.prepare_request), in PascalCase.
+    # The retry strategy and timeout SubmitJob passes (sluice.control.batch.prepare_request), in PascalCase.
     req = prepare_request("r", "map", "s3://b/runs/r/prepare/spec.json", 4, Settings())
     assert props["RetryStrategy"] == _pascal(req["retryStrategy"]) == {"Attempts": PREPARE_ATTEMPTS}
     assert props["Timeout"]["AttemptDurationSeconds"] == PREPARE_TIMEOUT_S == req["timeout"]["attemptDurationSeconds"]
@@ -603,7 +603,7 @@ def test_prepare_worker_reads_lists_and_heads_input_keys_and_writes_only_prepare
         elif action == "s3:GetObject":
             if resource == f"{INPUTS}/*":
                 # HeadObject (authorized by s3:GetObject) of each key of an incremental run's key list
-                # or inline keys (sluice.incremental.mapside); the control bucket's inputs/ stays list-only.
+                # or inline keys (sluice.prepare.versions_map); the control bucket's inputs/ stays list-only.
                 continue
             if resource.startswith(INPUTS) or resource.startswith(f"{CONTROL}/inputs/"):
                 assert resource.endswith(LIST_SUFFIXES) and not resource.endswith("/*"), resource

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.batch import BatchAdapter, prepare_job_name
 from sluice.contracts import JobStatus
+from sluice.control.batch import BatchAdapter, prepare_job_name
 from sluice.local.events import batch_job_state_change, matches
 from sluice.settings import Settings
 

@@ -14,7 +14,7 @@ import pytest
 from gpu_worker.commits import Paths, load_state
 from gpu_worker.errors import RankFailed, WorkerError
 from gpu_worker.main import run_node
-from gpu_worker.store import Store
+from gpu_worker.store import RunStore
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
 from tests.unit.test_worker_node import CFG, IMAGES, KEYS, Fetcher
@@ -44,7 +44,7 @@ def _table(plan: RunPlan, m: int) -> dict[str, dict]:
 def test_each_key_is_fetched_once_and_embedded_by_every_model(tmp_path):
     plan, env = _plan(tmp_path, "two", [SMALL, BIG])
     fetcher = Fetcher()
-    result = run_node(CFG, env, store=Store(), fetcher=fetcher)
+    result = run_node(CFG, env, store=RunStore(), fetcher=fetcher)
     assert fetcher.calls == len(KEYS)  # one GET per key for both models
     assert result.ok and result.processed_by_model == {"small": 60, "big": 60} and result.failed == 1
     assert plan.output_dir(0, 0).endswith("/output/model=small/shard=0/")
@@ -60,8 +60,8 @@ def test_a_smaller_model_sees_what_decoding_at_its_own_size_gives(tmp_path):
     """Derived preprocessing: the 48 px decode resized to 32 px embeds like a 32 px decode."""
     pair, env2 = _plan(tmp_path, "pair", [SMALL, BIG])
     alone, env1 = _plan(tmp_path, "alone", [SMALL])
-    run_node(CFG, env2, store=Store(), fetcher=Fetcher())
-    run_node(CFG, env1, store=Store(), fetcher=Fetcher())
+    run_node(CFG, env2, store=RunStore(), fetcher=Fetcher())
+    run_node(CFG, env1, store=RunStore(), fetcher=Fetcher())
     derived, own = _table(pair, 0), _table(alone, 0)
     assert alone.output_dir(0).endswith("/output/shard=0/")  # one model: the one-model layout
     cos = [float(np.dot(derived[k]["embedding"], own[k]["embedding"])) for k in own]
@@ -74,12 +74,12 @@ def test_a_smaller_model_sees_what_decoding_at_its_own_size_gives(tmp_path):
 def test_models_resume_on_their_own(tmp_path):
     """A model whose output is gone is redone alone: the other model's chunks are not touched or refetched."""
     plan, env = _plan(tmp_path, "resume", [SMALL, BIG])
-    run_node(CFG, env, store=Store(), fetcher=Fetcher())
+    run_node(CFG, env, store=RunStore(), fetcher=Fetcher())
     small_dir = Path(plan.output_dir(0, 0))
     stamps = {p.name: p.stat().st_mtime_ns for p in small_dir.glob("*.parquet")}
     shutil.rmtree(plan.output_dir(0, 1))
     fetcher = Fetcher()
-    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=Store(), fetcher=fetcher)
+    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=RunStore(), fetcher=fetcher)
     assert fetcher.calls == len(KEYS) and result.processed_by_model == {"small": 60, "big": 60}
     assert {p.name: p.stat().st_mtime_ns for p in small_dir.glob("*.parquet")} == stamps
     assert len(_table(plan, 1)) == 60
@@ -88,16 +88,18 @@ def test_models_resume_on_their_own(tmp_path):
 def test_crash_then_resume_fetches_what_any_model_still_needs(tmp_path):
     plan, env = _plan(tmp_path, "crash", [SMALL, BIG])
     with pytest.raises((RankFailed, WorkerError), match="simulated crash"):
-        run_node(CFG, env, store=Store(), fetcher=Fetcher(crash_after=30))
+        run_node(CFG, env, store=RunStore(), fetcher=Fetcher(crash_after=30))
     states = [
-        load_state(Store(), Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, 0))
+        load_state(
+            RunStore(), Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, 0)
+        )
         for m in (0, 1)
     ]
     done_by_both = set.intersection(
         *({p for m in st.markers for a, b in m.covers for p in range(a, b)} for st in states)
     )
     fetcher = Fetcher()
-    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=Store(), fetcher=fetcher)
+    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=RunStore(), fetcher=fetcher)
     assert result.ok and result.processed_by_model == {"small": 60, "big": 60}
     assert fetcher.calls == len(KEYS) - len(done_by_both)
     assert len(_table(plan, 0)) == len(_table(plan, 1)) == 60

@@ -13,7 +13,7 @@ from gpu_worker.commits import Paths, load_state
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, RankFailed, WorkerError
 from gpu_worker.main import run_node
-from gpu_worker.store import Store
+from gpu_worker.store import RunStore
 from sluice.contracts import FailureReason, ShardResult
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
@@ -72,28 +72,28 @@ def rows(plan: RunPlan) -> list[str]:
 
 def test_node_processes_the_shard(run):
     plan, env = run
-    result = run_node(CFG, env, store=Store(), fetcher=Fetcher())
+    result = run_node(CFG, env, store=RunStore(), fetcher=Fetcher())
     assert (result.processed, result.failed, result.ok) == (60, 1, True)
     assert ShardResult.model_validate_json(Path(plan.result_uri(0)).read_text()) == result
     assert sorted(rows(plan)) == sorted(f"s3://bkt/{k}" for k in IMAGES)
     assert result.chunks == 9  # ceil(61 / 7)
     assert Path(plan.failures_prefix, "0.jsonl").read_text().count("\n") == 1
     # A second run of a finished shard does nothing but rewrite the summary.
-    again = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=Store(), fetcher=Fetcher(crash_after=0))
+    again = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=RunStore(), fetcher=Fetcher(crash_after=0))
     assert (again.processed, again.resumed_chunks, again.stats) == (60, 9, {})
 
 
 def test_crash_then_resume_redoes_only_uncommitted_work(run):
     plan, env = run
     with pytest.raises((RankFailed, WorkerError), match="simulated crash"):
-        run_node(CFG, env, store=Store(), fetcher=Fetcher(crash_after=30))
+        run_node(CFG, env, store=RunStore(), fetcher=Fetcher(crash_after=30))
     paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, 0)
-    before = load_state(Store(), paths)
+    before = load_state(RunStore(), paths)
     assert 0 < len(before.markers) < 9
     stamps = {m.name: os.stat(paths.parquet(m.name)).st_mtime_ns for m in before.markers if m.file}
     Path(paths.parquet("part-0000-000000056")).write_bytes(b"orphan from the killed attempt")
     fetcher = Fetcher()
-    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=Store(), fetcher=fetcher)
+    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=RunStore(), fetcher=fetcher)
     assert result.ok and result.processed == 60 and result.resumed_chunks == len(before.markers)
     done_before = sum(b - a for m in before.markers for a, b in m.covers)
     assert fetcher.calls == len(KEYS) - done_before  # nothing fetched twice
@@ -108,6 +108,6 @@ def test_empty_shard(run, tmp_path):
     """An MNP run with fewer keys than nodes gives some nodes an empty shard: done at once, ok."""
     plan, env = run
     Path(plan.shards_prefix, "0.shard").write_bytes(encode_shard([]))
-    result = run_node(CFG, env, store=Store(), fetcher=Fetcher(crash_after=0))
+    result = run_node(CFG, env, store=RunStore(), fetcher=Fetcher(crash_after=0))
     assert (result.n_keys, result.processed, result.failed, result.ok) == (0, 0, 0, True)
     assert Path(plan.failures_prefix, "0.jsonl").read_text() == ""

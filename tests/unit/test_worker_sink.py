@@ -12,7 +12,7 @@ import pytest
 from gpu_worker.commits import Marker, Paths, ShardState, load_state, remove_orphans
 from gpu_worker.errors import WorkerError
 from gpu_worker.sink import ChunkSink, RecordLabel, write_shard_result
-from gpu_worker.store import Store
+from gpu_worker.store import RunStore
 from sluice import outputs
 from sluice.contracts import FailureLine, FailureReason, ShardResult
 
@@ -43,7 +43,7 @@ LABEL = RecordLabel("m", "v1", "sha256:abc", "r")
 
 def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=()):
     return ChunkSink(
-        Store(),
+        RunStore(),
         paths,
         rank=rank,
         attempt=attempt,
@@ -70,7 +70,7 @@ def test_windows_commit_when_settled_in_any_order(paths):
     s.add_rows([3, 0], ["u3", "u0"], [0, 0], emb(3, 0))  # window 2 complete here (3, 4, 8)
     s.add_rows([2], ["u2"], [0], emb(2))
     s.close()
-    state = load_state(Store(), paths)
+    state = load_state(RunStore(), paths)
     names = [m.name for m in state.markers]
     assert names == ["part-0005-000000000", "part-0005-000000003"]
     first, second = state.markers
@@ -91,7 +91,7 @@ def test_deferred_keys_go_to_a_retry_chunk(paths):
     s.add_failure(3, "u3", 1, "s3_error_transient", "SlowDown", True)  # deferred again: ignored
     s.add_failure(3, "u3", 1, "s3_error_transient", "SlowDown", False)  # final verdict
     s.close()
-    state = load_state(Store(), paths)
+    state = load_state(RunStore(), paths)
     rng, retry = state.markers
     assert rng.kind == "range" and rng.covers == [(0, 2)] and rng.deferred == [(2, "u2"), (3, "u3")]
     assert retry.name == "part-0005-000000002-r2" and retry.kind == "retry"
@@ -126,7 +126,7 @@ def test_shard_result_writes_failures_and_result(paths):
     s.add_failure(3, "u3", 0, "missing", "NoSuchKey", False)
     s.add_failure(1, "u1", 0, "bomb", "too many pixels", False)
     s.close()
-    store = Store()
+    store = RunStore()
     result = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.25, info=INFO)
     assert (result.processed, result.failed, result.ok) == (2, 2, False)
     assert result.failed_by_reason == {FailureReason.BOMB: 1, FailureReason.MISSING: 1}
@@ -147,7 +147,7 @@ def test_transient_failures_never_fail_the_shard(paths):
         s.add_failure(pos, f"u{pos}", 0, "s3_error_transient", "SlowDown", False)
     s.add_failure(3, "u3", 0, "corrupt", "truncated", False)
     s.close()
-    store = Store()
+    store = RunStore()
     result = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.25, info=INFO)
     assert (result.failed, result.failed_transient, result.failed_fraction, result.ok) == (3, 2, 0.25, True)
     strict = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.2, info=INFO)
@@ -155,7 +155,7 @@ def test_transient_failures_never_fail_the_shard(paths):
 
 
 def test_shard_result_refuses_gaps_and_double_coverage(paths):
-    store = Store()
+    store = RunStore()
     with pytest.raises(WorkerError, match="3 of 3 keys were never settled"):
         write_shard_result(store, paths, {"m": ShardState([])}, 3, threshold=1.0, info=INFO)
     dup = ShardState(
@@ -170,7 +170,7 @@ def test_orphan_parquet_files_are_removed(paths):
     s = sink(paths, [[(0, 1)]])
     s.add_rows([0], ["u0"], [0], emb(0))
     s.close()
-    store = Store()
+    store = RunStore()
     orphan = paths.parquet("part-0001-000000007")
     store.put(orphan, b"half written attempt")
     state = load_state(store, paths)
@@ -209,7 +209,7 @@ def test_owns_what_is_still_owed(paths):
 
 
 def test_a_key_is_failed_when_any_model_failed_it(tmp_path):
-    store = Store()
+    store = RunStore()
     a = Paths.for_shard(f"{tmp_path}/out/model=a/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
     b = Paths.for_shard(f"{tmp_path}/out/model=b/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
     sa, sb = sink(a, [[(0, 3)]]), sink(b, [[(0, 3)]])
@@ -237,5 +237,5 @@ def test_a_final_pass_result_is_taken_once(paths):
     assert not s.owns(5, 1)
     s.add_rows([0], ["u0"], [0], emb(0))
     s.close()
-    state = load_state(Store(), paths)
+    state = load_state(RunStore(), paths)
     assert sorted(state.covered) == [(0, 1), (5, 6)] and not state.overlaps()

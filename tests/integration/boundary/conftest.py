@@ -25,7 +25,7 @@ def aws() -> Iterator[AwsClients]:
 
 @pytest.fixture(scope="module")
 def stack(aws: AwsClients) -> Any:
-    from sluice import aws as sluice_aws
+    from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
 
     sluice_aws.reset_clients()

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from sluice.ledger import Ledger
+from sluice.control.ledger import Ledger
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler, run_objects
 
 

@@ -12,9 +12,9 @@ import zlib
 import pytest
 from botocore.exceptions import ClientError
 
-from sluice import aws as sluice_aws
+from sluice.aws import clients as sluice_aws
+from sluice.control.ledger import Ledger
 from sluice.errors import RetriableError
-from sluice.ledger import Ledger
 from sluice.models import RunPlan
 from tests.integration.helpers import (
     INPUT_BUCKET,

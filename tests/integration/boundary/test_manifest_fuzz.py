@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sluice.ledger import Ledger
+from sluice.control.ledger import Ledger
 from sluice.models import RunPlan
 from tests.integration.helpers import INPUT_BUCKET, bus_events, object_created_event, shard_pairs
 

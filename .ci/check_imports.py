@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The floor plan CI enforces: no import circle, and no import from a lower floor to a higher one.
+
+Every `import` and `from ... import` in sluice/, functions/ and gpu_worker/ counts, deferred
+ones (inside a function) and TYPE_CHECKING ones too: a circle hidden in a function body is
+still a circle. Two checks:
+
+- circles: between modules, and between rooms (a package under sluice/, a top-level module of
+  sluice/, gpu_worker, functions);
+- floors: a room imports only rooms on its own floor or below (FLOORS, lowest first).
+
+Exit 1 and list every offending import.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("sluice", "gpu_worker", "functions")
+# Lowest first. The foundation is what every role shares (contracts, paths, settings, errors,
+# the AWS boundary, the shard codec, manifest and plan models); each floor above may use it.
+FLOORS: list[set[str]] = [
+    {
+        "sluice",
+        "sluice.aws",
+        "sluice.contracts",
+        "sluice.errors",
+        "sluice.log",
+        "sluice.modelid",
+        "sluice.models",
+        "sluice.outputs",
+        "sluice.paths",
+        "sluice.settings",
+        "sluice.shards",
+    },
+    {"sluice.input", "sluice.preflight"},
+    {"sluice.plan"},
+    {"sluice.prepare"},
+    {"sluice.control", "gpu_worker"},
+    {"sluice.ops", "functions"},
+    {"sluice.local"},
+    {"sluice.cli"},
+]
+MAX_TOP_MODULES = 12  # sluice/*.py besides __init__.py
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            name = ".".join(p.relative_to(root).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int, str]]:
+    """(line, module) for every import of one of ours in the file, resolved to the module it loads."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                yield node.lineno, t
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[0] if parts[0] != "sluice" else ".".join(parts[:2])
+
+
+def floor_of(r: str) -> int:
+    for i, rooms in enumerate(FLOORS):
+        if r in rooms:
+            return i
+    raise SystemExit(f"check_imports: room {r} is on no floor: add it to FLOORS in .ci/check_imports.py")
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    known = modules(root)
+    tops = [m for m in known if m.count(".") == 1 and m.startswith("sluice.") and known[m].name != "__init__.py"]
+    out: list[str] = []
+    if len(tops) > MAX_TOP_MODULES:
+        out.append(f"sluice/ has {len(tops)} top-level modules (at most {MAX_TOP_MODULES}): {', '.join(sorted(tops))}")
+    mod_graph: dict[str, set[str]] = {m: set() for m in known}
+    room_graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        for line, target in imports(name, path, known):
+            mod_graph[name].add(target)
+            a, b = room(name), room(target)
+            if a == b:
+                continue
+            room_graph.setdefault(a, set()).add(b)
+            if floor_of(b) > floor_of(a):
+                where = path.relative_to(root)
+                out.append(f"{where}:{line}: {name} imports {target}: {a} (floor {floor_of(a)}) is below {b}")
+    out += [f"import circle between modules: {' <-> '.join(c)}" for c in circles(mod_graph)]
+    out += [f"import circle between rooms: {' <-> '.join(c)}" for c in circles(room_graph)]
+    return out
+
+
+def main() -> int:
+    bad = problems()
+    for line in bad:
+        print(line)
+    print(f"check_imports: {len(bad)} problem(s)" if bad else "check_imports: no circle, no import runs back up")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Reconciliation with AWS Batch: runs whose events stopped still reach their outcome.
+
+An event lost to a rule's dead-letter queue or an outage would otherwise leave a run
+RUNNING for ever. The sweep (a 5-minute schedule on the completion function, and
+`sluice reconcile [RUN]`) asks Batch for the state of each active run's jobs: a terminal
+job whose own event never came is counted; shards of a job that has been terminal for
+`grace_s` and still have no terminal event are settled from Batch's child (or node) list
+and their result.json, exactly as their events would have settled them; a pending
+announcement is published; a run whose jobs are all terminal and shards all settled is
+concluded. The grace keeps the sweep from racing events that are merely late, so event
+order alone still decides every run whose events all arrive. A PREPARING run whose
+prepare jobs ended is submitted, rejected or failed as their events would have done.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sluice.aws.errors import translate
+from sluice.aws.s3uri import parse_s3_uri
+from sluice.contracts import JobLayoutItem, JobStatus, RunItem, RunStatus
+from sluice.control import outbox, staging
+from sluice.control.completion import Context, maybe_conclude, read_result
+from sluice.control.verdict import settle_shard
+from sluice.log import logger
+from sluice.paths import RunPaths
+
+GRACE_S = 900  # a job terminal this long whose shards lack terminal events: settle them from Batch
+LOOKBACK_S = 15 * 86400  # runs created this recently are swept (job timeouts are at most 14 days)
+DESCRIBE_BATCH = 100  # DescribeJobs takes at most 100 job ids (AWS Batch API reference)
+
+
+@dataclass
+class Reconciled:
+    """What reconciling one run did."""
+
+    run_id: str
+    status: str
+    actions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reconcile(
+    ctx: Context | None = None, run_id: str | None = None, *, now: float | None = None, grace_s: float = GRACE_S
+) -> list[Reconciled]:
+    """Reconcile one run, or every run of the last LOOKBACK_S that is not final."""
+    ctx = ctx or Context.build()
+    now = time.time() if now is None else now
+    if run_id is not None:
+        runs = [r for r in [ctx.ledger.get(run_id)] if r is not None]
+    else:
+        runs = [
+            r
+            for r in ctx.ledger.recent_runs(10_000, since=int(now - LOOKBACK_S))
+            if not r.status.final or r.outbox is not None
+        ]
+    return [reconcile_run(ctx, r, now=now, grace_s=grace_s) for r in runs]
+
+
+def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> Reconciled:
+    out = Reconciled(run.run_id, run.status.value)
+    published = outbox.deliver(ctx.ledger, ctx.events, run)
+    if published:
+        out.actions.append(f"published {published}")
+    if run.status in (RunStatus.PLANNING, RunStatus.RELEASED) and (run.lease_until or 0) < now:
+        logger.warning(
+            "upload stranded in planning: redrive the manifest rule's dead-letter queue",
+            extra={"run_id": run.run_id, "upload": run.upload.model_dump() if run.upload else None},
+        )
+        out.actions.append("stranded in planning (redrive the manifest dead-letter queue)")
+    if run.status == RunStatus.PREPARING:
+        # Safe without a grace: the submit step is leased and every transition conditional.
+        decided = staging.reconcile_preparing(run, ctx.settings, ctx.clients, lambda ids: _describe(ctx, ids))
+        if decided:
+            out.actions.append(f"prepare ended without its event: {decided}")
+        return out
+    expired = run.status == RunStatus.FINALIZING and (run.lease_until or 0) < now
+    if not (run.status.active or expired) or not run.jobs:
+        return out
+    jobs = _describe(ctx, [j.id for j in run.jobs])
+    settled = {s.shard for s in ctx.records.shard_items(run.run_id) if s.terminal}
+    for job in run.jobs:
+        desc = jobs.get(job.id)
+        status = JobStatus(desc["status"]) if desc else None
+        if status is None or not status.terminal:
+            continue
+        if ctx.records.record_job_terminal(run.run_id, job.id, status, desc.get("statusReason")):  # type: ignore[union-attr]
+            out.actions.append(f"job {job.id} {status.value} (its event was missing)")
+        stopped = int(desc.get("stoppedAt") or 0) / 1000  # type: ignore[union-attr]
+        missing = [i for i in range(job.shard_offset, job.shard_offset + job.shard_count) if i not in settled]
+        if missing and now - stopped >= grace_s:
+            n = _settle_from_batch(ctx, run, job, desc, missing)  # type: ignore[arg-type]
+            out.actions.append(f"settled {n} shard(s) of job {job.id} from Batch")
+    concluded = maybe_conclude(ctx, run.run_id, now=now)
+    if concluded:
+        out.actions.append(f"concluded: {concluded}")
+    return out
+
+
+def _describe(ctx: Context, ids: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for i in range(0, len(ids), DESCRIBE_BATCH):
+        resp = _batch(ctx, "describe_jobs", jobs=ids[i : i + DESCRIBE_BATCH])
+        out.update({j["jobId"]: j for j in resp.get("jobs", [])})
+    return out
+
+
+def _batch(ctx: Context, op: str, **kwargs: Any) -> Any:
+    try:
+        return getattr(ctx.clients.batch, op)(**kwargs)
+    except (ClientError, BotoCoreError) as exc:
+        raise translate(exc, f"AWS Batch {op}") from exc
+
+
+def _children(ctx: Context, job: JobLayoutItem) -> dict[int, dict[str, Any]]:
+    """Index -> terminal summary of an array job's children or an MNP job's nodes (ListJobs)."""
+    if job.kind == "single":
+        return {}
+    key = "arrayJobId" if job.kind == "array" else "multiNodeJobId"
+    out: dict[int, dict[str, Any]] = {}
+    for status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {key: job.id, "jobStatus": status.value}
+            if token:
+                kwargs["nextToken"] = token
+            resp = _batch(ctx, "list_jobs", **kwargs)
+            for j in resp.get("jobSummaryList", []):
+                sep = ":" if job.kind == "array" else "#"
+                if sep in j["jobId"]:
+                    out[int(j["jobId"].rsplit(sep, 1)[1])] = j
+            token = resp.get("nextToken")
+            if not token:
+                break
+    return out
+
+
+def _settle_from_batch(ctx: Context, run: RunItem, job: JobLayoutItem, desc: dict[str, Any], shards: list[int]) -> int:
+    """Settle shards whose terminal events never came, from Batch's view of them and result.json."""
+    children = _children(ctx, job)
+    paths = RunPaths.in_bucket(parse_s3_uri(str(run.plan_uri))[0], run.run_id)
+    n = 0
+    for shard in shards:
+        # A child Batch does not list falls back to its job's own terminal state.
+        src = children.get(shard - job.shard_offset, desc)
+        status = JobStatus(src["status"])
+        if not status.terminal:
+            continue
+        exit_code = (src.get("container") or {}).get("exitCode")
+        reason = src.get("statusReason")
+        attempt = max(1, len(src.get("attempts") or []))
+        settlement = settle_shard(status, exit_code, reason, read_result(ctx.clients.s3, paths, shard), "batch")
+        state = {"status": status, "attempt": attempt, "exit_code": exit_code, "reason": reason}
+        if ctx.records.record_shard(
+            run.run_id, shard, {**state, "job_id": src["jobId"]}, seq=attempt * 10 + status.rank, settlement=settlement
+        ):
+            n += 1
+    return n

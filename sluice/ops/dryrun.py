@@ -1,0 +1,174 @@
+"""`sluice plan` and `sluice submit`'s check: the manifest Lambda's validation, run on this machine.
+
+The same parser, checks (sluice.input.checks) and key scan as the Lambda, so what `plan` rejects
+the Lambda rejects too, and `submit` refuses to upload it. A local file is named by its path
+in the reasons (the Lambda names its s3:// URI); a local key list is read from disk.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from sluice.aws.s3uri import parse_s3_uri
+from sluice.errors import Rejection
+from sluice.input.checks import check_manifest, guarded, reading_input
+from sluice.input.keys import iter_keys
+from sluice.input.manifest import ManifestSource, parse_manifest, read_manifest_object
+from sluice.input.sources import KEYLIST_SUFFIXES, KeyBatch, Problems, iter_keylist
+from sluice.models import InputSpec, Manifest
+from sluice.ops.plan_report import facts_for
+from sluice.plan.layout import layout
+from sluice.plan.scan import scan
+from sluice.preflight import Capacity, preflight
+from sluice.preflight.checks import derived_timeout_s
+from sluice.settings import Settings
+
+LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
+
+
+def _file_chunks(path: str, chunk: int = 8 * 2**20) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while data := fh.read(chunk):
+            yield data
+
+
+def _local(
+    path: str, name: str, settings: Settings, problems: Problems, s3: Callable[[], Any]
+) -> tuple[Manifest, Iterator[KeyBatch] | None]:
+    lower = name.lower()
+    if lower.endswith(KEYLIST_SUFFIXES):
+        kind = next(s for s in KEYLIST_SUFFIXES if lower.endswith(s))
+        keys = iter_keylist(_file_chunks(path), path, kind, settings.default_input_bucket, problems)
+        return Manifest(version=1, input=InputSpec(key_list=LOCAL_KEYLIST)), keys
+    size = os.path.getsize(path)
+    if size > settings.max_manifest_bytes:  # before reading it, as the Lambda does
+        raise Rejection(
+            f"{path}: manifest is {size} bytes, over the {settings.max_manifest_bytes}-byte limit "
+            "(SLUICE_MAX_MANIFEST_BYTES): put the keys in a key-list object and name it in input.key_list"
+        )
+    with open(path, "rb") as fh:
+        body = fh.read()
+    src = ManifestSource("local", name, body, path=path)
+    manifest = parse_manifest(src, settings)
+    if manifest.input.inventory == src.uri:  # an S3 Inventory manifest.json, here on disk
+        return manifest, _local_report(path, body, settings, problems, s3)
+    return manifest, None
+
+
+def _local_report(
+    path: str, raw: bytes, settings: Settings, problems: Problems, s3: Callable[[], Any]
+) -> Iterator[KeyBatch]:
+    """A local copy of an S3 Inventory manifest.json: checked here (and its .checksum, when beside it);
+    its data files are read from its destination bucket."""
+    import hashlib
+
+    from sluice.input.inventory import checksum_uri, iter_report, read_inventory_manifest
+
+    report = read_inventory_manifest(raw, path)
+    ck = checksum_uri(path)
+    if os.path.exists(ck):
+        with open(ck, "rb") as fh:
+            want = fh.read(1024).decode("ascii", "replace").strip().lower()
+        if want != hashlib.md5(raw, usedforsecurity=False).hexdigest():
+            raise Rejection(f"{path}: its MD5 does not match {ck}: the manifest is damaged or was changed")
+    return iter_report(s3(), report, settings, problems)
+
+
+def dry_run(
+    source: str,
+    settings: Settings,
+    s3: Callable[[], Any],
+    *,
+    name: str | None = None,
+    control: str | None = None,
+    bucket_hint: str | None = None,
+    assume_keys: int | None = None,
+) -> dict[str, Any]:
+    """Validate and scan `source` (a local path or an s3:// URI) as the Lambda would; the plan it would make.
+
+    `name`: the object name it will have under manifests/ (its type follows it); `control`: the
+    control bucket, when known; `assume_keys`: plan that many unique keys instead of reading the
+    input (capacity planning). Raises Rejection with every reason; the preflight's checks
+    (errors included) are in the result's "checks".
+    """
+    problems = Problems(bucket_hint) if bucket_hint else Problems()
+    keys: Iterator[KeyBatch] | None = None
+    with reading_input():
+        if source.startswith("s3://"):
+            bucket, key = parse_s3_uri(source)
+            manifest = parse_manifest(read_manifest_object(s3(), bucket, key, settings), settings)
+            client = s3()
+        else:
+            manifest, keys = _local(source, name or os.path.basename(source), settings, problems, s3)
+            client = None if keys is not None else s3()
+        check_manifest(manifest, settings, control=control, s3=client)
+        since = _incremental(manifest, control, s3) if manifest.input.since_run else None
+    if assume_keys is not None:
+        assumed = _summary(source, manifest, settings, {"keys_seen": assume_keys, "unique_keys": assume_keys})
+        return assumed | ({"incremental": since} if since else {})
+
+    def checked(batches: Iterator[KeyBatch]) -> Iterator[KeyBatch]:
+        yield from batches
+        problems.raise_if_any()
+
+    batches = checked(keys) if keys is not None else iter_keys(manifest, client, settings, problems)
+    with scan(guarded(batches), max_keys=settings.max_keys) as sc:
+        scanned = {
+            "keys_seen": sc.total_keys,
+            "unique_keys": sc.unique_keys,
+            "duplicates_removed": sc.duplicates,
+            "buckets": sorted(sc.buckets),
+        }
+    return _summary(source, manifest, settings, scanned) | ({"incremental": since} if since else {})
+
+
+def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any]) -> dict[str, Any]:
+    """An incremental manifest's lineage, read from the control bucket's plans (the runs table is not read).
+
+    Which keys it skips is decided by the prepare stage, which reads the lineage's output; the
+    plan's keys and shards here are the input's before that.
+    """
+    from sluice.control.lineage import resolve
+
+    out: dict[str, Any] = {"since_run": manifest.input.since_run, "lineage": None, "skipped": None}
+    if control is None:
+        out["note"] = "lineage not checked: set SLUICE_CONTROL_BUCKET (or plan an s3:// manifest in it)"
+        return out
+    lineage = resolve(manifest, "sluice-plan", control, s3(), None)
+    out["lineage"] = lineage.ids
+    out["note"] = (
+        "the prepare stage decides which keys are unchanged (it reads the lineage's output): keys and shards "
+        "here are before that; the runs' status is checked when the manifest is uploaded"
+    )
+    return out
+
+
+def _summary(source: str, manifest: Manifest, settings: Settings, scanned: dict[str, Any]) -> dict[str, Any]:
+    """The layout of the scanned (or assumed) keys, and the preflight of that run."""
+    n = scanned["unique_keys"]
+    lay = layout(n, manifest, settings.max_array_size)
+    cap = replace(Capacity.from_settings(settings), models=len(manifest.models))
+    gpus = max(1, manifest.job.gpus_per_node)
+    timeout = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, cap.rate)
+    pf = preflight(facts_for(manifest, n, settings, timeout), cap)
+    return {
+        "manifest": source,
+        "assumed": "buckets" not in scanned,
+        "duplicates_removed": 0,
+        "buckets": [],
+        **scanned,
+        "mode": manifest.job.mode,
+        "shards": lay.n_shards,
+        "keys_per_shard": lay.keys_per_shard,
+        "spot_allowed": manifest.job.mode == "array",
+        "jobs": [j.model_dump() for j in lay.jobs],
+        "models": [m.model_dump() | {"name": m.output_name} for m in manifest.models],
+        "timeout_s": timeout,
+        "timeout_derived": manifest.job.timeout_s is None,
+        "images_per_gpu_s": cap.rate,
+        "images_per_gpu_s_source": cap.rate_source,
+        **pf.as_dict(),
+    }

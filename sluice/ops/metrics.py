@@ -1,0 +1,222 @@
+"""`sluice metrics RUN_ID`: a run's throughput, GPU utilization and data-wait from AMP or a
+local Prometheus (PromQL HTTP API, SigV4-signed for AMP), optionally plotted to a PNG."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from sluice.aws.sigv4 import encode_query, normalize, region_of, sign_aps
+
+# PromQL over the raw per-rank series, so a run of any length (and a Prometheus without the
+# recording rules) answers; the recording rules serve dashboards over long windows. images/s and
+# data-wait are differenced client-side from cumulative counters, which works even for a
+# 10-second run, where rate() over a window longer than the run would read low. The counters are
+# read with last_over_time over the lookback window plus one step ({lb} milliseconds), not as
+# instant vectors: a rank's last push is followed by staleness markers at once, so an instant
+# vector would never see its final counts.
+QUERIES = {
+    "processed": 'sum(last_over_time(sluice_images_processed_total{{run_id="{run}"}}[{lb}ms]))',
+    "wait_seconds": 'sum(last_over_time(sluice_data_wait_seconds_total{{run_id="{run}"}}[{lb}ms]))',
+    "wait_ranks": 'count(last_over_time(sluice_data_wait_seconds_total{{run_id="{run}"}}[{lb}ms]))',
+    "gpu_util": 'avg(sluice_gpu_utilization_ratio{{run_id="{run}"}})',
+    "gpu_util_p10": 'quantile(0.1, sluice_gpu_utilization_ratio{{run_id="{run}"}})',
+}
+# Any sample within one step (of {ms} milliseconds), not within the lookback window.
+COARSE = 'sum(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{ms}ms]))'
+MIN_STEP_S = 0.1  # a local run of a second or two still gets a rate
+LOOKBACK_MS = 300_000  # Prometheus' default lookback: how long an instant vector sees a sample
+COUNTS = ("processed", "failed", "ranks", "series")
+TOTALS = {
+    "processed": 'sum(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{r}]))',
+    "failed": 'sum(max_over_time(sluice_images_failed_total{{run_id="{run}"}}[{r}]))',
+    "ranks": 'count(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{r}]))',
+    "series": 'count(last_over_time({{__name__=~"sluice_.+",run_id="{run}"}}[{r}]))',
+}
+
+
+class PromClient:
+    """Minimal PromQL HTTP API client; signs for AMP workspace URLs (or any URL given a `region`)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0, *, region: str | None = None) -> None:
+        self.base = normalize(base_url.rstrip("/") + "/")
+        self.timeout_s = timeout_s
+        self.region = region or region_of(self.base)
+
+    def _get(self, path: str, params: dict[str, str]) -> Any:
+        url = self.base + path + "?" + encode_query(params)  # sent as signed: %20 for a space, never '+'
+        headers: dict[str, str] = {"Accept": "application/json"}
+        if self.region:
+            headers = sign_aps("GET", url, None, headers, self.region)
+        req = urllib.request.Request(url, headers=headers)  # noqa: S310 - the user's Prometheus / AMP
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+            body = json.loads(resp.read())
+        if body.get("status") != "success":
+            raise RuntimeError(f"PromQL error: {body.get('error', body)}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> float | None:
+        """An instant query's single value (None when empty)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        result = self._get("api/v1/query", params)["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[tuple[float, float]]:
+        """(t, value) points of a range query's first series."""
+        data = self._get(
+            "api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+        )
+        result = data["result"]
+        return [(float(t), float(v)) for t, v in result[0]["values"]] if result else []
+
+
+@dataclass
+class RunMetrics:
+    run_id: str
+    start: float
+    end: float
+    totals: dict[str, float | None]
+    series: dict[str, list[tuple[float, float]]]
+    means: dict[str, float | None] = field(default_factory=dict)  # time-weighted, where not the points' mean
+
+    @property
+    def found(self) -> bool:
+        """Whether the run pushed any sample within the window."""
+        return self.totals.get("processed") is not None
+
+    def summary(self) -> dict[str, Any]:
+        def stats(key: str, points: list[tuple[float, float]]) -> dict[str, float] | None:
+            vals = [v for _, v in points if not math.isnan(v)]
+            if not vals:
+                return None
+            mean = self.means.get(key)
+            mean = sum(vals) / len(vals) if mean is None else mean
+            return {"mean": round(mean, 4), "min": round(min(vals), 4), "max": round(max(vals), 4)}
+
+        counts = {k: None if (v := self.totals.get(k)) is None else round(v) for k in COUNTS}
+        return {
+            "run_id": self.run_id,
+            "found": self.found,
+            **counts,
+            **{k: stats(k, v) for k, v in self.series.items()},
+        }
+
+
+def _rate(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out = []
+    for (t0, v0), (t1, v1) in itertools.pairwise(points):
+        if t1 > t0:
+            out.append((t1, max(0.0, (v1 - v0) / (t1 - t0))))  # a counter reset reads as 0, not negative
+    return out
+
+
+def _per_rank(rates: list[tuple[float, float]], ranks: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A summed rate divided by the ranks reporting at the same instant."""
+    n = dict(ranks)
+    return [(t, v / n[t]) for t, v in rates if n.get(t)]
+
+
+def _span(client: PromClient, run_id: str, start: float, end: float) -> tuple[float, float, float]:
+    """(start, end, step) around the run's samples within [start, end], zooming in a few passes.
+
+    Each pass asks, per step, for any sample within that step (not the lookback window), so
+    the span ends at the run's last sample, whether its series ended with staleness markers
+    or its ranks died, and a run of a few seconds is found in a 24-hour window.
+    """
+    step = float(math.ceil(max(5.0, (end - start) / 300)))
+    for _ in range(4):
+        pts = client.query_range(COARSE.format(run=run_id, ms=math.ceil(step * 1000)), start, end, step)
+        if not pts:
+            break
+        start, end = max(start, pts[0][0] - step), min(end, pts[-1][0])
+        finer = max(MIN_STEP_S, (end - start) / 300)
+        if finer > step / 2:
+            break
+        step = finer
+    return start, end, max(MIN_STEP_S, (end - start) / 300)
+
+
+def fetch(client: PromClient, run_id: str, *, since_s: float = 24 * 3600, now: float | None = None) -> RunMetrics:
+    """Totals and time series of one run, from its first sample to its last (within `since_s`)."""
+    until = time.time() if now is None else now
+    start, end, step = _span(client, run_id, until - since_s, until)
+    totals = {k: client.query(q.format(run=run_id, r=f"{int(since_s)}s"), at=end) for k, q in TOTALS.items()}
+    if totals["processed"] is not None and totals["failed"] is None:
+        totals["failed"] = 0.0  # no failure series: nothing failed
+    lb = LOOKBACK_MS + math.ceil(step * 1000)
+    raw = {k: client.query_range(q.format(run=run_id, lb=lb), start, end, step) for k, q in QUERIES.items()}
+    wait = _per_rank(_rate(raw["wait_seconds"]), raw["wait_ranks"])
+    series = {
+        "images_per_s": _rate(raw["processed"]),
+        "gpu_util": raw["gpu_util"],
+        "gpu_util_p10": raw["gpu_util_p10"],
+        # A share of time is at most 1; a point above it is a step finer than the push interval
+        # holding a whole interval's wait. The mean is taken before the cap.
+        "data_wait": [(t, min(1.0, v)) for t, v in wait],
+    }
+    means = {"data_wait": sum(v for _, v in wait) / len(wait) if wait else None}
+    return RunMetrics(run_id, start, end, totals, series, means)
+
+
+def render(m: RunMetrics, out: TextIO | None = None) -> None:
+    """The summary as text on `out` (the current sys.stdout when None: resolved at call time)."""
+    s = m.summary()
+    w = (out or sys.stdout).write
+    w(f"run            {m.run_id}\n")
+    w(
+        f"processed      {_num(s['processed'])}   failed {_num(s['failed'])}   ranks {_num(s['ranks'])}"
+        f"   series {_num(s['series'])}\n"
+    )
+    for key, label, pct in (
+        ("images_per_s", "images/s", False),
+        ("gpu_util", "GPU util", True),
+        ("gpu_util_p10", "GPU util p10", True),
+        ("data_wait", "data-wait", True),
+    ):
+        st = s[key]
+        if st is None:
+            w(f"{label:<14} n/a" + ("  (no GPU metrics: CPU ranks)\n" if key.startswith("gpu") else "\n"))
+        else:
+            f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.1f}")
+            w(f"{label:<14} mean {f(st['mean'])}  min {f(st['min'])}  max {f(st['max'])}\n")
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
+def plot(m: RunMetrics, path: str) -> None:
+    """A PNG with images/s, GPU utilization and data-wait over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+    firsts = [pts[0][0] for pts in m.series.values() if pts]
+    t0 = min(firsts) if firsts else m.start
+    span = max((pts[-1][0] for pts in m.series.values() if pts), default=m.end) - t0
+    scale, unit = (60.0, "minutes") if span > 600 else (1.0, "seconds")
+    for ax, (key, title) in zip(
+        axes, (("images_per_s", "images/s"), ("gpu_util", "GPU utilization"), ("data_wait", "data-wait ratio"))
+    ):
+        pts = m.series[key]
+        if pts:
+            ax.plot([(t - t0) / scale for t, _ in pts], [v for _, v in pts], "o-", lw=1.5, ms=3)
+        else:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="grey")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel(f"{unit} since the run's first sample")
+    fig.suptitle(f"Sluice run {m.run_id}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

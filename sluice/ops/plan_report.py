@@ -1,0 +1,59 @@
+"""`sluice plan`'s preflight table, for a scanned input or an assumed number of keys."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from sluice.models import Manifest
+from sluice.plan.layout import layout
+from sluice.preflight.checks import Preflight
+from sluice.preflight.facts import RunFacts
+from sluice.settings import Settings
+
+MARK = {"ok": "ok", "warn": "WARN", "error": "ERROR"}
+
+
+def facts_for(manifest: Manifest, unique_keys: int, settings: Settings, timeout_s: int) -> RunFacts:
+    """The run the manifest makes of `unique_keys` keys (its layout), without reading any input."""
+    lay = layout(unique_keys, manifest, settings.max_array_size)
+    return RunFacts(
+        unique_keys=unique_keys,
+        keys_per_shard=lay.keys_per_shard,
+        n_shards=lay.n_shards,
+        mode=manifest.job.mode,
+        jobs=[(j.kind, j.shard_count) for j in lay.jobs],
+        gpus_per_worker=max(1, manifest.job.gpus_per_node),
+        timeout_s=timeout_s,
+        in_lambda=unique_keys <= settings.prepare_over_keys,
+        max_keys=settings.max_keys,
+        models=len(manifest.models),
+    )
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() or abs(v) >= 100 else f"{v:,.2f}"
+
+
+def render(pf: Preflight, out: TextIO) -> None:
+    """The checks as a table, then the cost estimate."""
+    render_summary(pf.as_dict(), out)
+
+
+def render_summary(summary: dict[str, Any], out: TextIO) -> None:
+    """`checks` and `cost` (Preflight.as_dict, or `sluice plan --json`) as a table."""
+    checks = summary["checks"]
+    rows = [(c["name"], _num(c["value"]), _num(c["limit"]), c["unit"], MARK[c["status"]], c["advice"]) for c in checks]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    out.write("\npreflight (value of limit)\n")
+    for name, value, limit, unit, status, advice in rows:
+        out.write(f"  {status:<5}  {name:<{widths[0]}}  {value:>{widths[1]}} of {limit:>{widths[2]}}  {unit}\n")
+        if advice:
+            out.write(f"         {advice}\n")
+    c = summary["cost"]
+    price = (
+        f"about ${c['on_demand_usd']:,.2f} On-Demand, ${c['spot_usd']:,.2f} Spot on {c['family']}"
+        if c.get("on_demand_usd") is not None
+        else f"no price for {c['family']} (SLUICE_PRICES_FILE)"
+    )
+    out.write(f"\ncost            {c['gpu_hours']:,.2f} GPU-hours, {price}\n")
+    out.write(f"                prices: {c['prices']}\n")

@@ -1,0 +1,128 @@
+"""`sluice status` and `sluice runs`: read the run ledger (real AWS or AWS_ENDPOINT_URL)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from sluice.contracts import RunStatus
+from sluice.control.ledger import Ledger
+from sluice.control.records import ShardRecords
+
+SHOWN = (
+    "run_id",
+    "status",
+    "manifest_uri",
+    "mode",
+    "total_keys",
+    "duplicates",
+    "output_prefix",
+    "reason",
+    "reasons",
+    "lineage",
+    "skipped",
+)
+
+
+def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+    """The run's row plus derived progress, as plain JSON values."""
+    row = ledger.get(run_id)
+    if row is None:
+        return None
+    plain = row.model_dump(mode="json", include=set(SHOWN), exclude_none=True)
+    if row.job_ids:
+        plain["job_ids"] = row.job_ids
+    if row.prepare is not None:
+        plain["prepare"] = row.prepare.model_dump(mode="json")
+    counts = ShardRecords(ledger.client, ledger.table).counts(run_id)
+    plain.update(
+        shards_total=row.total_shards,
+        shards_done=counts.shards_done,
+        shards_failed=counts.shards_failed,
+        keys_processed=counts.keys_processed,
+        keys_failed=counts.keys_failed,
+        gpu_hours=round(counts.gpu_seconds / 3600, 3),
+        created_at=_iso(row.created_at),
+        finished_at=_iso(row.finished_at),
+    )
+    return plain
+
+
+def _iso(ts: Any) -> str | None:
+    return datetime.fromtimestamp(int(ts), UTC).isoformat(timespec="seconds") if ts else None
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    frac = done / total if total else 0.0
+    filled = round(frac * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def render(s: dict[str, Any], out: TextIO) -> None:
+    out.write(f"run       {s['run_id']}  {s['status']}\n")
+    out.write(f"manifest  {s.get('manifest_uri', '-')}\n")
+    if s.get("reasons"):
+        for r in s["reasons"]:
+            out.write(f"reason    {r}\n")
+    if s.get("reason"):
+        out.write(f"reason    {s['reason']}\n")
+    if s.get("prepare"):
+        p = s["prepare"]
+        out.write(
+            f"prepare   {p['workers']} workers, {p['partitions']} partitions, about {p['input_keys_estimate']:,} keys "
+            f"(jobs {p['map_job_id']}, {p['reduce_job_id']})\n"
+        )
+    if s.get("lineage"):
+        skipped = ", ".join(f"{n:,} {why}" for why, n in sorted(s.get("skipped", {}).items())) or "none"
+        out.write(f"since     {', '.join(s['lineage'])} (incremental: skipped {skipped})\n")
+    if s.get("total_keys") is not None:
+        out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
+        keys_done = s["keys_processed"] + s["keys_failed"]
+        out.write(f"keys      {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed)\n")
+    if s.get("gpu_hours"):
+        from sluice.preflight.spent import describe
+
+        out.write(f"gpu time  {describe(s['gpu_hours'])}\n")
+    if s.get("output_prefix"):
+        out.write(f"output    {s['output_prefix']}\n")
+
+
+def cmd_status(
+    ledger: Ledger, run_id: str, *, watch: bool, as_json: bool, interval: float = 2.0, out: TextIO = sys.stdout
+) -> int:
+    """Print the run's status; with watch, refresh until it is final. Exit 0 unless it failed."""
+    while True:
+        s = run_status(ledger, run_id)
+        if s is None:
+            print(f"sluice: no run {run_id!r} in table {ledger.table!r}", file=sys.stderr)
+            return 1
+        if as_json:
+            out.write(json.dumps(s) + "\n")
+        else:
+            if watch:
+                out.write("\033[2J\033[H")  # clear the screen between refreshes
+            render(s, out)
+        out.flush()
+        status = RunStatus(s["status"])
+        if not watch or status.final:
+            return 1 if status in (RunStatus.FAILED, RunStatus.REJECTED) else 0
+        time.sleep(interval)
+
+
+def cmd_runs(ledger: Ledger, *, limit: int, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """List recent runs, newest first."""
+    listed = {"run_id", "status", "created_at", "total_keys", "shards", "mode", "manifest_uri"}
+    rows = [r.model_dump(mode="json", include=listed) for r in ledger.recent_runs(limit)]
+    if as_json:
+        out.write(json.dumps(rows) + "\n")
+        return 0
+    out.write(f"{'RUN ID':<40} {'STATUS':<11} {'CREATED (UTC)':<20} {'KEYS':>10} {'SHARDS':>6}  MANIFEST\n")
+    for r in rows:
+        out.write(
+            f"{r['run_id']:<40} {r.get('status', ''):<11} {(_iso(r.get('created_at')) or '')[:19]:<20} "
+            f"{r.get('total_keys', '') or '':>10} {r.get('shards', '') or '':>6}  {r.get('manifest_uri', '')}\n"
+        )
+    return 0

@@ -1,0 +1,95 @@
+"""The run's layout (shards, jobs) and its plan.json (RunPlan)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan
+from sluice.paths import RunPaths
+from sluice.preflight.checks import derived_timeout_s
+from sluice.preflight.facts import Capacity
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many shards, how big, and which Batch jobs cover them."""
+
+    n_shards: int
+    keys_per_shard: int
+    jobs: list[JobLayout]
+
+
+def layout(unique_keys: int, manifest: Manifest, max_array_size: int) -> Layout:
+    """Array: one child per shard, several array jobs past max_array_size. MNP: node i = shard i."""
+    job = manifest.job
+    if job.mode == "multinode":
+        kps = max(1, math.ceil(unique_keys / job.nodes))
+        return Layout(job.nodes, kps, job_layouts(job.nodes, job.mode, max_array_size))
+    n = max(1, math.ceil(unique_keys / job.keys_per_shard))
+    return Layout(n, job.keys_per_shard, job_layouts(n, job.mode, max_array_size))
+
+
+def job_layouts(n_shards: int, mode: str, max_array_size: int) -> list[JobLayout]:
+    """The Batch jobs that cover shards 0..n_shards-1 (MNP: one job, node i = shard i)."""
+    if mode == "multinode":
+        return [JobLayout(kind="multinode", shard_offset=0, shard_count=n_shards)]
+    jobs = []
+    for off in range(0, n_shards, max_array_size):
+        count = min(max_array_size, n_shards - off)
+        # Batch array jobs need >= 2 children: a lone shard becomes a plain job.
+        jobs.append(JobLayout(kind="array" if count >= 2 else "single", shard_offset=off, shard_count=count))
+    return jobs
+
+
+def build_plan(
+    *,
+    run_id: str,
+    manifest: Manifest,
+    manifest_uri: str,
+    control_bucket: str,
+    total_keys: int,
+    duplicates: int,
+    lay: Layout,
+    images_per_gpu_s: float | None = None,
+    model_ids: Sequence[str] | None = None,
+    lineage: Sequence[str] = (),
+    skipped: Mapping[str, int] | None = None,
+) -> RunPlan:
+    """The plan.json a worker reads; `images_per_gpu_s` (default: the table's) sizes a derived job timeout.
+
+    `model_ids` are the models' artifact identities (sluice.modelid.resolve, one per model; default:
+    the static ones); `lineage` and `skipped` describe an incremental run (RunPlan).
+    """
+    root = RunPaths.in_bucket(control_bucket, run_id)
+    gpus = max(1, manifest.job.gpus_per_node)
+    rate = (images_per_gpu_s or Capacity().rate) / len(manifest.models)  # each image goes through every model
+    timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
+    return RunPlan(
+        run_id=run_id,
+        manifest_uri=manifest_uri,
+        control_bucket=control_bucket,
+        shards_prefix=root.shards_prefix,
+        output_prefix=manifest.output.prefix or root.output_prefix,
+        failures_prefix=root.failures_prefix,
+        total_keys=total_keys,
+        duplicates=duplicates,
+        n_shards=lay.n_shards,
+        keys_per_shard=lay.keys_per_shard,
+        mode=manifest.job.mode,
+        nodes=manifest.job.nodes if manifest.job.mode == "multinode" else 1,
+        gpus_per_node=manifest.job.gpus_per_node,
+        spot_allowed=manifest.job.mode == "array",
+        models=[PlannedModel.of(m, model_ids[i] if model_ids else None) for i, m in enumerate(manifest.models)],
+        lineage=list(lineage),
+        skipped=dict(skipped or {}),
+        output_dtype=manifest.output.dtype,
+        attempts=manifest.job.attempts,
+        timeout_s=timeout_s,
+        max_failed_fraction=manifest.max_failed_fraction,
+        retry_failed=manifest.retry_failed,
+        jobs=lay.jobs,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
