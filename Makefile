@@ -30,6 +30,7 @@ test: $(STAMP)
 	$(BIN)/ruff check sluice functions gpu_worker tests bench
 	$(BIN)/mypy
 	$(BIN)/python .ci/check_sizes.py
+	$(BIN)/python .ci/check_imports.py
 	$(BIN)/python -m sluice.ops.schemas --check
 	$(BIN)/pytest -q
 
