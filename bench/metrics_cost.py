@@ -58,9 +58,7 @@ def registry(worst: bool):
             count_retry(s, code)
         s.incr("s3_retry:sdk", 3)
         reasons = {str(r): 2 for r in FailureReason}  # worst case: every failure reason present
-    col = RankCollector(
-        s.snapshot, LABELS, reasons=lambda: reasons, queue_depth=lambda: 3, gpu=Gpu(), started=0.0, clock=lambda: 600.0
-    )
+    col = RankCollector(s.snapshot, LABELS, reasons=lambda: reasons, queue_depth=lambda: 3, gpu=Gpu())
     reg = rank_registry(col)
     RemoteWriter("http://127.0.0.1:9/api/v1/write", reg, labels=col.labels)  # its drop counter; never started
     return reg

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpu_worker.infer import Engine
+from gpu_worker.infer import Engine, EngineOptions
 from gpu_worker.model import load_model
 
 
@@ -42,7 +42,7 @@ def trial(model: object, info: object, device: str, batch: int, seconds: float, 
         torch.cuda.reset_peak_memory_stats()
     engine = None
     try:
-        engine = Engine(model, info, device, batch, autocast=autocast)  # type: ignore[arg-type]
+        engine = Engine(model, info, device, batch, EngineOptions(autocast=autocast))  # type: ignore[arg-type]
         size = engine.info.image_size
         x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (batch, size, size, 3), dtype=np.uint8))
         engine.submit(x, None)

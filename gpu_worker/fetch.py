@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
@@ -42,8 +42,14 @@ def classify(exc: BaseException) -> ObjectFailure:
     return ObjectFailure(reason, detail, transient=failure.retriable)
 
 
+class ObjectGetter(Protocol):
+    """What the Fetcher calls on its client: an S3 client's GetObject (a test may pass its own)."""
+
+    def get_object(self, *, Bucket: str, Key: str) -> Mapping[str, Any]: ...
+
+
 class Fetched(NamedTuple):
-    """An object's bytes and the version they are (output records carry both: docs/output.md)."""
+    """An object's bytes and the version they are (output records carry both: sluice.outputs)."""
 
     data: bytes
     etag: str  # without quotes
@@ -63,7 +69,7 @@ class Fetcher:
     def __init__(
         self,
         cfg: WorkerConfig,
-        client: Any = None,
+        client: ObjectGetter | None = None,
         observer: Observer | None = None,
         *,
         sleep: Callable[[float], None] = time.sleep,
@@ -76,7 +82,7 @@ class Fetcher:
         self._rng = rng or random.Random()
 
     @property
-    def client(self) -> Any:
+    def client(self) -> ObjectGetter:
         if self._client is None:
             from gpu_worker.s3 import data_client
 

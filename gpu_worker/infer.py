@@ -20,6 +20,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,15 @@ def _trace(model: Any, example: torch.Tensor) -> Any:
         return model
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an Engine runs its model; the defaults are WorkerConfig's (SLUICE_WORKER_AUTOCAST, _JIT)."""
+
+    autocast: bool = True  # bf16 autocast (GPU only)
+    jit: bool = True  # trace and freeze an eager model on CPU
+    input_size: int | None = None  # the host batches' side (None: the model's own); larger for another model's
+
+
 class Engine:
     """Runs a model on one device; `submit` returns the (tag, embeddings) of finished batches."""
 
@@ -51,12 +61,11 @@ class Engine:
         info: ModelInfo,
         device: str,
         batch_size: int,
-        *,
-        autocast: bool = True,
-        jit: bool = True,
+        options: EngineOptions | None = None,
         observer: Observer | None = None,
-        input_size: int | None = None,
     ) -> None:
+        options = options or EngineOptions()
+        autocast, jit, input_size = options.autocast, options.jit, options.input_size
         self.device = torch.device(device)
         self.info = info
         # The host batches' side: the model's own, or larger when another model in the pass needs more.

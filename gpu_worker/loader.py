@@ -24,13 +24,14 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
 from gpu_worker.decode import decode_image
 from gpu_worker.errors import ObjectFailure, WorkerError
-from gpu_worker.fetch import Fetched, object_meta
+from gpu_worker.fetch import Fetched, Fetcher, object_meta
 from gpu_worker.metrics import MetricsObserver
 from gpu_worker.stats import Stats
 from sluice.contracts import FailureReason
@@ -105,28 +106,40 @@ class Stopped(Exception):
     """The rank went away or asked us to stop."""
 
 
+@dataclass(frozen=True)
+class LoaderLink:
+    """The queues between one loader and its rank (picklable: a loader process gets it at spawn)."""
+
+    loader_id: int
+    task_q: Queue  # lists of Items from the rank's feeder; None ends the stream
+    free_q: Queue  # indexes of the loader's batch buffers the rank handed back
+    out_q: Queue  # LoaderMsg to the rank
+
+
 class Loader:
+    """Fills one loader's batch buffers from its task queue (see the module docstring).
+
+    `fetcher` defaults to the data-plane Fetcher, observed into this loader's own counters
+    (shipped to the rank with each message). `alive` says whether the rank is still there.
+    """
+
     def __init__(
         self,
-        loader_id: int,
-        cfg: WorkerConfig,
+        link: LoaderLink,
         buffers: BufferSet,
-        task_q: Queue,
-        free_q: Queue,
-        out_q: Queue,
-        fetcher: FetcherLike,
-        stats: Stats,
+        cfg: WorkerConfig,
         *,
+        fetcher: FetcherLike | None = None,
         alive: Callable[[], bool] | None = None,
         own_process: bool = False,
     ) -> None:
         self._own_process = own_process
-        self.id = loader_id
+        self.id = link.loader_id
         self._cfg = cfg
         self._buffers = buffers
-        self._task_q, self._free_q, self._out_q = task_q, free_q, out_q
-        self._fetcher = fetcher
-        self._stats = stats
+        self._task_q, self._free_q, self._out_q = link.task_q, link.free_q, link.out_q
+        self._stats = Stats()
+        self._fetcher = fetcher or Fetcher(cfg, observer=MetricsObserver(self._stats))
         self._alive = alive or _always
         self._size = buffers.spec.image_size
         self._cond = threading.Condition()
@@ -305,38 +318,16 @@ class Loader:
                 self._emit()
 
 
-def process_main(
-    loader_id: int,
-    cfg: WorkerConfig,
-    spec: BufferSpec,
-    task_q: Queue,
-    free_q: Queue,
-    out_q: Queue,
-    parent_pid: int,
-) -> None:
-    """Entry point of a loader process (spawned by its rank)."""
+def process_main(link: LoaderLink, buffers: BufferSpec, cfg: WorkerConfig, parent_pid: int) -> None:
+    """Entry point of a loader process (spawned by its rank): attaches to its buffers, runs until done."""
     from gpu_worker.procs import die_with_parent
 
     die_with_parent(parent_pid)
     if cfg.loader_nice:
         with contextlib.suppress(OSError):
             os.nice(cfg.loader_nice)
-    from gpu_worker.fetch import Fetcher
-
-    stats = Stats()
-    buffers = BufferSet(spec, create=False)
+    attached = BufferSet(buffers, create=False)
     try:
-        Loader(
-            loader_id,
-            cfg,
-            buffers,
-            task_q,
-            free_q,
-            out_q,
-            Fetcher(cfg, observer=MetricsObserver(stats)),
-            stats,
-            alive=lambda: os.getppid() == parent_pid,
-            own_process=True,
-        ).run()
+        Loader(link, attached, cfg, alive=lambda: os.getppid() == parent_pid, own_process=True).run()
     finally:
-        buffers.close()
+        attached.close()

@@ -3,9 +3,9 @@
 Reads plan.json, picks its shard (gpu_worker.env), resumes from committed chunks, runs one
 rank per GPU (or SLUICE_WORKER_CPU_RANKS CPU ranks) over contiguous slices of the shard,
 then checks every key was settled exactly once and writes failures/<i>.jsonl and
-shards/<i>.result.json. Exit codes: 0 done and failed fraction <= threshold; 1 over the
-threshold or a runtime failure (one-line reason on stderr); 2 configuration error;
-143 terminated (SIGTERM).
+shards/<i>.result.json with its verdict (gpu_worker.verdict). Exit codes: 0 done and failed
+fraction <= threshold; 1 over the threshold or a runtime failure (one-line reason on stderr);
+2 configuration error; 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,12 @@ from gpu_worker import intervals
 from gpu_worker.commits import Paths, ShardState, load_state, remove_orphans
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import OK, ConfigError, RankFailed, Terminated, WorkerError, report
+from gpu_worker.loader import FetcherLike
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.rank import RankSpec, run_rank, spec_json
 from gpu_worker.stats import Stats
 from gpu_worker.store import RunStore
+from gpu_worker.verdict import exit_reason, threshold
 from sluice.contracts import ShardResult
 from sluice.errors import PlanError, ShardFormatError
 from sluice.models import RunPlan, load_plan
@@ -56,15 +59,27 @@ def detect_device(cfg: WorkerConfig) -> tuple[str, int]:
 
 
 def read_plan(store: RunStore, uri: str) -> RunPlan:
-    """The run's plan (sluice.plan.load_plan); a missing or invalid plan is a configuration error."""
+    """The run's plan (sluice.models.load_plan); a missing or invalid plan is a configuration error."""
     try:
         return load_plan(store.get, uri)
     except PlanError as exc:
         raise ConfigError(str(exc)) from None
 
 
+@dataclass(frozen=True)
+class Node:
+    """What this container runs, fixed at start: the plan, its assignment, the device and ranks, the shard's size."""
+
+    plan: RunPlan
+    asg: envmod.Assignment
+    device: str  # cpu | cuda
+    world: int  # ranks on this node
+    n_keys: int  # keys in the shard
+    started: float  # epoch seconds
+
+
 def run_node(
-    cfg: WorkerConfig, environ: Mapping[str, str], *, store: RunStore | None = None, fetcher: Any = None
+    cfg: WorkerConfig, environ: Mapping[str, str], *, store: RunStore | None = None, fetcher: FetcherLike | None = None
 ) -> ShardResult:
     """Everything `python -m gpu_worker` does; returns what it wrote to result.json.
 
@@ -82,6 +97,7 @@ def run_node(
     ]
     n_keys = _count_keys(store, plan.shard_uri(asg.shard))
     device, world = detect_device(cfg)
+    node = Node(plan, asg, device, world, n_keys, started)
     states = [load_state(store, p) for p in paths]
     orphans = [u for p, st in zip(paths, states) for u in remove_orphans(store, p, st)]
     todo = _todo_count(states, n_keys)
@@ -104,17 +120,16 @@ def run_node(
     work = tempfile.mkdtemp(prefix="sluice-worker-") if own_dir else cfg.work_dir
     try:
         if todo:
-            specs = _rank_specs(plan, asg, states, store, work, device=device, world=world, n_keys=n_keys)
-            summaries = _run_ranks(specs, cfg, store, fetcher)
+            summaries = _run_ranks(_rank_specs(node, states, store, work), cfg, store, fetcher)
         states = [load_state(store, p) for p in paths]
         for p, st in zip(paths, states):
             remove_orphans(store, p, st)
         from gpu_worker.sink import write_shard_result
 
-        threshold = cfg.max_failed_fraction if cfg.max_failed_fraction >= 0 else plan.max_failed_fraction
-        info = _node_info(plan, asg, states, summaries, device=device, world=world, started=started)
         by_model = {m.name: st for m, st in zip(plan.models, states)}
-        return write_shard_result(store, paths[0], by_model, n_keys, threshold=threshold, info=info)
+        return write_shard_result(
+            store, paths[0], by_model, n_keys, threshold=threshold(cfg, plan), info=_node_info(node, states, summaries)
+        )
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -137,20 +152,11 @@ def _count_keys(store: RunStore, shard_uri: str) -> int:
         raise WorkerError(f"cannot read shard {shard_uri}: {type(exc).__name__}: {exc}") from None
 
 
-def _rank_specs(
-    plan: RunPlan,
-    asg: envmod.Assignment,
-    states: list[ShardState],
-    store: RunStore,
-    work: str,
-    *,
-    device: str,
-    world: int,
-    n_keys: int,
-) -> list[RankSpec]:
+def _rank_specs(node: Node, states: list[ShardState], store: RunStore, work: str) -> list[RankSpec]:
     """One spec per rank; fetches the models and writes each model's resume state into `work` for them."""
     from gpu_worker.modelspec import resolve_uri
 
+    plan, asg = node.plan, node.asg
     # Each model in its own folder: two models may share a file name.
     model_paths = [resolve_uri(m.uri, os.path.join(work, f"m{i}"), store) for i, m in enumerate(plan.models)]
     state_paths = []
@@ -164,40 +170,32 @@ def _rank_specs(
             node=asg.node,
             attempt=asg.attempt,
             local_rank=r,
-            world=world,
-            device=device,
+            world=node.world,
+            device=node.device,
             model_paths=model_paths,
             state_paths=state_paths,
-            n_keys=n_keys,
+            n_keys=node.n_keys,
             summary_path=os.path.join(work, f"rank-{r}.summary.json"),
         )
-        for r in range(world)
+        for r in range(node.world)
     ]
 
 
-def _node_info(
-    plan: RunPlan,
-    asg: envmod.Assignment,
-    states: list[ShardState],
-    summaries: list[dict[str, Any]],
-    *,
-    device: str,
-    world: int,
-    started: float,
-) -> dict[str, Any]:
+def _node_info(node: Node, states: list[ShardState], summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """The ShardResult fields only the node knows: who ran the shard, where, how long, its ranks' counters."""
+    asg = node.asg
     totals = Stats()
     for s in summaries:
         totals.add(s.get("stats", {}))
     return {
-        "run_id": plan.run_id,
+        "run_id": node.plan.run_id,
         "shard": asg.shard,
         "node": asg.node,
         "attempt": asg.attempt,
         "kind": asg.kind,
-        "device": device,
-        "world": world,
-        "seconds": round(time.time() - started, 3),
+        "device": node.device,
+        "world": node.world,
+        "seconds": round(time.time() - node.started, 3),
         "pipeline_seconds": max((s.get("pipeline_seconds", 0.0) for s in summaries), default=0.0),
         "pipeline_window": _window(summaries),
         "resumed_chunks": sum(1 for st in states for m in st.markers if m.attempt < asg.attempt),
@@ -211,7 +209,9 @@ def _window(summaries: list[dict[str, Any]]) -> list[float]:
     return [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else []
 
 
-def _run_ranks(specs: list[RankSpec], cfg: WorkerConfig, store: RunStore, fetcher: Any) -> list[dict[str, Any]]:
+def _run_ranks(
+    specs: list[RankSpec], cfg: WorkerConfig, store: RunStore, fetcher: FetcherLike | None
+) -> list[dict[str, Any]]:
     if len(specs) == 1:
         return [run_rank(specs[0], cfg, store=store, fetcher=fetcher)]
     if fetcher is not None:
@@ -277,9 +277,5 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     if not result.ok:
-        return report(WorkerError(_over_threshold(result)), "sluice-worker")
+        return report(WorkerError(exit_reason(result)), "sluice-worker")
     return OK
-
-
-def _over_threshold(result: ShardResult) -> str:
-    return f"shard {result.shard}: {result.reason}"

@@ -13,15 +13,17 @@ them to their rank with the same deltas as every other counter.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpu_worker.log import child
+
+if TYPE_CHECKING:
+    from gpu_worker.remote_write import PushPolicy
 
 log = child("metrics")
 
@@ -145,8 +147,8 @@ class GpuProbe:
 class RankCollector(Collector):
     """Yields the rank's metric families from its Stats at every scrape or push.
 
-    `started` and `clock` are accepted for callers written when data-wait was a lifetime
-    ratio; the wait is now a counter of seconds, turned into a ratio by rate() downstream.
+    `snapshot` reads the rank's counters, `labels` its identity (LABELS), `reasons` its keys
+    failed for good by reason, `queue_depth` the batches waiting for the model, `gpu` its device.
     """
 
     def __init__(
@@ -157,8 +159,6 @@ class RankCollector(Collector):
         reasons: Callable[[], Mapping[str, int]] = dict,
         queue_depth: Callable[[], float] = lambda: 0.0,
         gpu: GpuProbe | None = None,
-        started: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._snapshot = snapshot
         # An empty value means "absent" to Prometheus (a CPU rank has no gpu): leave the label out.
@@ -261,15 +261,9 @@ class RankMetrics:
     """A rank's registry, its /metrics endpoint and its remote writer; `stop()` flushes."""
 
     def __init__(
-        self,
-        collector: RankCollector,
-        *,
-        port: int = 0,
-        remote_write_url: str = "",
-        push_interval_s: float = 30.0,
-        keep: Sequence[str] | None = CRITICAL,
-        shutdown_s: float = 5.0,
+        self, collector: RankCollector, *, port: int = 0, remote_write_url: str = "", push: PushPolicy | None = None
     ) -> None:
+        """`port`: serve /metrics there (0: not at all); `remote_write_url`: push there as `push` says."""
         self.registry = rank_registry(collector)
         self._server: Any = None
         self.writer: Any = None
@@ -282,15 +276,10 @@ class RankMetrics:
             except OSError as exc:  # a busy port must never stop inference
                 log.warning("cannot serve /metrics on port %d: %s", port, exc)
         if remote_write_url:
-            from gpu_worker.remote_write import RemoteWriter
+            from gpu_worker.remote_write import PushPolicy, RemoteWriter
 
             self.writer = RemoteWriter(
-                remote_write_url,
-                self.registry,
-                labels=collector.labels,
-                interval_s=push_interval_s,
-                keep=keep,
-                shutdown_s=shutdown_s,
+                remote_write_url, self.registry, labels=collector.labels, policy=push or PushPolicy(keep=CRITICAL)
             ).start()
 
     def series(self) -> int:

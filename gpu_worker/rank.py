@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,11 +25,13 @@ from gpu_worker.commits import Paths, ShardState
 from gpu_worker.config import WorkerConfig
 from gpu_worker.env import ContainerEnv
 from gpu_worker.errors import RankFailed, WorkerError, report
-from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg
+from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, FetcherLike, LoaderLink
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.metrics import GpuProbe, MetricsObserver, RankCollector, RankMetrics, instance_type, keep_list
 from gpu_worker.procs import cpu_count, die_with_parent, shm_prefix
+from gpu_worker.remote_write import PushPolicy
 from gpu_worker.stats import Stats
+from gpu_worker.store import RunStore
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.models import RunPlan
 from sluice.shards import ShardReader, rank_slice
@@ -82,32 +85,60 @@ def buffer_count(cfg: WorkerConfig, loaders: int, batch: int, size: int) -> int:
     return max(cfg.buffers_per_loader, int(fit))
 
 
+@dataclass(frozen=True)
+class _Rank:
+    """One rank's fixed inputs: its spec, the worker's settings, the run's plan, the store and its counters."""
+
+    spec: RankSpec
+    cfg: WorkerConfig
+    plan: RunPlan
+    store: RunStore
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class _PassShape:
+    """How one rank runs its pass: its loaders and threads (plan_loaders), and the batches they fill."""
+
+    loaders: int  # loader processes; 0: one loader thread inside the rank
+    decode_threads: int  # concurrent decodes per loader
+    torch_threads: int
+    batch: int  # images per model step, the same for every model of the pass
+    sizes: list[int]  # each model's input side, in the plan's order
+
+    @property
+    def size(self) -> int:
+        """The side images are decoded at: the largest any model of the pass needs."""
+        return max(self.sizes)
+
+
 class _Loaders:
     """The rank's loaders (threads or processes) and their queues and buffers."""
 
-    def __init__(
-        self, spec: RankSpec, cfg: WorkerConfig, plan: RunPlan, n: int, batch: int, size: int, fetcher: Any = None
-    ) -> None:
+    def __init__(self, rank: _Rank, shape: _PassShape, fetcher: FetcherLike | None = None) -> None:
+        spec, n = rank.spec, shape.loaders
+        cfg = rank.cfg.replace(decode_threads=shape.decode_threads)
         self.n = max(1, n)
         self.processes = n > 0
         self._stop = threading.Event()
         ctx = mp.get_context("spawn")
-        prefix = shm_prefix(plan.run_id, spec.shard)
+        prefix = shm_prefix(rank.plan.run_id, spec.shard)
         self.buffers: list[BufferSet] = []
         self.free_qs: list[Any] = []
         self.procs: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.task_q: Any = ctx.Queue(maxsize=4 * self.n) if self.processes else queue.Queue(maxsize=4 * self.n)
         self.out_q: Any = ctx.Queue() if self.processes else queue.Queue()
-        count = buffer_count(cfg, self.n, batch, size)
+        count = buffer_count(cfg, self.n, shape.batch, shape.size)
         for i in range(self.n):
             name = f"{prefix}-r{spec.global_rank}-l{i}" if self.processes else None
-            bspec = BufferSpec(name, count, batch, size)
+            bspec = BufferSpec(name, count, shape.batch, shape.size)
             self.buffers.append(BufferSet(bspec, create=True))
             free_q: Any = ctx.Queue() if self.processes else queue.Queue()
             for b in range(bspec.count):
                 free_q.put(b)
             self.free_qs.append(free_q)
+            link = LoaderLink(i, self.task_q, free_q, self.out_q)
             if self.processes:
                 from gpu_worker.loader import process_main
 
@@ -115,26 +146,14 @@ class _Loaders:
                     target=process_main,
                     name=f"loader-{spec.global_rank}-{i}",
                     daemon=True,
-                    args=(i, cfg, bspec, self.task_q, free_q, self.out_q, os.getpid()),
+                    args=(link, bspec, cfg, os.getpid()),
                 )
                 p.start()
                 self.procs.append(p)
             else:
-                from gpu_worker.fetch import Fetcher
                 from gpu_worker.loader import Loader
 
-                stats = Stats()
-                loader = Loader(
-                    i,
-                    cfg,
-                    self.buffers[i],
-                    self.task_q,
-                    free_q,
-                    self.out_q,
-                    fetcher or Fetcher(cfg, observer=MetricsObserver(stats)),
-                    stats,
-                    alive=lambda: not self._stop.is_set(),
-                )
+                loader = Loader(link, self.buffers[i], cfg, fetcher=fetcher, alive=lambda: not self._stop.is_set())
                 t = threading.Thread(target=loader.run, name=f"loader-{i}", daemon=True)
                 t.start()
                 self.threads.append(t)
@@ -173,7 +192,7 @@ class _Loaders:
 
 def _feed(
     loaders: _Loaders,
-    reader_factory: Any,
+    reader_factory: Callable[[], ShardReader],
     remaining: list[intervals.Span],
     retry: list[tuple[int, str]],
     errors: list[BaseException],
@@ -209,10 +228,10 @@ def _feed(
             loaders.put_task(None)
 
 
-def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: Any = None) -> dict[str, Any]:
+def run_rank(
+    spec: RankSpec, cfg: WorkerConfig, *, store: RunStore | None = None, fetcher: FetcherLike | None = None
+) -> dict[str, Any]:
     """Process this rank's slice; returns its summary. Raises WorkerError/RankFailed on failure."""
-    from gpu_worker.store import RunStore
-
     started = time.perf_counter()
     plan = RunPlan.model_validate_json(spec.plan_json)
     set_labels(
@@ -224,7 +243,7 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
         local_rank=spec.local_rank,
         world=spec.world,
     )
-    store = store or RunStore()
+    rank = _Rank(spec, cfg, plan, store or RunStore(), Stats())
     (lo, hi), todos = _todo(spec)
     # The keys any model still needs: each is fetched and decoded once, for every model that needs it.
     remaining = intervals.normalize(span for t in todos for span in t.remaining)
@@ -240,11 +259,11 @@ def run_rank(spec: RankSpec, cfg: WorkerConfig, *, store: Any = None, fetcher: A
     if not remaining and not retry:
         summary.update(seconds=0.0, stats={}, chunks=0)
         return summary
-    stats = Stats()
-    reader_factory = lambda: ShardReader(store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
-    pipe = _build_pipeline(spec, cfg, plan, store, _Work(reader_factory, remaining, retry, todos), stats, fetcher)
+    stats = rank.stats
+    reader_factory = lambda: ShardReader(rank.store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
+    pipe = _build_pipeline(rank, _Work(reader_factory, remaining, retry, todos), fetcher)
     stats.incr("model_ready_seconds", time.perf_counter() - started)
-    metrics = _start_metrics(cfg, plan, spec, stats, pipe.reasons, pipe.loaders, started)
+    metrics = _start_metrics(rank, pipe)
     t_pipe, window_start = time.perf_counter(), time.time()
     try:
         _stream(pipe, stats)
@@ -292,7 +311,7 @@ def _todo(spec: RankSpec) -> tuple[tuple[int, int], list[_ModelTodo]]:
 class _Work:
     """What the feeder hands the loaders: the rank's remaining spans, then its deferred keys (all models')."""
 
-    reader_factory: Any
+    reader_factory: Callable[[], ShardReader]
     remaining: list[intervals.Span]
     retry: list[tuple[int, str]]
     todos: list[_ModelTodo]
@@ -312,15 +331,7 @@ class _Pipeline:
     reasons: Counter[str] = field(default_factory=Counter)
 
 
-def _build_pipeline(
-    spec: RankSpec,
-    cfg: WorkerConfig,
-    plan: RunPlan,
-    store: Any,
-    work: _Work,
-    stats: Stats,
-    fetcher: Any,
-) -> _Pipeline:
+def _build_pipeline(rank: _Rank, work: _Work, fetcher: FetcherLike | None) -> _Pipeline:
     """Start the loaders and the feeder, then load the models and open their sinks.
 
     The loaders and the feeder start first, before this function imports torch: the first GETs
@@ -330,12 +341,12 @@ def _build_pipeline(
     """
     from gpu_worker.modelspec import input_size
 
+    cfg, spec, plan, stats = rank.cfg, rank.spec, rank.plan, rank.stats
     n_loaders, decode_threads, torch_threads = plan_loaders(cfg, spec.device, spec.world)
-    cfg = cfg.replace(decode_threads=decode_threads)
     batch = cfg.batch_size or min(m.batch_size for m in plan.models)
     sizes = [input_size(path, m.image_size) for path, m in zip(spec.model_paths, plan.models)]
-    size = max(sizes)
-    loaders = _Loaders(spec, cfg, plan, n_loaders, batch, size, fetcher)
+    shape = _PassShape(n_loaders, decode_threads, torch_threads, batch, sizes)
+    loaders = _Loaders(rank, shape, fetcher)
     feed_errors: list[BaseException] = []
     feeder = threading.Thread(
         target=_feed,
@@ -346,13 +357,10 @@ def _build_pipeline(
     feeder.start()
     try:
         t0 = time.perf_counter()
-        engines, device = _load_engines(spec, cfg, plan, batch, torch_threads, stats, sizes, size)
+        engines, device = _load_engines(rank, shape)
         stats.incr("model_load_seconds", time.perf_counter() - t0)
         stats.incr("prefetched_batches", loaders.out_q.qsize())
-        sinks = [
-            _open_sink(spec, cfg, plan, store, m, todo, engine, stats)
-            for m, (todo, engine) in enumerate(zip(work.todos, engines))
-        ]
+        sinks = [_open_sink(rank, m, todo, engine) for m, (todo, engine) in enumerate(zip(work.todos, engines))]
     except BaseException:
         loaders.close()
         raise
@@ -364,7 +372,7 @@ def _build_pipeline(
             "dim": engines[0].output_dim,
             "device": device,
             "batch_size": batch,
-            "image_size": size,
+            "image_size": shape.size,
             "loaders": n_loaders,
             "decode_threads": decode_threads,
             "torch_threads": torch_threads,
@@ -374,23 +382,13 @@ def _build_pipeline(
     return _Pipeline(loaders, engines, sinks, batch, feeder, feed_errors)
 
 
-def _open_sink(
-    spec: RankSpec,
-    cfg: WorkerConfig,
-    plan: RunPlan,
-    store: Any,
-    m: int,
-    todo: _ModelTodo,
-    engine: Any,
-    stats: Stats,
-) -> Any:
+def _open_sink(rank: _Rank, m: int, todo: _ModelTodo, engine: Any) -> Any:
     """Model `m`'s ChunkSink: its own windows, markers and output folder (RunPlan.model_output_prefix)."""
-    from gpu_worker.sink import ChunkSink, RecordLabel
+    from gpu_worker.sink import ChunkSink, RecordLabel, SinkSpec
 
+    cfg, plan, spec = rank.cfg, rank.plan, rank.spec
     planned = plan.models[m]
-    return ChunkSink(
-        store,
-        Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, spec.shard),
+    sink = SinkSpec(
         rank=spec.global_rank,
         attempt=spec.attempt,
         windows=intervals.cut(todo.remaining, cfg.chunk_keys),
@@ -404,41 +402,32 @@ def _open_sink(
         },
         label=RecordLabel(planned.name, engine.info.version, planned.model_id, plan.run_id),
         retry=[p for p, _ in todo.retry],
-        observer=stats,
     )
+    paths = Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, spec.shard)
+    return ChunkSink(rank.store, paths, sink, observer=rank.stats)
 
 
-def _load_engines(
-    spec: RankSpec,
-    cfg: WorkerConfig,
-    plan: RunPlan,
-    batch: int,
-    torch_threads: int,
-    stats: Stats,
-    sizes: list[int],
-    size: int,
-) -> tuple[list[Any], str]:
-    """(each model on its device, traced and dry-run on `size`-pixel batches; the device name)."""
+def _load_engines(rank: _Rank, shape: _PassShape) -> tuple[list[Any], str]:
+    """(each model on its device, traced and dry-run on batches of the pass's decoded size; the device name)."""
     import torch
 
     from gpu_worker.errors import ConfigError
-    from gpu_worker.infer import Engine
+    from gpu_worker.infer import Engine, EngineOptions
     from gpu_worker.model import load_model
 
-    torch.set_num_threads(torch_threads)
+    spec, cfg = rank.spec, rank.cfg
+    torch.set_num_threads(shape.torch_threads)
     device = "cpu"
     if spec.device == "cuda":
         torch.cuda.set_device(spec.local_rank)
         device = f"cuda:{spec.local_rank}"
+    options = EngineOptions(autocast=cfg.autocast, jit=cfg.jit, input_size=shape.size)
     engines = []
-    for path, planned, want in zip(spec.model_paths, plan.models, sizes):
+    for path, planned, want in zip(spec.model_paths, rank.plan.models, shape.sizes):
         model, info = load_model(path, planned.image_size)
         if info.image_size != want:  # modelspec and load_model read the same spec: a mismatch is a bug
             raise ConfigError(f"model {info.name}: input size {info.image_size}, but its spec file said {want}")
-        obs = MetricsObserver(stats)
-        engines.append(
-            Engine(model, info, device, batch, autocast=cfg.autocast, jit=cfg.jit, observer=obs, input_size=size)
-        )
+        engines.append(Engine(model, info, device, shape.batch, options, observer=MetricsObserver(rank.stats)))
     return engines, device
 
 
@@ -478,16 +467,10 @@ def _rows(sink: Any, msg: BatchMsg, emb: Any) -> None:
         )
 
 
-def _start_metrics(
-    cfg: WorkerConfig,
-    plan: RunPlan,
-    spec: RankSpec,
-    stats: Stats,
-    reasons: Counter[str],
-    loaders: _Loaders,
-    started: float,
-) -> RankMetrics:
+def _start_metrics(rank: _Rank, pipe: _Pipeline) -> RankMetrics:
     """This rank's registry: served on /metrics (port + local rank) and pushed to AMP when configured."""
+    cfg, plan, spec = rank.cfg, rank.plan, rank.spec
+    reasons, loaders = pipe.reasons, pipe.loaders
     env = ContainerEnv.from_env()
     labels = {
         "run_id": plan.run_id,
@@ -499,19 +482,17 @@ def _start_metrics(
         "instance_type": instance_type(env.instance_type),
     }
     collector = RankCollector(
-        stats.snapshot,
+        rank.stats.snapshot,
         labels,
         reasons=lambda: dict(reasons),
         queue_depth=loaders.out_q.qsize,
         gpu=GpuProbe(spec.local_rank if spec.device == "cuda" else None),
-        started=time.monotonic() - (time.perf_counter() - started),
     )
     return RankMetrics(
         collector,
         port=cfg.metrics_port + spec.local_rank if cfg.metrics_port else 0,
         remote_write_url=env.remote_write_url or (plan.remote_write_url or ""),
-        push_interval_s=cfg.push_interval_s,
-        keep=keep_list(cfg.push_metrics),
+        push=PushPolicy(interval_s=cfg.push_interval_s, keep=keep_list(cfg.push_metrics)),
     )
 
 

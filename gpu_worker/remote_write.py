@@ -2,11 +2,11 @@
 
 AMP's SDKs have no remote-write call, so this is ours: a registry's samples become a
 WriteRequest (gpu_worker.write_request), SigV4-signed for service `aps` when the URL is an
-AMP workspace, and POSTed by a background thread at start, every `interval_s`, and once more at exit,
-followed by staleness markers so the rank's series end when it does. 429/5xx are retried
-with backoff (429's Retry-After honoured); other 4xx (e.g. out-of-order samples) drop that
-batch and count it. Every push has a deadline, and `stop()` takes at most `shutdown_s`.
-Nothing here ever raises into inference.
+AMP workspace, and POSTed by a background thread at start, every PushPolicy.interval_s, and
+once more at exit, followed by staleness markers so the rank's series end when it does.
+429/5xx are retried with backoff (429's Retry-After honoured); other 4xx (e.g. out-of-order
+samples) drop that batch and count it. Every push has a deadline, and `stop()` takes at most
+PushPolicy.shutdown_s. Nothing here ever raises into inference.
 """
 
 from __future__ import annotations
@@ -80,11 +80,25 @@ class _Drops(Collector):
         yield fam
 
 
+@dataclass(frozen=True)
+class PushPolicy:
+    """What a RemoteWriter pushes, how often, and how hard it tries (defaults: docs/metrics.md)."""
+
+    interval_s: float = 30.0  # between pushes (SLUICE_WORKER_PUSH_INTERVAL_S)
+    keep: Sequence[str] | None = None  # the families pushed (metrics.keep_list); None: all
+    timeout_s: float = 10.0  # one POST
+    max_attempts: int = 5  # POSTs of one push (429 and 5xx are retried)
+    backoff_s: float = 0.5  # base of the jittered exponential backoff between them
+    shutdown_s: float = 5.0  # the most stop() takes: the last push and the staleness markers
+    max_retry_after_s: float = 60.0  # a longer Retry-After is cut to this
+
+
 class RemoteWriter:
     """Pushes a registry to a remote-write URL from a daemon thread; never raises into its caller.
 
     `labels` is the rank's identity (run_id, rank, ...): the writer's own drop counter carries
-    it, so concurrent ranks never write the same series.
+    it, so concurrent ranks never write the same series. `region` (default: the AMP URL's)
+    makes it SigV4-sign each POST with `sign`; a URL that is no AMP workspace is not signed.
     """
 
     def __init__(
@@ -93,25 +107,13 @@ class RemoteWriter:
         registry: CollectorRegistry,
         *,
         labels: Mapping[str, str],
-        interval_s: float = 30.0,
-        keep: Sequence[str] | None = None,
-        timeout_s: float = 10.0,
-        max_attempts: int = 5,
-        backoff_s: float = 0.5,
-        shutdown_s: float = 5.0,
-        max_retry_after_s: float = 60.0,
+        policy: PushPolicy | None = None,
         region: str | None = None,
         sign: Signer = sign_aps,
     ) -> None:
         self.url = normalize(url)
         self.registry = registry
-        self.interval_s = interval_s
-        self.keep = keep
-        self.timeout_s = timeout_s
-        self.max_attempts = max_attempts
-        self.backoff_s = backoff_s
-        self.shutdown_s = shutdown_s
-        self.max_retry_after_s = max_retry_after_s
+        self.policy = policy or PushPolicy()
         self._region = region or region_of(self.url)
         self._sign = sign
         self._stop = threading.Event()
@@ -135,10 +137,14 @@ class RemoteWriter:
     def push_once(self, deadline: float | None = None) -> PushResult:
         """Encode, compress, sign and send the current values (with retries, until `deadline`)."""
         with self._lock:  # the exit flush and the timer never interleave
-            return self._push(time.monotonic() + max(self.interval_s, self.timeout_s) if deadline is None else deadline)
+            return self._push(self._deadline() if deadline is None else deadline)
+
+    def _deadline(self) -> float:
+        """When a periodic push gives up: an interval (or one POST's timeout, if longer) from now."""
+        return time.monotonic() + max(self.policy.interval_s, self.policy.timeout_s)
 
     def _push(self, deadline: float, cancel: threading.Event | None = None) -> PushResult:
-        series = registry_series(self.registry, self.keep)
+        series = registry_series(self.registry, self.policy.keep)
         if not series:
             return PushResult("empty", 0, 0)
         body = snappy_block(encode_write_request(series, self._next_ts()))
@@ -153,7 +159,7 @@ class RemoteWriter:
 
     def _send(self, body: bytes, n: int, deadline: float, cancel: threading.Event | None = None) -> PushResult:
         status: int | None = None
-        for attempt in range(1, self.max_attempts + 1):
+        for attempt in range(1, self.policy.max_attempts + 1):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -163,7 +169,7 @@ class RemoteWriter:
                 if self._region:
                     headers = self._sign("POST", self.url, body, headers, self._region)
                 req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")  # noqa: S310
-                with urllib.request.urlopen(req, timeout=min(self.timeout_s, left)) as resp:  # noqa: S310
+                with urllib.request.urlopen(req, timeout=min(self.policy.timeout_s, left)) as resp:  # noqa: S310
                     return PushResult("sent", n, len(body), resp.status)
             except urllib.error.HTTPError as exc:
                 status = exc.code
@@ -171,12 +177,12 @@ class RemoteWriter:
                 if exc.code != 429 and exc.code < 500:
                     log.warning("remote write refused (HTTP %s): dropping %d samples: %s", exc.code, n, detail)
                     return PushResult("dropped", n, len(body), exc.code)
-                wait_at_least = min(self.max_retry_after_s, retry_after_s(exc.headers.get("Retry-After")) or 0.0)
+                wait_at_least = min(self.policy.max_retry_after_s, retry_after_s(exc.headers.get("Retry-After")) or 0.0)
                 log.warning("remote write attempt %d: HTTP %s %s", attempt, exc.code, detail)
             except Exception as exc:
                 log.warning("remote write attempt %d failed: %s", attempt, exc)
-            delay = max(wait_at_least, random.uniform(0, self.backoff_s * 2 ** (attempt - 1)))
-            if attempt == self.max_attempts or delay >= deadline - time.monotonic():
+            delay = max(wait_at_least, random.uniform(0, self.policy.backoff_s * 2 ** (attempt - 1)))
+            if attempt == self.policy.max_attempts or delay >= deadline - time.monotonic():
                 break  # the receiver's wait does not fit: the next push carries the same cumulative counts
             if (cancel or threading.Event()).wait(delay):
                 break
@@ -189,10 +195,10 @@ class RemoteWriter:
         while True:
             try:
                 with self._lock:
-                    self._push(time.monotonic() + max(self.interval_s, self.timeout_s), cancel=self._stop)
+                    self._push(self._deadline(), cancel=self._stop)
             except Exception:
                 log.exception("remote write push failed")
-            if self._stop.wait(self.interval_s):
+            if self._stop.wait(self.policy.interval_s):
                 return
 
     def start(self) -> RemoteWriter:
@@ -203,7 +209,7 @@ class RemoteWriter:
 
     def stop(self, flush: bool = True) -> PushResult | None:
         """Stop the thread, push once more and end the series; all within `shutdown_s`."""
-        deadline = time.monotonic() + self.shutdown_s
+        deadline = time.monotonic() + self.policy.shutdown_s
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()))

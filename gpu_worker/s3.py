@@ -7,12 +7,15 @@ timeouts); our own retries and the final pass sit on top of it (gpu_worker.fetch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from botocore.config import Config
 
 from gpu_worker.config import WorkerConfig
 from sluice.aws import clients as aws
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 CONTROL_CONFIG = Config(
     retries={"total_max_attempts": 10, "mode": "adaptive"},
@@ -23,9 +26,9 @@ CONTROL_CONFIG = Config(
 )
 
 
-def control_client() -> Any:
+def control_client() -> S3Client:
     """Client for the run's own files (plan, shards, commits, output)."""
-    return aws.client("s3", config=CONTROL_CONFIG, name="worker-control")
+    return cast("S3Client", aws.client("s3", config=CONTROL_CONFIG, name="worker-control"))
 
 
 def data_config(cfg: WorkerConfig) -> Config:
@@ -40,7 +43,7 @@ def data_config(cfg: WorkerConfig) -> Config:
     )
 
 
-def data_client(cfg: WorkerConfig) -> Any:
+def data_client(cfg: WorkerConfig) -> S3Client:
     """Client for image GETs; one per distinct tuning (and endpoint)."""
     name = (
         "worker-data",
@@ -50,7 +53,8 @@ def data_client(cfg: WorkerConfig) -> Any:
         cfg.connect_timeout_s,
         cfg.read_timeout_s,
     )
-    return aws.client("s3", config=data_config(cfg), endpoint_url=cfg.data_endpoint_url or None, name=name)
+    client = aws.client("s3", config=data_config(cfg), endpoint_url=cfg.data_endpoint_url or None, name=name)
+    return cast("S3Client", client)
 
 
 def reset() -> None:

@@ -9,9 +9,12 @@ tail, the 16-byte header, and only the blocks its slice overlaps.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sluice.errors import ShardFormatError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 DEFAULT_TAIL = 64 * 1024
 
@@ -19,7 +22,7 @@ DEFAULT_TAIL = 64 * 1024
 class S3RangeSource:
     """Ranged GETs against s3://bucket/key; `requests` records every (offset, length) fetched."""
 
-    def __init__(self, client: Any, bucket: str, key: str, *, tail_bytes: int = DEFAULT_TAIL) -> None:
+    def __init__(self, client: S3Client, bucket: str, key: str, *, tail_bytes: int = DEFAULT_TAIL) -> None:
         self._client, self.bucket, self.key = client, bucket, key
         self._lock = threading.Lock()
         self.requests: list[tuple[int, int]] = []

@@ -4,6 +4,7 @@ A rank's ChunkSink groups results by window (up to chunk_keys consecutive positi
 slice). Results arrive in completion order; a window is committed as soon as every position
 in it is settled or deferred: Parquet first (rows sorted by position), marker second, on a
 writer thread so the model loop never waits on a PUT. Final-pass results form retry chunks.
+write_shard_result checks the shard and writes its result, with gpu_worker.verdict's verdict.
 """
 
 from __future__ import annotations
@@ -15,21 +16,22 @@ import time
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpu_worker import intervals
+from gpu_worker import intervals, verdict
 from gpu_worker.commits import Marker, Paths, ShardState
 from gpu_worker.errors import WorkerError
 from gpu_worker.intervals import Span
 from gpu_worker.loader import ObjMeta
 from gpu_worker.stats import Observer, Stats
+from gpu_worker.store import RunStore
 from sluice import outputs
-from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, ShardResult, over_threshold
+from sluice.contracts import FailureLine, ShardResult
 
 RETRY = 1
 
@@ -93,32 +95,33 @@ class _Chunk:
         return len(self.rows) + len(self.failed) + len(self.deferred)
 
 
+@dataclass(frozen=True)
+class SinkSpec:
+    """What one rank writes for one model: who writes, what it owes, and what its chunks hold."""
+
+    rank: int  # the global rank: chunk names and markers carry it
+    attempt: int  # this attempt (AWS_BATCH_JOB_ATTEMPT): markers and retry chunks carry it
+    windows: list[list[Span]]  # the main pass's chunks, each up to chunk_keys positions of the rank's remaining work
+    chunk_keys: int  # a retry chunk is committed at this many settled keys
+    dtype: str  # float16 | float32: the embedding column's type
+    metadata: dict[str, str]  # Parquet file metadata (each key gets a "sluice." prefix)
+    label: RecordLabel
+    retry: Sequence[int] = ()  # earlier attempts' deferred positions this sink is owed a final-pass result for
+
+
 class ChunkSink:
     """Collects one rank's results and commits chunks; thread-compatible (one caller thread)."""
 
-    def __init__(
-        self,
-        store: Any,
-        paths: Paths,
-        *,
-        rank: int,
-        attempt: int,
-        windows: list[list[Span]],
-        chunk_keys: int,
-        dtype: str,
-        metadata: dict[str, str],
-        label: RecordLabel,
-        retry: Sequence[int] = (),
-        observer: Observer | None = None,
-    ) -> None:
+    def __init__(self, store: RunStore, paths: Paths, spec: SinkSpec, observer: Observer | None = None) -> None:
         self._store, self._paths = store, paths
-        self._label = label
+        self._label = spec.label
         # Final-pass positions this sink is owed a result for: earlier attempts' deferred keys
         # (`retry`) and, as they come, this attempt's own deferrals.
-        self._retry_owed = set(retry)
-        self._rank, self._attempt = rank, attempt
-        self._chunk_keys, self._dtype, self._metadata = chunk_keys, dtype, metadata
+        self._retry_owed = set(spec.retry)
+        self._rank, self._attempt = spec.rank, spec.attempt
+        self._chunk_keys, self._dtype, self._metadata = spec.chunk_keys, spec.dtype, spec.metadata
         self._obs = observer or Stats()
+        windows = spec.windows
         self._windows = [_Chunk(intervals.count(w), w) for w in windows]
         flat = sorted((a, b, i) for i, w in enumerate(windows) for a, b in w)
         self._starts = [a for a, _, _ in flat]
@@ -268,7 +271,7 @@ class ChunkSink:
 
 
 def write_shard_result(
-    store: Any,
+    store: RunStore,
     paths: Paths,
     states: Mapping[str, ShardState],
     n_keys: int,
@@ -280,7 +283,8 @@ def write_shard_result(
 
     `states` holds each model's committed markers (one entry for a one-model run); a key is
     failed when some model failed it. `info` holds the ShardResult fields only the node knows
-    (who ran it, where, how long); the counts come from the commit markers.
+    (who ran it, where, how long); the counts come from the commit markers, and the verdict
+    against `threshold` (ok, the reason) from gpu_worker.verdict.judge.
     """
     for name, state in states.items():
         _check_settled(state, n_keys, name if len(states) > 1 else "")
@@ -295,27 +299,14 @@ def write_shard_result(
     ]
     lines = "".join(line.model_dump_json() + "\n" for line in failures)
     store.put(paths.failures, lines.encode(), "application/x-ndjson")
-    # Only failures caused by the data count toward the threshold: transient ones (throttling
-    # that outlived every retry) go to the run's retry pass, so they must not fail the shard.
-    transient = sum(1 for f in failures if f.reason in TRANSIENT_FAILURE_REASONS)
-    fraction = (len(failures) - transient) / n_keys if n_keys else 0.0
-    by_reason = dict(sorted(Counter(f.reason for f in failures).items()))
-    data = {str(r): n for r, n in by_reason.items() if r not in TRANSIENT_FAILURE_REASONS}
-    ok = fraction <= threshold
     by_model = {name: sum(m.rows for m in state.markers) for name, state in states.items()}
     result = ShardResult(
         **info,
         n_keys=n_keys,
         processed=min(by_model.values(), default=0),
-        failed=len(failures),
-        failed_transient=transient,
-        failed_fraction=round(fraction, 6),
-        max_failed_fraction=threshold,
-        ok=ok,
-        failed_by_reason=by_reason,
+        **asdict(verdict.judge(failures, n_keys, threshold)),
         chunks=sum(len(state.markers) for state in states.values()),
         processed_by_model=by_model if len(states) > 1 else {},
-        reason=None if ok else over_threshold(len(failures) - transient, n_keys, fraction, threshold, data),
     )
     store.put(paths.result, result.model_dump_json(indent=1).encode(), "application/json")
     return result

@@ -9,21 +9,24 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpu_worker.s3source import S3RangeSource
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.shards import FileSource, RangeSource
 
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
 
 class RunStore:
     """Object storage by URI; the S3 client is created lazily (control client)."""
 
-    def __init__(self, client: Any = None) -> None:
+    def __init__(self, client: S3Client | None = None) -> None:
         self._client = client
 
     @property
-    def client(self) -> Any:
+    def client(self) -> S3Client:
         if self._client is None:
             from gpu_worker.s3 import control_client
 

@@ -241,11 +241,11 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
     import torch
 
     from gpu_worker.decode import decode_image
-    from gpu_worker.infer import Engine
+    from gpu_worker.infer import Engine, EngineOptions
     from gpu_worker.model import load_model
 
     model, info = load_model("builtin:reference-cnn", image_size)
-    engine = Engine(model, info, "cpu", 8, jit=False)
+    engine = Engine(model, info, "cpu", 8, EngineOptions(jit=False))
     names = sorted(keys)
     out: dict[str, Any] = {}
     for i in range(0, len(names), 8):

@@ -9,7 +9,7 @@ import urllib.parse
 import urllib.request
 
 from gpu_worker.metrics import CRITICAL, RankCollector, rank_registry
-from gpu_worker.remote_write import RemoteWriter
+from gpu_worker.remote_write import PushPolicy, RemoteWriter
 from gpu_worker.stats import Stats
 from sluice.local.prometheus import LocalPrometheus
 
@@ -38,7 +38,9 @@ def test_ranks_pushing_concurrently_are_never_refused(prometheus):
         }
         reg = rank_registry(RankCollector(s.snapshot, ident))
         # 0.2 s pushes from 8 ranks: far denser than production's 30 s, to provoke collisions.
-        writers.append(RemoteWriter(prometheus.write_url, reg, labels=ident, interval_s=0.2, keep=CRITICAL))
+        writers.append(
+            RemoteWriter(prometheus.write_url, reg, labels=ident, policy=PushPolicy(interval_s=0.2, keep=CRITICAL))
+        )
     done = threading.Event()
 
     def work(s: Stats) -> None:

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpu_worker.remote_write import RemoteWriter, retry_after_s
+from gpu_worker.remote_write import PushPolicy, RemoteWriter, retry_after_s
 from gpu_worker.write_request import STALE_NAN, encode_write_request, registry_series, snappy_block
 
 ID = {"run_id": "r1", "rank": "0", "gpu": ""}  # a CPU rank's identity: gpu is empty
@@ -155,7 +155,7 @@ def _decode(body):
 
 def test_5xx_and_429_are_retried_then_sent(receiver):
     r = receiver([500, 429, 204])
-    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.01)
+    w = RemoteWriter(r.url, _registry(), labels=ID, policy=PushPolicy(backoff_s=0.01))
     res = w.push_once()
     assert res.status == "sent" and len(r.requests) == 3
     headers, body = r.requests[-1]
@@ -167,7 +167,7 @@ def test_5xx_and_429_are_retried_then_sent(receiver):
 
 def test_400_drops_the_batch_once_and_counts_it(receiver):
     r = receiver([400])
-    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.01)
+    w = RemoteWriter(r.url, _registry(), labels=ID, policy=PushPolicy(backoff_s=0.01))
     res = w.push_once()
     assert res.status == "dropped" and res.http_status == 400 and len(r.requests) == 1
     assert w.dropped_samples == res.samples > 0
@@ -175,22 +175,24 @@ def test_400_drops_the_batch_once_and_counts_it(receiver):
 
 def test_a_dead_endpoint_gives_up_without_raising(receiver):
     r = receiver([503] * 10)
-    w = RemoteWriter(r.url, _registry(), labels=ID, max_attempts=3, backoff_s=0.01)
+    w = RemoteWriter(r.url, _registry(), labels=ID, policy=PushPolicy(max_attempts=3, backoff_s=0.01))
     assert w.push_once().status == "failed" and len(r.requests) == 3
-    w2 = RemoteWriter("http://127.0.0.1:9/api/v1/write", _registry(), labels=ID, max_attempts=2, backoff_s=0.01)
+    w2 = RemoteWriter(
+        "http://127.0.0.1:9/api/v1/write", _registry(), labels=ID, policy=PushPolicy(max_attempts=2, backoff_s=0.01)
+    )
     assert w2.push_once().status == "failed"
 
 
 def test_retry_after_on_429_is_honoured(receiver):
     r = receiver([(429, {"Retry-After": "1"}), 204])
-    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.001)
+    w = RemoteWriter(r.url, _registry(), labels=ID, policy=PushPolicy(backoff_s=0.001))
     assert w.push_once().status == "sent" and len(r.requests) == 2
     assert r.times[1] - r.times[0] >= 0.95  # the receiver's 1 s, not the 1 ms backoff
 
 
 def test_a_retry_after_past_the_deadline_gives_up_at_once(receiver):
     r = receiver([(429, {"Retry-After": "120"})])
-    w = RemoteWriter(r.url, _registry(), labels=ID, backoff_s=0.001)
+    w = RemoteWriter(r.url, _registry(), labels=ID, policy=PushPolicy(backoff_s=0.001))
     t0 = time.monotonic()
     assert w.push_once(deadline=time.monotonic() + 5).status == "failed"
     assert time.monotonic() - t0 < 1 and len(r.requests) == 1  # no early retry, no waiting past the deadline
@@ -203,7 +205,9 @@ def test_retry_after_reads_seconds_and_http_dates():
 
 
 def test_stop_is_bounded_against_a_hanging_endpoint(hanging_url):
-    w = RemoteWriter(hanging_url, _registry(), labels=ID, interval_s=0.1, timeout_s=10, shutdown_s=1.5).start()
+    w = RemoteWriter(
+        hanging_url, _registry(), labels=ID, policy=PushPolicy(interval_s=0.1, timeout_s=10, shutdown_s=1.5)
+    ).start()
     time.sleep(0.5)  # the background push is now waiting for an answer that never comes
     t0 = time.monotonic()
     w.stop()
@@ -211,7 +215,7 @@ def test_stop_is_bounded_against_a_hanging_endpoint(hanging_url):
 
 
 def test_final_flush_is_bounded_too(hanging_url):
-    w = RemoteWriter(hanging_url, _registry(), labels=ID, timeout_s=10, shutdown_s=1.0)
+    w = RemoteWriter(hanging_url, _registry(), labels=ID, policy=PushPolicy(timeout_s=10, shutdown_s=1.0))
     t0 = time.monotonic()
     res = w.stop()  # no background thread: the final push itself hangs
     assert time.monotonic() - t0 < 2.0 and res is not None and res.status == "failed"
@@ -219,7 +223,7 @@ def test_final_flush_is_bounded_too(hanging_url):
 
 def test_stop_pushes_the_last_values_then_staleness_markers(receiver):
     r = receiver([])
-    w = RemoteWriter(r.url, _registry(), labels=ID, interval_s=0.05).start()
+    w = RemoteWriter(r.url, _registry(), labels=ID, policy=PushPolicy(interval_s=0.05)).start()
     threading.Event().wait(0.3)
     res = w.stop()
     assert res is not None and res.status == "sent" and len(r.requests) >= 3
@@ -256,7 +260,7 @@ def test_empty_label_values_are_not_encoded():
 
 def test_the_first_push_is_at_start_not_after_an_interval(receiver):
     r = receiver([])
-    w = RemoteWriter(r.url, _registry(), labels=ID, interval_s=30).start()
+    w = RemoteWriter(r.url, _registry(), labels=ID, policy=PushPolicy(interval_s=30)).start()
     deadline = time.monotonic() + 5
     while not r.requests and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -23,7 +23,7 @@ from gpu_worker.metrics import (
     retry_class,
     series_count,
 )
-from gpu_worker.remote_write import RemoteWriter
+from gpu_worker.remote_write import PushPolicy, RemoteWriter
 from gpu_worker.stats import Stats
 from gpu_worker.write_request import registry_series
 
@@ -67,16 +67,7 @@ def _worst_case_registry():
     for v in (0.005, 0.02, 0.2, 0.5, 2.0, 9.0):
         observe(s, "infer", v, INFER_BUCKETS)
         observe(s, "fetch", v, FETCH_BUCKETS)
-    t = [100.0]
-    col = RankCollector(
-        s.snapshot,
-        LBL,
-        reasons=lambda: ALL_REASONS,
-        queue_depth=lambda: 2,
-        gpu=FakeGpu(),
-        started=90.0,
-        clock=lambda: t[0],
-    )
+    col = RankCollector(s.snapshot, LBL, reasons=lambda: ALL_REASONS, queue_depth=lambda: 2, gpu=FakeGpu())
     return rank_registry(col)
 
 
@@ -187,7 +178,9 @@ def test_served_on_metrics_endpoint():
 
 def test_remote_writer_counts_its_drops_in_the_same_registry_with_the_rank_identity():
     reg = _worst_case_registry()
-    w = RemoteWriter("http://127.0.0.1:9/api/v1/write", reg, labels=LBL, max_attempts=1, timeout_s=0.5)
+    w = RemoteWriter(
+        "http://127.0.0.1:9/api/v1/write", reg, labels=LBL, policy=PushPolicy(max_attempts=1, timeout_s=0.5)
+    )
     w.push_once()
     assert series_count(reg) <= 40 and w.dropped_samples > 0
     drops = [

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gpu_worker.errors import ConfigError
-from gpu_worker.infer import Engine
+from gpu_worker.infer import Engine, EngineOptions
 from gpu_worker.model import META_NAME, build_builtin, load_model, resolve_uri
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -55,7 +55,7 @@ def test_engine_outputs_unit_norm_embeddings_of_the_model_dim():
     assert emb.shape == (4, 128) and emb.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
     # Traced (default on CPU) and eager agree; different images differ.
-    eager = Engine(*load_model("builtin:reference-cnn", 32), "cpu", 4, jit=False)
+    eager = Engine(*load_model("builtin:reference-cnn", 32), "cpu", 4, EngineOptions(jit=False))
     np.testing.assert_allclose(run(eager, batch()), emb, atol=1e-5)
     assert np.abs(emb[0] - emb[1]).max() > 1e-3
 

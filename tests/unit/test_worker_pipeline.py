@@ -11,7 +11,7 @@ import pytest
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, WorkerError
-from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, Loader
+from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, Loader, LoaderLink
 from gpu_worker.stats import Stats
 from sluice.contracts import FailureReason
 from tests.worker_images import make_demo_images
@@ -59,7 +59,7 @@ def start(fetcher: Any, keys: list[str], *, batch: int = 4, concurrency: int = 4
         free_q.put(b)
     task_q.put([(i, "bucket", k, 0) for i, k in enumerate(keys)])
     task_q.put(None)
-    loader = Loader(0, config, buffers, task_q, free_q, out_q, fetcher, Stats())
+    loader = Loader(LoaderLink(0, task_q, free_q, out_q), buffers, config, fetcher=fetcher)
     thread = threading.Thread(target=loader.run, daemon=True)
     thread.start()
     return out_q, free_q, buffers, thread

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_worker.commits import Marker, Paths, ShardState, load_state, remove_orphans
 from gpu_worker.errors import WorkerError
-from gpu_worker.sink import ChunkSink, RecordLabel, write_shard_result
+from gpu_worker.sink import ChunkSink, RecordLabel, SinkSpec, write_shard_result
 from gpu_worker.store import RunStore
 from sluice import outputs
 from sluice.contracts import FailureLine, FailureReason, ShardResult
@@ -42,9 +42,7 @@ LABEL = RecordLabel("m", "v1", "sha256:abc", "r")
 
 
 def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=()):
-    return ChunkSink(
-        RunStore(),
-        paths,
+    spec = SinkSpec(
         rank=rank,
         attempt=attempt,
         windows=windows,
@@ -54,6 +52,7 @@ def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=()):
         label=LABEL,
         retry=retry,
     )
+    return ChunkSink(RunStore(), paths, spec)
 
 
 def emb(*rows: int) -> np.ndarray:
