@@ -1,23 +1,36 @@
 """A model file, without torch: its local copy (s3:// downloaded once) and its spec.
 
-The spec is the sidecar `<file>.json` or the embedded `sluice.json`. The node fetches the
-file and each rank reads the input size before anything imports torch, so the rank's
-loaders can size their buffers and start fetching while the model loads. TorchScript and torch.export files are
-zip archives that keep extra files under `<archive>/extra/`, so the embedded spec is one
-zip member away.
+The spec is the sidecar `<file>.json` or the embedded `sluice.json`; an s3:// model's sidecar
+is downloaded with it when it exists, and any failure to read one other than "not found"
+stops the worker (read_sidecar). The node fetches the file and each rank reads the input
+size before anything imports torch, so the rank's loaders can size their buffers and start
+fetching while the model loads. TorchScript and torch.export files are zip archives that
+keep extra files under `<archive>/extra/`, so the embedded spec is one zip member away.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_worker.errors import ConfigError
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpu_worker.errors import ConfigError, WorkerError
+from sluice.aws.errors import AwsFailure, Kind, classify
+
+if TYPE_CHECKING:
+    from gpu_worker.store import RunStore
 
 META_NAME = "sluice.json"
+# Reads of a model's sidecar, each on top of the control client's own retries (gpu_worker.s3:
+# adaptive, 10 attempts), with SIDECAR_BACKOFF_S, twice that, ... between them.
+SIDECAR_ATTEMPTS = 3
+SIDECAR_BACKOFF_S = 1.0
 # The worker uses the first five; the rest describe the artifact (docs/models.md) and are kept as read.
 SPEC_KEYS = {
     "name",
@@ -71,8 +84,8 @@ def input_size(uri: str, plan_size: int) -> int:
     return int(meta.get("image_size", plan_size))
 
 
-def resolve_uri(uri: str, work_dir: str, store: Any) -> str:
-    """A local path for the model: s3:// objects (and their .json sidecar) are downloaded once."""
+def resolve_uri(uri: str, work_dir: str, store: RunStore) -> str:
+    """A local path for the model: s3:// objects (and their .json sidecar, when there is one) are downloaded once."""
     if uri.startswith("builtin:") or not uri.startswith("s3://"):
         return uri
     name = uri.rsplit("/", 1)[-1] or "model"
@@ -84,11 +97,55 @@ def resolve_uri(uri: str, work_dir: str, store: Any) -> str:
         raise ConfigError(f"cannot download model {uri}: {exc}") from None
     with open(local, "wb") as fh:
         fh.write(data)
-    try:
-        sidecar = store.get(uri + ".json")
-    except Exception:
-        sidecar = None
+    sidecar = read_sidecar(store, uri + ".json")
     if sidecar is not None:
         with open(local + ".json", "wb") as fh:
             fh.write(sidecar)
     return local
+
+
+def read_sidecar(store: RunStore, uri: str, *, sleep: Callable[[float], None] = time.sleep) -> bytes | None:
+    """The sidecar spec at `uri` (s3://), or None when S3 says it does not exist.
+
+    Only "does not exist" means no sidecar: any other failure would silently swap the model's
+    preprocessing for the defaults. A transient error (throttling, 5xx) is retried, on top of
+    the control client's own retries, then fails the attempt (WorkerError); anything else is a
+    ConfigError saying what to check. S3 answers 403 rather than 404 for a missing key to a role
+    that may not list the bucket, so a 403 is settled by listing that key: absent, no sidecar.
+    """
+    for attempt in range(SIDECAR_ATTEMPTS):
+        try:
+            return store.get(uri)
+        except (ClientError, BotoCoreError) as exc:
+            failure = classify(exc)
+            if not failure.retriable or attempt == SIDECAR_ATTEMPTS - 1:
+                _no_sidecar(store, uri, failure)
+                return None
+            sleep(SIDECAR_BACKOFF_S * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _no_sidecar(store: RunStore, uri: str, failure: AwsFailure) -> None:
+    """Return when `failure` means `uri` does not exist; raise what it means otherwise."""
+    what = f"reading the model spec {uri}"
+    if failure.kind is Kind.NOT_FOUND:
+        return
+    if failure.retriable:
+        raise WorkerError(f"{failure.describe(what)}: still failing after {SIDECAR_ATTEMPTS} tries; run the job again")
+    if failure.kind is Kind.DENIED:
+        if _listed_absent(store, uri):
+            return
+        raise ConfigError(
+            f"{failure.describe(what)}; S3 also answers 403 for a missing object to a role that may not list "
+            "its bucket: upload the sidecar, or grant the job role s3:ListBucket on the model's prefix "
+            "(template.yaml, WorkerRole)"
+        )
+    raise ConfigError(failure.describe(what))
+
+
+def _listed_absent(store: RunStore, uri: str) -> bool:
+    """True when a listing of `uri` shows it does not exist; False when it exists or the listing fails too."""
+    try:
+        return uri not in store.list(uri)
+    except (ClientError, BotoCoreError):
+        return False
