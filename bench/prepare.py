@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sluice.prepare.offline import prepare_offline
+from sluice.prepare.offline import OfflineJob, prepare_offline
 from sluice.prepare.split import KEYS_PER_PARTITION, choose_partitions
 from sluice.prepare.store import CHUNK
 
@@ -121,7 +121,7 @@ def measure(path: Path, workdir: Path, workers: int) -> dict[str, Any]:
     out = workdir / f"out-{workers}"
     shutil.rmtree(out, ignore_errors=True)
     try:
-        return prepare_offline(str(path), str(out), workers, keys_per_shard=KEYS_PER_SHARD)
+        return prepare_offline(OfflineJob(str(path), str(out), workers, keys_per_shard=KEYS_PER_SHARD))
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from sluice.aws.s3uri import parse_s3_uri
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 # Bump when a builtin network's construction or seed changes: its earlier embeddings are then stale.
 BUILTIN_WEIGHTS = "1"
@@ -38,14 +42,14 @@ def file_id(path: str) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def object_id(head: dict[str, Any]) -> str:
+def object_id(head: Mapping[str, Any]) -> str:
     """s3etag:<ETag>[@<version id>] from a HeadObject / GetObject response."""
     etag = str(head.get("ETag", "")).strip('"')
     version = head.get("VersionId")
     return f"s3etag:{etag}" + (f"@{version}" if version and version != "null" else "")
 
 
-def resolve(uri: str, s3: Any = None) -> str:
+def resolve(uri: str, s3: S3Client | None = None) -> str:
     """The identity of the model at `uri`: HEADs an s3:// object (with `s3`), hashes a local file."""
     if uri.startswith("builtin:"):
         return static_id(uri)

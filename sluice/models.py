@@ -336,15 +336,16 @@ class RunPlan(_Strict):
         n_shards: int,
         total_keys: int,
         model: ModelSpec | list[ModelSpec] | None = None,
-        mode: Literal["array", "multinode"] = "array",
         **overrides: Any,
     ) -> RunPlan:
         """A plan for running workers without the coordinator (benchmarks, tests, by hand).
 
         `base` is the run's root (`s3://bucket/runs/<run>/` or a local directory ending in
         "/"); shards, output and failures live under it as the coordinator lays them out.
-        Any other field can be given in `overrides`.
+        Any other field can be given in `overrides`; `mode` (default "array") also decides
+        `nodes` (one per shard for "multinode") and `spot_allowed`, unless those are given too.
         """
+        mode = overrides.get("mode", "array")
         bucket = base[5:].split("/", 1)[0] if base.startswith("s3://") else "local"
         root = RunPaths(base)
         values: dict[str, Any] = {

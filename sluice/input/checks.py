@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -25,6 +25,9 @@ from sluice.errors import Rejection, RetriableError, TooBigForLambda
 from sluice.log import logger
 from sluice.models import Manifest
 from sluice.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 T = TypeVar("T")
 # Raised on purpose while reading input; each already means what it says.
@@ -102,7 +105,7 @@ def _output_problem(manifest: Manifest, settings: Settings, control: str | None)
     )
 
 
-def _model_problem(uri: str, field: str, settings: Settings, s3: Any) -> str | None:
+def _model_problem(uri: str, field: str, settings: Settings, s3: S3Client | None) -> str | None:
     if uri.startswith("builtin:"):
         return None  # the model validated the name
     if not uri.startswith("s3://"):
@@ -132,7 +135,7 @@ def _model_problem(uri: str, field: str, settings: Settings, s3: Any) -> str | N
     return None
 
 
-def check_manifest(manifest: Manifest, settings: Settings, *, control: str | None, s3: Any = None) -> None:
+def check_manifest(manifest: Manifest, settings: Settings, *, control: str | None, s3: S3Client | None = None) -> None:
     """Reject what the manifest dooms to fail: every reason at once. `s3`: None skips the S3 checks."""
     reasons = [
         r

@@ -8,7 +8,7 @@ stage cannot size is rejected here with the words the Lambda path would use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sluice.aws.errors import AwsFatalError
 from sluice.contracts import InlineKeys, InventoryFiles, PrepareTask
@@ -17,6 +17,9 @@ from sluice.input.inventory import no_etag_reason, version_fields
 from sluice.input.keys import iter_keys
 from sluice.models import Manifest
 from sluice.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 
 def inline_pairs(manifest: Manifest, settings: Settings) -> list[tuple[str, str]]:
@@ -30,11 +33,11 @@ def inline_tasks(pairs: list[tuple[str, str]], workers: int) -> list[InlineKeys]
     return [InlineKeys(pairs=pairs[n * i // workers : n * (i + 1) // workers]) for i in range(max(1, workers))]
 
 
-def input_rejection(manifest: Manifest, s3: Any, settings: Settings) -> Rejection:
+def input_rejection(manifest: Manifest, s3: S3Client, settings: Settings) -> Rejection:
     """Why an input the prepare stage could not size cannot run: the Lambda path's own reason.
 
     Sizing fails only on a bad URI or an object S3 will not give; the Lambda path's first read
-    (sluice.input.manifest.iter_keys) raises the rejection that names it.
+    (sluice.input.keys.iter_keys) raises the rejection that names it.
     """
     try:
         for _ in iter_keys(manifest, s3, settings):

@@ -1,6 +1,6 @@
 """S3 Inventory reports as keys: manifest.json verified, data files decoded in bounded memory.
 
-The manifest Lambda (sluice.input.manifest.iter_keys) and the prepare map workers read data files
+The manifest Lambda (sluice.input.keys.iter_keys) and the prepare map workers read data files
 with the same functions. Every decode problem (not gzip, truncated, not CSV, not Parquet, a
 schema without a Key column, a compression bomb) is a Rejection that names the data
 file; a row's problem names its line. Decompressed bytes count against limits while
@@ -17,7 +17,7 @@ import tempfile
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote_plus
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -32,6 +32,9 @@ from sluice.log import logger
 from sluice.paths import MANIFESTS_PREFIX
 from sluice.settings import MAX_INFLATE_RATIO, MAX_INFLATED_BYTES, Settings
 
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
 CHECKSUM_SUFFIX = ".checksum"
 OUT_CHUNK = 2**20  # decompressed bytes produced at a time
 SLACK = 2**20  # any file may inflate to this much, whatever its ratio
@@ -42,7 +45,7 @@ def checksum_uri(uri: str) -> str:
     return uri.removesuffix(".json") + CHECKSUM_SUFFIX
 
 
-def verify_checksum(s3: Any, uri: str, raw: bytes) -> None:
+def verify_checksum(s3: S3Client, uri: str, raw: bytes) -> None:
     """manifest.checksum must hold the MD5 of manifest.json's bytes.
 
     Required next to a report S3 Inventory delivered; a manifest.json copied under manifests/ by
@@ -79,7 +82,7 @@ def verify_checksum(s3: Any, uri: str, raw: bytes) -> None:
         )
 
 
-def read_report(s3: Any, uri: str, settings: Settings) -> InventoryReport:
+def read_report(s3: S3Client, uri: str, settings: Settings) -> InventoryReport:
     """manifest.json (bounded), its checksum verified, parsed and checked (format, schema, files)."""
     bucket, key = parse_s3_uri(uri)
     raw = b"".join(get_chunks(s3, bucket, key, settings.max_manifest_bytes, "SLUICE_MAX_MANIFEST_BYTES"))
@@ -88,12 +91,12 @@ def read_report(s3: Any, uri: str, settings: Settings) -> InventoryReport:
     return report
 
 
-def iter_inventory(s3: Any, uri: str, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
+def iter_inventory(s3: S3Client, uri: str, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
     """Every key of the report's data files, in order."""
     return iter_report(s3, read_report(s3, uri, settings), settings, problems)
 
 
-def iter_report(s3: Any, report: InventoryReport, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
+def iter_report(s3: S3Client, report: InventoryReport, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
     """Every key of a parsed report's data files (in its destination bucket), in order."""
     for i, data_key in enumerate(report.files):
         name = f"s3://{report.bucket}/{data_key}"
@@ -170,11 +173,21 @@ def inflate(
         raise Rejection(f"inventory file {name}: the gzip data is truncated: is the file complete?")
 
 
-def _columns(columns: list[str], name: str) -> tuple[int, int]:
+@dataclass(frozen=True)
+class _CsvColumns:
+    """Where a CSV data file's rows hold their bucket and key, and how wide its fileSchema is."""
+
+    bucket: int
+    key: int
+    width: int
+    good: set[str] = field(default_factory=set)  # buckets already found valid (filled as rows are read)
+
+
+def _columns(columns: list[str], name: str) -> _CsvColumns:
     lower = [c.strip().lower() for c in columns]
     if "key" not in lower or "bucket" not in lower:
         raise Rejection(f"inventory file {name}: fileSchema {', '.join(columns)[:200]!r} has no Bucket and Key columns")
-    return lower.index("bucket"), lower.index("key")
+    return _CsvColumns(lower.index("bucket"), lower.index("key"), len(columns))
 
 
 def csv_keys(
@@ -186,15 +199,14 @@ def csv_keys(
     ratio: int = MAX_INFLATE_RATIO,
 ) -> Iterator[KeyBatch]:
     """A gzip CSV data file's keys (URL-decoded, folder markers skipped); rows' problems name their line."""
-    bi, ki = _columns(columns, name)
+    cols = _columns(columns, name)
     chunks = [data] if isinstance(data, bytes | bytearray) else data
     reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
-    good: set[str] = set()
 
     def pairs() -> Iterator[tuple[str, str]]:
         try:
             for row in reader:
-                pair = _row(row, bi, ki, good, f"inventory file {name} line {reader.line_num}", len(columns), problems)
+                pair = _row(row, cols, f"inventory file {name} line {reader.line_num}", problems)
                 if pair is not None:
                     yield pair
         except csv.Error as exc:
@@ -203,25 +215,24 @@ def csv_keys(
     return batched(pairs())
 
 
-def _row(
-    row: list[str], bi: int, ki: int, good: set[str], where: str, width: int, problems: Problems
-) -> tuple[str, str] | None:
+def _row(row: list[str], cols: _CsvColumns, where: str, problems: Problems) -> tuple[str, str] | None:
+    """A CSV row's (bucket, key); None for a blank row, a folder marker or a bad row (its problem noted)."""
     if not row:
         return None
-    if len(row) <= max(bi, ki):
-        problems.add(f"{where}: row has {len(row)} columns, fileSchema has {width}")
+    if len(row) <= max(cols.bucket, cols.key):
+        problems.add(f"{where}: row has {len(row)} columns, fileSchema has {cols.width}")
         return None
-    bucket = row[bi]
-    if bucket not in good:
+    bucket = row[cols.bucket]
+    if bucket not in cols.good:
         why = bucket_problem(bucket)
         if why:
             problems.add(f"{where}: {why}")
             return None
-        good.add(bucket)
+        cols.good.add(bucket)
     try:
-        key = unquote_plus(row[ki], errors="strict")  # inventory CSV keys are URL-encoded
+        key = unquote_plus(row[cols.key], errors="strict")  # inventory CSV keys are URL-encoded
     except UnicodeDecodeError:
-        problems.add(f"{where}: key {row[ki][:80]!r} is not URL-encoded UTF-8")
+        problems.add(f"{where}: key {row[cols.key][:80]!r} is not URL-encoded UTF-8")
         return None
     return _key(bucket, key, where, problems)
 
@@ -273,7 +284,7 @@ def parquet_keys(
     return batched(_parquet_pairs(pf, [names["bucket"], names["key"]], name, problems))
 
 
-# ---- object versions, for incremental runs (sluice.incremental) ---------------------------
+# ---- object versions, for incremental runs (sluice.prepare.versions_map) -----------------
 
 Version = tuple[str, str | None]  # (ETag, version id)
 VersionBatch = tuple[str, list[str], list[Version | None]]
@@ -348,18 +359,17 @@ def csv_versions(
     ratio: int = MAX_INFLATE_RATIO,
 ) -> Iterator[VersionBatch]:
     """csv_keys with each key's object version (its fileSchema must name ETag)."""
-    bi, ki = _columns(columns, name)
+    cols = _columns(columns, name)
     fields = version_fields(columns)
     if fields is None:
         raise Rejection(no_etag_reason(f"inventory file {name}"))
     chunks = [data] if isinstance(data, bytes | bytearray) else data
     reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
-    good: set[str] = set()
 
     def rows() -> Iterator[tuple[str, str, Version | None]]:
         try:
             for row in reader:
-                pair = _row(row, bi, ki, good, f"inventory file {name} line {reader.line_num}", len(columns), problems)
+                pair = _row(row, cols, f"inventory file {name} line {reader.line_num}", problems)
                 if pair is not None:
                     yield pair[0], pair[1], _version(row, fields)
         except csv.Error as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.errors import Rejection
@@ -20,9 +20,17 @@ from sluice.input.sources import (
 from sluice.models import Manifest
 from sluice.settings import Settings
 
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
-def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: Problems | None = None) -> Iterator[KeyBatch]:
-    """All keys the manifest names, as validated batches; raises Rejection at the end if any problem."""
+
+def iter_keys(
+    manifest: Manifest, s3: S3Client | None, settings: Settings, problems: Problems | None = None
+) -> Iterator[KeyBatch]:
+    """All keys the manifest names, as validated batches; raises Rejection at the end if any problem.
+
+    `s3` reads a key list, a prefix or an inventory; inline keys (input.keys) need none.
+    """
     problems = problems or Problems()
     spec = manifest.input
     default_bucket = spec.bucket or settings.default_input_bucket
@@ -37,14 +45,14 @@ def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: Problem
             raise Rejection(f"input.key_list: {exc}") from exc
         kind = next((s for s in KEYLIST_SUFFIXES if k.lower().endswith(s)), ".txt")
         source = iter_keylist(
-            get_chunks(s3, b, k, settings.max_keylist_bytes), spec.key_list, kind, default_bucket, problems
+            get_chunks(_client(s3), b, k, settings.max_keylist_bytes), spec.key_list, kind, default_bucket, problems
         )
     elif spec.prefix is not None:
         try:
             parse_s3_uri(spec.prefix, allow_empty_key=True)
         except ValueError as exc:
             raise Rejection(f"input.prefix: {exc}") from exc
-        source = iter_prefix(s3, spec.prefix, suffixes)
+        source = iter_prefix(_client(s3), spec.prefix, suffixes)
         suffixes = None
     else:
         assert spec.inventory is not None
@@ -52,7 +60,7 @@ def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: Problem
             parse_s3_uri(spec.inventory)
         except ValueError as exc:
             raise Rejection(f"input.inventory: {exc}") from exc
-        source = iter_inventory(s3, spec.inventory, settings, problems)
+        source = iter_inventory(_client(s3), spec.inventory, settings, problems)
     allowed = set(settings.allowed_buckets)
     for bucket, keys in source:
         if allowed and bucket not in allowed:
@@ -66,3 +74,9 @@ def iter_keys(manifest: Manifest, s3: Any, settings: Settings, problems: Problem
         if keys:
             yield bucket, keys
     problems.raise_if_any()
+
+
+def _client(s3: S3Client | None) -> S3Client:
+    if s3 is None:
+        raise ValueError("iter_keys: this manifest's input is read from S3, and no S3 client was given")
+    return s3

@@ -1,14 +1,15 @@
-"""Read a manifest and stream its keys as (bucket, [keys]) batches, validating as it goes.
+"""Read the uploaded manifest object and parse it into a Manifest.
 
-Sources: an inline key list, a key-list object (.txt / .csv / .jsonl), a prefix listing
-(paginated) or an S3 Inventory report (manifest.json + gzip CSV or Parquet data files).
-Every problem becomes a Rejection reason naming the line / key / field and why.
+The upload is a run manifest (.json), a key list (.txt / .csv / .jsonl: a manifest with
+default settings is implied) or an S3 Inventory manifest.json. Every problem becomes a
+Rejection reason naming the field and why; the keys the manifest names are streamed by
+sluice.input.keys.iter_keys.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
@@ -18,6 +19,9 @@ from sluice.input import strictjson
 from sluice.input.sources import KEYLIST_SUFFIXES, get_chunks, s3_error
 from sluice.models import InputSpec, Manifest
 from sluice.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def _implied(src: ManifestSource, **spec: Any) -> Manifest:
         raise Rejection([f"{src.name}: {r}" for r in _pydantic_reasons(exc)]) from exc
 
 
-def read_manifest_object(s3: Any, bucket: str, key: str, settings: Settings) -> ManifestSource:
+def read_manifest_object(s3: S3Client, bucket: str, key: str, settings: Settings) -> ManifestSource:
     """Fetch the uploaded manifest (bounded by the size limits before reading the body)."""
     what = f"s3://{bucket}/{key}"
     if key.lower().endswith(KEYLIST_SUFFIXES):

@@ -11,7 +11,7 @@ import csv
 import json
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -20,6 +20,9 @@ from sluice.aws.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_
 from sluice.errors import MAX_REASONS, Rejection, RetriableError
 from sluice.input import strictjson
 from sluice.input.lines import decode_lines
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 KeyBatch = tuple[str, list[str]]
 
@@ -226,7 +229,12 @@ def s3_error(exc: BaseException, what: str) -> Exception:
 
 
 def get_chunks(
-    s3: Any, bucket: str, key: str, max_bytes: int, limit_name: str = "SLUICE_MAX_KEYLIST_BYTES", chunk: int = 8 * 2**20
+    s3: S3Client,
+    bucket: str,
+    key: str,
+    max_bytes: int,
+    limit_name: str = "SLUICE_MAX_KEYLIST_BYTES",
+    chunk: int = 8 * 2**20,
 ) -> Iterator[bytes]:
     what = f"s3://{bucket}/{key}"
     try:
@@ -252,7 +260,7 @@ def get_chunks(
         yield data
 
 
-def iter_prefix(s3: Any, uri: str, suffixes: tuple[str, ...] | None) -> Iterator[KeyBatch]:
+def iter_prefix(s3: S3Client, uri: str, suffixes: tuple[str, ...] | None) -> Iterator[KeyBatch]:
     """List s3://bucket/prefix page by page; folder markers are skipped."""
     bucket, prefix = parse_s3_uri(uri, allow_empty_key=True)
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)

@@ -1,4 +1,4 @@
-"""The run's layout (shards, jobs) and its plan.json (RunPlan)."""
+"""The run's layout (shards, jobs) and its plan.json (RunPlan, from PlanInputs)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypedDict, Unpack
 
 from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan
 from sluice.paths import RunPaths
@@ -44,47 +45,76 @@ def job_layouts(n_shards: int, mode: str, max_array_size: int) -> list[JobLayout
     return jobs
 
 
-def build_plan(
-    *,
-    run_id: str,
-    manifest: Manifest,
-    manifest_uri: str,
-    control_bucket: str,
-    total_keys: int,
-    duplicates: int,
-    lay: Layout,
-    images_per_gpu_s: float | None = None,
-    model_ids: Sequence[str] | None = None,
-    lineage: Sequence[str] = (),
-    skipped: Mapping[str, int] | None = None,
-) -> RunPlan:
-    """The plan.json a worker reads; `images_per_gpu_s` (default: the table's) sizes a derived job timeout.
+@dataclass(frozen=True)
+class PlanInputs:
+    """What build_plan makes a run's plan.json from."""
 
-    `model_ids` are the models' artifact identities (sluice.modelid.resolve, one per model; default:
-    the static ones); `lineage` and `skipped` describe an incremental run (RunPlan).
+    run_id: str
+    manifest: Manifest
+    manifest_uri: str
+    control_bucket: str  # the plan's files go under s3://<control_bucket>/runs/<run_id>/ (sluice.paths.RunPaths)
+    total_keys: int  # unique keys in the run's shards
+    duplicates: int  # keys left out as duplicates of others
+    lay: Layout
+    images_per_gpu_s: float | None = None  # sizes a derived job timeout; None: the estimate table's (Capacity)
+    model_ids: Sequence[str] | None = None  # each model's artifact identity (sluice.modelid.resolve); None: static
+    lineage: Sequence[str] = ()  # an incremental run's earlier runs, newest first (RunPlan.lineage)
+    skipped: Mapping[str, int] | None = None  # an incremental run's keys left out, by reason (RunPlan.skipped)
+
+
+class PlanFields(TypedDict, total=False):
+    """PlanInputs' fields as keywords: build_plan's earlier call shape (see build_plan)."""
+
+    run_id: str
+    manifest: Manifest
+    manifest_uri: str
+    control_bucket: str
+    total_keys: int
+    duplicates: int
+    lay: Layout
+    images_per_gpu_s: float | None
+    model_ids: Sequence[str] | None
+    lineage: Sequence[str]
+    skipped: Mapping[str, int] | None
+
+
+def build_plan(inputs: PlanInputs | None = None, /, **fields: Unpack[PlanFields]) -> RunPlan:
+    """The plan.json a worker reads, from `inputs` (PlanInputs documents each field).
+
+    build_plan(run_id=..., manifest=..., ...) is build_plan(PlanInputs(run_id=..., manifest=..., ...)):
+    the keyword form sluice.control's coordinator and staging use, kept until they pass a PlanInputs.
     """
-    root = RunPaths.in_bucket(control_bucket, run_id)
+    if inputs is None:
+        inputs = PlanInputs(**fields)
+    elif fields:
+        raise TypeError("build_plan takes a PlanInputs or its fields as keywords, not both")
+    return _plan(inputs)
+
+
+def _plan(i: PlanInputs) -> RunPlan:
+    manifest, lay = i.manifest, i.lay
+    root = RunPaths.in_bucket(i.control_bucket, i.run_id)
     gpus = max(1, manifest.job.gpus_per_node)
-    rate = (images_per_gpu_s or Capacity().rate) / len(manifest.models)  # each image goes through every model
+    rate = (i.images_per_gpu_s or Capacity().rate) / len(manifest.models)  # each image goes through every model
     timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
     return RunPlan(
-        run_id=run_id,
-        manifest_uri=manifest_uri,
-        control_bucket=control_bucket,
+        run_id=i.run_id,
+        manifest_uri=i.manifest_uri,
+        control_bucket=i.control_bucket,
         shards_prefix=root.shards_prefix,
         output_prefix=manifest.output.prefix or root.output_prefix,
         failures_prefix=root.failures_prefix,
-        total_keys=total_keys,
-        duplicates=duplicates,
+        total_keys=i.total_keys,
+        duplicates=i.duplicates,
         n_shards=lay.n_shards,
         keys_per_shard=lay.keys_per_shard,
         mode=manifest.job.mode,
         nodes=manifest.job.nodes if manifest.job.mode == "multinode" else 1,
         gpus_per_node=manifest.job.gpus_per_node,
         spot_allowed=manifest.job.mode == "array",
-        models=[PlannedModel.of(m, model_ids[i] if model_ids else None) for i, m in enumerate(manifest.models)],
-        lineage=list(lineage),
-        skipped=dict(skipped or {}),
+        models=[PlannedModel.of(m, i.model_ids[n] if i.model_ids else None) for n, m in enumerate(manifest.models)],
+        lineage=list(i.lineage),
+        skipped=dict(i.skipped or {}),
         output_dtype=manifest.output.dtype,
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,

@@ -30,13 +30,24 @@ class Check:
     unit: str = ""
 
 
-def _judge(name: str, value: float, limit: float, unit: str, over: Status, advice: str, near: bool = True) -> Check:
-    """ok under WARN_AT of the limit, a warning up to it (unless not `near`), `over` past it."""
-    if value > limit:
-        return Check(name, value, limit, over, advice, unit)
-    if near and value > WARN_AT * limit:
-        return Check(name, value, limit, "warn", f"close to the limit: {advice}", unit)
-    return Check(name, value, limit, "ok", "", unit)
+@dataclass(frozen=True)
+class Limit:
+    """A limit a planned figure meets, and what to do past it."""
+
+    name: str
+    limit: float
+    unit: str
+    over: Status  # the status past the limit: error (the run would fail) or warn
+    advice: str
+    near: bool = True  # warn from WARN_AT of the limit on (False: only past it matters)
+
+    def judge(self, value: float) -> Check:
+        """ok under WARN_AT of the limit, a warning up to it (unless not `near`), `over` past it."""
+        if value > self.limit:
+            return Check(self.name, value, self.limit, self.over, self.advice, self.unit)
+        if self.near and value > WARN_AT * self.limit:
+            return Check(self.name, value, self.limit, "warn", f"close to the limit: {self.advice}", self.unit)
+        return Check(self.name, value, self.limit, "ok", "", self.unit)
 
 
 def shard_seconds(keys_per_shard: int, gpus: int, rate: float) -> float:
@@ -99,34 +110,31 @@ def _batch(run: RunFacts, add: Any) -> None:
     """AWS Batch's fixed quotas: array size, jobs in SUBMITTED, SubmitJob rate."""
     biggest = max((n for kind, n in run.jobs if kind == "array"), default=0)
     add(
-        _judge(
+        Limit(
             "array size",
-            biggest,
             L.BATCH_ARRAY_SIZE,
             "children",
             "error",
             "Batch takes at most 10,000 children per array job: Sluice splits bigger runs into several jobs",
-        )
+        ).judge(biggest)
     )
     add(
-        _judge(
+        Limit(
             "jobs in SUBMITTED",
-            run.n_shards + len(run.jobs),
             L.BATCH_SUBMITTED_JOBS,
             "jobs",
             "error",
             f"raise job.keys_per_shard above {run.keys_per_shard:,} so the run has fewer children",
-        )
+        ).judge(run.n_shards + len(run.jobs))
     )
     add(
-        _judge(
+        Limit(
             "SubmitJob calls",
-            len(run.jobs),
             L.BATCH_SUBMITJOB_TPS * 60,
             "calls (50/s for a minute)",
             "warn",
             "each Batch job is one SubmitJob call (50/s per account): raise job.keys_per_shard",
-        )
+        ).judge(len(run.jobs))
     )
 
 
@@ -136,47 +144,43 @@ def _fleet(run: RunFacts, cap: Capacity, workers: int, add: Any) -> float:
     shard_s = shard_seconds(run.keys_per_shard, run.gpus_per_worker, cap.rate)
     keys_hint = int(run.keys_per_shard * run.timeout_s / (shard_s * TIMEOUT_MARGIN)) if shard_s else 0
     add(
-        _judge(
+        Limit(
             "shard time",
-            round(shard_s),
             run.timeout_s,
             "s",
             "error",
             f"a timed-out attempt is not retried: lower job.keys_per_shard to about {max(1, keys_hint):,}"
             f" or set job.timeout_s to at least {derived_timeout_s(run.keys_per_shard, run.gpus_per_worker, cap.rate)}",
-        )
+        ).judge(round(shard_s))
     )
     add(
-        _judge(
+        Limit(
             "S3 GET/s",
-            round(gpus * cap.rate),
             L.S3_GET_PER_PREFIX_S,
             "GET/s (one prefix assumed)",
             "warn",
             "S3 serves 5,500 GET/s per partitioned prefix and answers 503 SlowDown while it adds "
             "partitions (the workers retry): spread keys over several prefixes or ask AWS to pre-partition",
-        )
+        ).judge(round(gpus * cap.rate))
     )
     series = gpus * SERIES_PER_RANK
     add(
-        _judge(
+        Limit(
             "AMP active series",
-            series,
             L.AMP_ACTIVE_SERIES,
             "series",
             "warn",
             "raise the workspace's active-series quota or push fewer metrics (SLUICE_WORKER_PUSH_METRICS)",
-        )
+        ).judge(series)
     )
     add(
-        _judge(
+        Limit(
             "AMP samples/s",
-            round(series / cap.push_interval_s),
             L.AMP_INGEST_SAMPLES_S,
             "samples/s",
             "warn",
             "raise SLUICE_WORKER_PUSH_INTERVAL_S or the workspace's ingestion-rate quota",
-        )
+        ).judge(round(series / cap.push_interval_s))
     )
     return shard_s
 
@@ -186,39 +190,36 @@ def _workers(run: RunFacts, cap: Capacity, add: Any) -> int:
     if run.mode == "multinode":
         nodes = run.n_shards
         add(
-            _judge(
+            Limit(
                 "MNP nodes",
-                nodes,
                 L.BATCH_MNP_NODES,
                 "nodes",
                 "error",
                 "a multi-node parallel job has at most 1,000 nodes: use mode array",
-            )
+            ).judge(nodes)
         )
         add(
-            _judge(
+            Limit(
                 "MNP vCPUs",
-                nodes * cap.worker_vcpus,
                 cap.mnp_max_vcpus,
                 "vCPUs (MnpMaxVcpus)",
                 "error",
                 "every node of an MNP job must run at once: raise MnpMaxVcpus or lower job.nodes",
-            )
+            ).judge(nodes * cap.worker_vcpus)
         )
         return nodes
     fit = max(1, cap.max_vcpus // cap.worker_vcpus)
     waves = math.ceil(run.n_shards / fit)
     add(
-        _judge(
+        Limit(
             "vCPUs for all children at once",
-            run.n_shards * cap.worker_vcpus,
             cap.max_vcpus,
             "vCPUs (MaxVcpus)",
             "warn",
             f"at most {fit:,} children run at once, so the run takes about {waves:,} waves: raise "
             "MaxVcpus (and the account's EC2 vCPU quotas) for more parallelism",
             near=False,  # every child fitting at once is the goal, not a risk
-        )
+        ).judge(run.n_shards * cap.worker_vcpus)
     )
     return min(run.n_shards, fit)
 
@@ -226,47 +227,43 @@ def _workers(run: RunFacts, cap: Capacity, add: Any) -> int:
 def _lambda(run: RunFacts, add: Any) -> None:
     """The manifest function plans in-process only what fits it; bigger inputs go to the prepare stage."""
     add(
-        _judge(
+        Limit(
             "unique keys",
-            run.unique_keys,
             run.max_keys,
             "keys (SLUICE_MAX_KEYS)",
             "error",
             "split the input into several manifests, or raise SLUICE_MAX_KEYS (the prepare stage's design goal is 1B)",
-        )
+        ).judge(run.unique_keys)
     )
     if not run.in_lambda:
         return  # the prepare stage's Fargate map/reduce plans it: no Lambda limit applies
     m = run.unique_keys / 1e6
     add(
-        _judge(
+        Limit(
             "Lambda memory",
-            round(L.PLAN_BASE_MB + L.PLAN_MB_PER_M * m),
             L.MANIFEST_FN_MEMORY_MB,
             "MB",
             "error",
             "lower SLUICE_PREPARE_OVER_KEYS so the prepare stage plans this input",
-        )
+        ).judge(round(L.PLAN_BASE_MB + L.PLAN_MB_PER_M * m))
     )
     add(
-        _judge(
+        Limit(
             "Lambda time",
-            round(L.PLAN_S_PER_M * m),
             L.LAMBDA_TIMEOUT_S,
             "s",
             "error",
             "lower SLUICE_PREPARE_OVER_KEYS so the prepare stage plans this input",
-        )
+        ).judge(round(L.PLAN_S_PER_M * m))
     )
     add(
-        _judge(
+        Limit(
             "Lambda /tmp",
-            round(L.PLAN_TMP_MB_PER_M * m),
             L.MANIFEST_FN_TMP_MB,
             "MB",
             "error",
             "lower SLUICE_PREPARE_OVER_KEYS so the prepare stage plans this input",
-        )
+        ).judge(round(L.PLAN_TMP_MB_PER_M * m))
     )
 
 
@@ -275,23 +272,21 @@ def _completion(run: RunFacts, workers: int, shard_s: float, add: Any) -> None:
     per_s = workers / max(shard_s, 1.0)  # shards finishing each second at full speed
     # A terminal shard event writes its item and one counter in a transaction (2 WCU an item).
     add(
-        _judge(
+        Limit(
             "DynamoDB WCU/s (one run)",
-            round(per_s * 4, 1),
             L.DDB_PARTITION_WCU_S,
             "WCU/s",
             "warn",
             "raise job.keys_per_shard: shards finishing faster than this share one partition",
-        )
+        ).judge(round(per_s * 4, 1))
     )
     # "Run Progress" about every 1% of shards, plus the outcome: a handful a second at most.
     add(
-        _judge(
+        Limit(
             "PutEvents/s",
-            round(per_s / max(1, run.n_shards // 100) + 0.01, 2),
             L.EVENTBRIDGE_PUTEVENTS_S,
             "events/s",
             "warn",
             "the Region's PutEvents quota is lower: ask for an increase",
-        )
+        ).judge(round(per_s / max(1, run.n_shards // 100) + 0.01, 2))
     )

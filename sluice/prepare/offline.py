@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from hashlib import blake2b
 from multiprocessing import get_context
 from typing import Any
@@ -62,22 +63,26 @@ def _run_all(fn: Callable[[str, int], float], spec_uri: str, n: int, processes: 
         return list(pool.map(fn, [spec_uri] * n, range(n)))
 
 
-def prepare_offline(
-    keylist_path: str,
-    out_dir: str,
-    workers: int,
-    keys_per_shard: int = 10_000,
-    bucket: str | None = None,
-    partitions: int | None = None,
-    *,
-    processes: bool = True,
-    max_keys: int = MAX_POSITIONS - 1,
-    keep_parts: bool = False,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OfflineJob:
+    """What `sluice prepare` shards, where, and with how many workers (its command-line arguments)."""
+
+    keylist_path: str  # a local .txt/.csv/.jsonl key list
+    out_dir: str  # gets shards/, prepare/ and plan.json
+    workers: int  # map workers
+    keys_per_shard: int = 10_000
+    bucket: str | None = None  # the bucket of bare keys
+    partitions: int | None = None  # reduce workers; None: one per 4M keys (choose_partitions)
+    processes: bool = True  # each worker in its own process (False: in this one, one after the other)
+    max_keys: int = MAX_POSITIONS - 1
+    keep_parts: bool = False  # keep prepare/map/ (the map workers' part files) afterwards
+
+
+def prepare_offline(job: OfflineJob) -> dict[str, Any]:
     """Shard a local key list into out_dir/shards/ and write out_dir/plan.json; Rejection on bad input."""
     t0 = time.monotonic()
-    path = os.path.abspath(keylist_path)
-    root = os.path.abspath(out_dir) + "/"
+    path = os.path.abspath(job.keylist_path)
+    root = os.path.abspath(job.out_dir) + "/"
     paths, store = RunPaths(root), PrepareStore()
     est = estimate_keylist(store, path)
     run_id = "offline-" + blake2b(path.encode(), digest_size=6).hexdigest()
@@ -85,19 +90,19 @@ def prepare_offline(
         run_id=run_id,
         manifest_uri=path,
         root=root,
-        workers=workers,
-        partitions=partitions or choose_partitions(est.keys_estimate),
-        keys_per_shard=keys_per_shard,
-        default_bucket=bucket,
-        max_keys=max_keys,
+        workers=job.workers,
+        partitions=job.partitions or choose_partitions(est.keys_estimate),
+        keys_per_shard=job.keys_per_shard,
+        default_bucket=job.bucket,
+        max_keys=job.max_keys,
         input_keys_estimate=est.keys_estimate,
-        tasks=list(keylist_tasks(path, est.size, est.format, est.header, workers)),
+        tasks=list(keylist_tasks(path, est.size, est.format, est.header, job.workers)),
     )
     store.put(paths.prepare_spec, spec.model_dump_json(indent=2).encode())
-    map_cpu = _run_all(_map_child, paths.prepare_spec, spec.workers, processes)
-    reduce_cpu = _run_all(_reduce_child, paths.prepare_spec, spec.partitions, processes)
+    map_cpu = _run_all(_map_child, paths.prepare_spec, spec.workers, job.processes)
+    reduce_cpu = _run_all(_reduce_child, paths.prepare_spec, spec.partitions, job.processes)
     got = collect(spec, store)
-    if not keep_parts:
+    if not job.keep_parts:
         shutil.rmtree(root + "prepare/map", ignore_errors=True)
     if got.rejected:
         raise Rejection(got.rejected)
@@ -108,7 +113,7 @@ def prepare_offline(
         total_keys=got.unique_keys,
         manifest_uri=path,
         duplicates=got.duplicates,
-        keys_per_shard=keys_per_shard,
+        keys_per_shard=job.keys_per_shard,
         jobs=job_layouts(got.n_shards, "array", MAX_ARRAY_SIZE),
     )
     store.put(paths.plan, plan.model_dump_json(indent=2).encode())
@@ -139,12 +144,14 @@ def offline_main(args: argparse.Namespace) -> int:
     if args.workers < 1 or (args.partitions is not None and args.partitions < 1) or args.keys_per_shard < 1:
         raise PrepareError("--workers, --partitions and --keys-per-shard must be at least 1")
     summary = prepare_offline(
-        args.keylist,
-        args.out,
-        args.workers,
-        keys_per_shard=args.keys_per_shard,
-        bucket=args.bucket,
-        partitions=getattr(args, "partitions", None),
+        OfflineJob(
+            args.keylist,
+            args.out,
+            args.workers,
+            keys_per_shard=args.keys_per_shard,
+            bucket=args.bucket,
+            partitions=getattr(args, "partitions", None),
+        )
     )
     if args.json:
         print(json.dumps(summary))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
 
 from sluice.aws.errors import AwsFatalError, Kind
 from sluice.contracts import MapResult, PrepareSpec, ReduceResult
@@ -79,43 +79,46 @@ def cut(groups: Groups, n_keys: int, n_shards: int) -> list[Groups]:
     return pieces
 
 
-def write_partition(
-    spec: PrepareSpec,
-    partition: int,
-    store: PrepareStore,
-    uris: list[str],
-    pieces: list[Groups],
-    *,
-    keys_in: int,
-    unique: int,
-    first: int,
-    t0: float,
-    **extra: Any,
-) -> ReduceResult:
-    """Write the partition's shards, then its ReduceResult (its commit marker); `extra`: more result fields."""
-    write_pieces(store, uris, pieces)
-    res = ReduceResult(
-        partition=partition,
-        keys_in=keys_in,
-        unique_keys=unique,
-        duplicates=keys_in - unique,
-        first_shard=first,
-        shard_keys=[sum(len(k) for _, k in p) for p in pieces],
-        seconds=round(time.monotonic() - t0, 3),
-        peak_rss_mb=peak_rss_mb(),
-        **extra,
+@dataclass(frozen=True)
+class ReduceJob:
+    """One reduce worker: the run's prepare spec, its partition, where it reads and writes, when it started."""
+
+    spec: PrepareSpec
+    partition: int
+    store: PrepareStore
+    t0: float  # time.monotonic() at its start: the result's seconds
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.spec.root)
+
+
+def write_partition(job: ReduceJob, uris: list[str], pieces: list[Groups], counted: ReduceResult) -> ReduceResult:
+    """Write the partition's shards, then its ReduceResult (its commit marker), which it returns.
+
+    `counted` holds what the caller counted: keys_in, unique_keys, first_shard (and an incremental
+    run's skipped_unchanged, staged); this adds the duplicates, the shards' sizes, time and memory.
+    """
+    write_pieces(job.store, uris, pieces)
+    res = ReduceResult.model_validate(
+        counted.model_dump()
+        | {
+            "partition": job.partition,
+            "duplicates": counted.keys_in - counted.unique_keys,
+            "shard_keys": [sum(len(k) for _, k in p) for p in pieces],
+            "seconds": round(time.monotonic() - job.t0, 3),
+            "peak_rss_mb": peak_rss_mb(),
+        }
     )
-    store.put(
-        RunPaths(spec.root).reduce_result(partition), res.model_dump_json().encode(), content_type="application/json"
+    job.store.put(
+        job.paths.reduce_result(job.partition), res.model_dump_json().encode(), content_type="application/json"
     )
     return res
 
 
-def read_partition(
-    spec: PrepareSpec, partition: int, store: PrepareStore, results: list[MapResult]
-) -> tuple[Groups, int]:
-    """Partition `partition`'s keys from every map worker: sorted unique keys per bucket, and the keys read."""
-    paths = RunPaths(spec.root)
+def read_partition(job: ReduceJob, results: list[MapResult]) -> tuple[Groups, int]:
+    """The partition's keys from every map worker: sorted unique keys per bucket, and the keys read."""
+    spec, partition, store, paths = job.spec, job.partition, job.store, job.paths
     expected = sum(m.partition_keys[partition] for m in results)
     by_bucket: dict[str, list[str]] = {}
     uris = [paths.prepare_part(w, partition) for w in range(spec.workers)]

@@ -12,31 +12,31 @@ from __future__ import annotations
 import time
 
 from sluice.contracts import PrepareSpec, ReduceResult
-from sluice.paths import RunPaths
-from sluice.prepare.reduceparts import cut, load_map_results, read_partition, shard_slots, write_partition
+from sluice.prepare.reduceparts import ReduceJob, cut, load_map_results, read_partition, shard_slots, write_partition
 from sluice.prepare.store import PrepareStore
 
 
 def run_reduce(spec: PrepareSpec, partition: int, store: PrepareStore) -> ReduceResult:
     """Reduce worker `partition`: its shards, then its ReduceResult (last)."""
-    t0 = time.monotonic()
+    job = ReduceJob(spec, partition, store, time.monotonic())
     if not 0 <= partition < spec.partitions:
         raise ValueError(f"reduce worker {partition} is outside 0..{spec.partitions - 1} (AWS_BATCH_JOB_ARRAY_INDEX)")
-    paths = RunPaths(spec.root)
+    paths = job.paths
     results = load_map_results(spec, store)
     if any(m.problem_count for m in results):  # the run is rejected: write nothing but the verdict
-        res = ReduceResult(partition=partition, skipped=True, seconds=round(time.monotonic() - t0, 3))
+        res = ReduceResult(partition=partition, skipped=True, seconds=round(time.monotonic() - job.t0, 3))
         store.put(paths.reduce_result(partition), res.model_dump_json().encode(), content_type="application/json")
         return res
-    groups, keys_in = read_partition(spec, partition, store, results)
+    groups, keys_in = read_partition(job, results)
     if spec.incremental:
         from sluice.prepare.versions_reduce import reduce_incremental
 
-        return reduce_incremental(spec, partition, store, results, groups, keys_in, t0)
+        return reduce_incremental(job, results, groups, keys_in)
     slots = shard_slots(spec, results)
     first = sum(slots[:partition])
     unique = sum(len(k) for _, k in groups)
     pieces = cut(groups, unique, slots[partition])
     del groups
     uris = [paths.shard(first + j) for j in range(len(pieces))]
-    return write_partition(spec, partition, store, uris, pieces, keys_in=keys_in, unique=unique, first=first, t0=t0)
+    counted = ReduceResult(partition=partition, keys_in=keys_in, unique_keys=unique, first_shard=first)
+    return write_partition(job, uris, pieces, counted)

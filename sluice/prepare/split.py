@@ -20,11 +20,14 @@ import csv
 import math
 from dataclasses import dataclass, replace
 from itertools import pairwise
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from sluice.contracts import InventoryFiles, KeyListRange, PrefixRange
 from sluice.input.inventory import InventoryReport, read_inventory_manifest
 from sluice.prepare.store import PrepareStore
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 KeyListFormat = Literal[".txt", ".csv", ".jsonl"]
 KEYS_PER_WORKER = 5_000_000
@@ -35,7 +38,7 @@ SAMPLE_BYTES = 64 * 2**10
 INVENTORY_BYTES_PER_KEY = {"CSV": 20, "PARQUET": 25}
 MAX_INVENTORY_HEADS = 64  # data files HEADed when manifest.json lists no sizes; the rest get their mean
 TASKS_PER_WORKER = 4  # prefix ranges per worker: listing rates vary, round-robin evens them out
-HEADER_NAMES = frozenset({"uri", "key", "s3_uri", "url"})  # as sluice.input.manifest.keylist_entries reads a header
+HEADER_NAMES = frozenset({"uri", "key", "s3_uri", "url"})  # as sluice.input.sources.keylist_entries reads a header
 SUCCESSOR_DEPTH = 16  # characters after the prefix the unlisted rest is split at
 DEFAULT_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -72,7 +75,7 @@ class KeyListEstimate:
 
 
 def keylist_format(uri: str) -> KeyListFormat:
-    """.txt, .csv or .jsonl from the name (anything else reads as .txt, as sluice.input.manifest does)."""
+    """.txt, .csv or .jsonl from the name (anything else reads as .txt, as sluice.input.keys.iter_keys does)."""
     lower = uri.lower()
     for fmt in (".csv", ".jsonl", ".txt"):
         if lower.endswith(fmt):
@@ -179,12 +182,12 @@ class PrefixEstimate:
     keys_estimate: int
 
 
-def _store(s3: Any) -> PrepareStore:
+def _store(s3: S3Client | PrepareStore) -> PrepareStore:
     return s3 if isinstance(s3, PrepareStore) else PrepareStore(s3)
 
 
 def estimate_prefix(
-    s3: Any, bucket: str, prefix: str, *, max_pages: int = 10, max_keys: int = 100_000_000
+    s3: S3Client | PrepareStore, bucket: str, prefix: str, *, max_pages: int = 10, max_keys: int = 100_000_000
 ) -> PrefixEstimate:
     """Count keys (folder markers skipped) in up to `max_pages` pages; unfinished: size for `max_keys`.
 
@@ -203,7 +206,9 @@ def estimate_prefix(
     return PrefixEstimate(listed, False, max(listed, max_keys))
 
 
-def prefix_tasks(s3: Any, bucket: str, prefix: str, workers: int, max_pages: int = 10) -> list[PrefixRange]:
+def prefix_tasks(
+    s3: S3Client | PrepareStore, bucket: str, prefix: str, workers: int, max_pages: int = 10
+) -> list[PrefixRange]:
     """Contiguous key ranges under `prefix`, about TASKS_PER_WORKER per worker, from one Delimiter="/" listing.
 
     Every boundary ends with "/": a range is start_after < key < stop_at, so the only key no

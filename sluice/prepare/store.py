@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -23,6 +23,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sluice.aws.errors import AwsFatalError, Kind, classify, translate
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.paths import SCRATCH_TAG
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 T = TypeVar("T")
 S3_CONFIG = Config(retries={"max_attempts": 10, "mode": "standard"}, max_pool_connections=32, user_agent_extra="sluice")
@@ -44,13 +47,15 @@ class Page:
 class PrepareStore:
     """Bytes by URI: `s3://bucket/key` on S3, anything else a local path."""
 
-    def __init__(self, s3: Any = None, *, backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, s3: S3Client | None = None, *, backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self._s3 = s3
         self._backoff_s = backoff_s
         self._sleep = sleep
 
     @property
-    def s3(self) -> Any:
+    def s3(self) -> S3Client:
         if self._s3 is None:
             from sluice.aws.clients import client
 
@@ -135,7 +140,7 @@ class PrepareStore:
             _atomic_write(uri, data)
             return
         bucket, key = parse_s3_uri(uri)
-        extra = {"Tagging": SCRATCH_TAG} if scratch else {}
+        extra: dict[str, Any] = {"Tagging": SCRATCH_TAG} if scratch else {}
         self._call(
             f"writing {uri}",
             lambda: self.s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type, **extra),
@@ -201,7 +206,7 @@ class PrepareStore:
             return
         sb, sk = parse_s3_uri(src)
         db, dk = parse_s3_uri(dst)
-        extra = {"TaggingDirective": "REPLACE", "Tagging": SCRATCH_TAG} if scratch else {}
+        extra: dict[str, Any] = {"TaggingDirective": "REPLACE", "Tagging": SCRATCH_TAG} if scratch else {}
         self._call(
             f"copying {src} to {dst}",
             lambda: self.s3.copy_object(Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk}, **extra),

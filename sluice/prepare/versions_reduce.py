@@ -4,8 +4,9 @@ Reducer r reads the current versions of its partition from every map worker, the
 earlier records (sluice.prepare.skip.Skipper keeps only those of keys it has), and
 leaves out the keys to skip before cutting its shards. How many shards it fills is known only
 then, so an array run's reducers write them under prepare/reduce/<r>/<j>.shard and the submit
-step (sluice.control.staging, after every reducer) numbers them in partition order and copies them to
-shards/<i>.shard, server-side. A multinode run keeps one shard per partition (= node): shard r.
+step (sluice.control.staging, after every reducer) numbers them in partition order and copies
+them to shards/<i>.shard, server-side (place_shards). A multinode run keeps one shard per
+partition (= node): shard r.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from sluice.contracts import MapResult, PrepareSpec, ReduceResult
 from sluice.paths import RunPaths
 from sluice.prepare import prefetched
-from sluice.prepare.reduceparts import IO_THREADS, Groups, PrepareError, cut, write_partition
+from sluice.prepare.reduceparts import IO_THREADS, Groups, PrepareError, ReduceJob, cut, write_partition
 from sluice.prepare.skip import Skipper, distinct
 from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
@@ -27,16 +28,16 @@ from sluice.shards import ShardReader
 COPY_THREADS = 32
 
 
-def load_skipper(spec: PrepareSpec, partition: int, store: PrepareStore, results: list[MapResult]) -> Skipper:
-    """Partition `partition`'s version records from every map worker: all current ones, then all earlier ones."""
-    paths = RunPaths(spec.root)
+def load_skipper(job: ReduceJob, results: list[MapResult]) -> Skipper:
+    """The partition's version records from every map worker: all current ones, then all earlier ones."""
+    spec, partition, paths = job.spec, job.partition, job.paths
     skipper = Skipper(len(distinct(spec.model_ids)))
     expected = sum(m.versions.partition_records[partition] for m in results if m.versions is not None)
     seen = 0
     with ThreadPoolExecutor(IO_THREADS) as pool:
         for earlier in (False, True):
             uris = [paths.versions_part(w, partition, earlier) for w in range(spec.workers)]
-            for data in prefetched(pool, store.get, uris, IO_THREADS):
+            for data in prefetched(pool, job.store.get, uris, IO_THREADS):
                 for bucket, recs in ShardReader(data).groups():
                     seen += len(recs)
                     for rec in recs:
@@ -49,18 +50,10 @@ def load_skipper(spec: PrepareSpec, partition: int, store: PrepareStore, results
     return skipper
 
 
-def reduce_incremental(
-    spec: PrepareSpec,
-    partition: int,
-    store: PrepareStore,
-    results: list[MapResult],
-    groups: Groups,
-    keys_in: int,
-    t0: float,
-) -> ReduceResult:
+def reduce_incremental(job: ReduceJob, results: list[MapResult], groups: Groups, keys_in: int) -> ReduceResult:
     """The partition's unique keys less the unchanged ones -> its shards, then its ReduceResult (last)."""
-    paths = RunPaths(spec.root)
-    skipper = load_skipper(spec, partition, store, results)
+    spec, partition, paths = job.spec, job.partition, job.paths
+    skipper = load_skipper(job, results)
     unique = sum(len(k) for _, k in groups)
     kept: Groups = [(b, ks) for b, ks in ((b, skipper.keep(b, keys)) for b, keys in groups) if ks]
     del skipper, groups
@@ -74,10 +67,15 @@ def reduce_incremental(
             True,
         )
     pieces = cut(kept, n, len(uris))
-    return write_partition(
-        spec, partition, store, uris, pieces, keys_in=keys_in, unique=unique, first=first, t0=t0,
-        skipped_unchanged=unique - n, staged=staged,
-    )  # fmt: skip
+    counted = ReduceResult(
+        partition=partition,
+        keys_in=keys_in,
+        unique_keys=unique,
+        first_shard=first,
+        skipped_unchanged=unique - n,
+        staged=staged,
+    )
+    return write_partition(job, uris, pieces, counted)
 
 
 def place_shards(spec: PrepareSpec, pieces: list[int], store: PrepareStore) -> None:

@@ -22,7 +22,7 @@ from sluice.models import RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.layout import job_layouts
 from sluice.prepare.mapper import run_map
-from sluice.prepare.offline import add_offline_arguments, offline_main, prepare_offline
+from sluice.prepare.offline import OfflineJob, add_offline_arguments, offline_main, prepare_offline
 from sluice.prepare.reducer import run_reduce
 from sluice.prepare.split import estimate_keylist, keylist_tasks
 from sluice.prepare.store import PrepareStore
@@ -53,7 +53,9 @@ def read_shards(out: Path, n: int) -> list[list[tuple[str, str]]]:
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], dict[str, object]]:
     base = tmp_path_factory.mktemp("offline")
     uris = write_keylist(base / "keys.txt", 6000)
-    summary = prepare_offline(str(base / "keys.txt"), str(base / "out"), 2, keys_per_shard=700, partitions=3)
+    summary = prepare_offline(
+        OfflineJob(str(base / "keys.txt"), str(base / "out"), 2, keys_per_shard=700, partitions=3)
+    )
     return base, uris, summary
 
 
@@ -79,7 +81,7 @@ def test_offline_shards_and_plan(prepared):
     assert float(summary["peak_rss_mb_per_worker"]) > 10  # type: ignore[arg-type]
     # in-process with other workers: the same shards, byte for byte
     again = prepare_offline(
-        str(base / "keys.txt"), str(base / "again"), 3, keys_per_shard=700, partitions=3, processes=False
+        OfflineJob(str(base / "keys.txt"), str(base / "again"), 3, keys_per_shard=700, partitions=3, processes=False)
     )
     assert again["shards"] == n
     for i in range(n):
@@ -122,7 +124,7 @@ def test_offline_main_and_bad_input(tmp_path, capsys):
         {"kind": "single", "shard_offset": 0, "shard_count": 1}
     ]
     with pytest.raises(Rejection) as exc:
-        prepare_offline(str(tmp_path / "keys.txt"), str(tmp_path / "nob"), 2, processes=False)
+        prepare_offline(OfflineJob(str(tmp_path / "keys.txt"), str(tmp_path / "nob"), 2, processes=False))
     assert exc.value.reasons[0].startswith("keys.txt line 1: bare key 'a.jpg' but no bucket")
     assert len(exc.value.reasons) == 4  # every bare key, in line order, from both workers
 

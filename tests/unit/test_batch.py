@@ -10,7 +10,7 @@ from moto import mock_aws
 from sluice.control.batch import BatchAdapter, job_request
 from sluice.errors import RetriableError, SubmissionError
 from sluice.models import JobLayout, Manifest
-from sluice.plan.layout import Layout, build_plan
+from sluice.plan.layout import Layout, PlanInputs, build_plan
 from sluice.settings import Settings
 
 
@@ -18,13 +18,15 @@ def _plan(mode: str = "array", jobs: list[JobLayout] | None = None):
     m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": {"mode": mode, "nodes": 3}})
     jobs = jobs or [JobLayout(kind="array", shard_offset=0, shard_count=4)]
     return build_plan(
-        run_id="r-1",
-        manifest=m,
-        manifest_uri="s3://c/manifests/m.json",
-        control_bucket="c",
-        total_keys=100,
-        duplicates=0,
-        lay=Layout(4, 25, jobs),
+        PlanInputs(
+            run_id="r-1",
+            manifest=m,
+            manifest_uri="s3://c/manifests/m.json",
+            control_bucket="c",
+            total_keys=100,
+            duplicates=0,
+            lay=Layout(4, 25, jobs),
+        )
     )
 
 

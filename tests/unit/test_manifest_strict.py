@@ -334,19 +334,21 @@ def test_a_check_the_role_may_not_make_is_skipped_not_a_rejection():
 
 def test_the_prepare_stage_reads_a_bom_and_control_characters_as_the_lambda_does(tmp_path):
     """Several workers over byte ranges: the BOM belongs to range 0 only, a bad line is named in the whole file."""
-    from sluice.prepare.offline import prepare_offline
+    from sluice.prepare.offline import OfflineJob, prepare_offline
     from sluice.shards import FileSource, ShardReader
 
     lines = [f"s3://img-a/k{i:04d}.jpg" for i in range(400)]
     (tmp_path / "keys.txt").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
-    prepare_offline(str(tmp_path / "keys.txt"), str(tmp_path / "out"), 3, keys_per_shard=1000, processes=False)
+    prepare_offline(
+        OfflineJob(str(tmp_path / "keys.txt"), str(tmp_path / "out"), 3, keys_per_shard=1000, processes=False)
+    )
     got = ShardReader(FileSource(str(tmp_path / "out" / "shards" / "0.shard"))).pairs()
     assert sorted(got) == sorted(("img-a", ln[11:]) for ln in lines)
 
     lines[300] = "s3://img-a/bad\x00.jpg"
     (tmp_path / "bad.txt").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
     with pytest.raises(Rejection) as exc:
-        prepare_offline(str(tmp_path / "bad.txt"), str(tmp_path / "out2"), 3, processes=False)
+        prepare_offline(OfflineJob(str(tmp_path / "bad.txt"), str(tmp_path / "out2"), 3, processes=False))
     assert exc.value.reasons == [
         "bad.txt line 301: not a key: 's3://img-a/bad\\x00.jpg' holds a control character U+0000 at character 15: "
         "remove it (is the file binary or damaged?)"
@@ -354,6 +356,8 @@ def test_the_prepare_stage_reads_a_bom_and_control_characters_as_the_lambda_does
 
     csv_body = "\ufeffbucket,key\n" + "".join(f"img-a,k{i}.jpg\n" for i in range(300))
     (tmp_path / "keys.csv").write_text(csv_body)
-    prepare_offline(str(tmp_path / "keys.csv"), str(tmp_path / "out3"), 2, keys_per_shard=1000, processes=False)
+    prepare_offline(
+        OfflineJob(str(tmp_path / "keys.csv"), str(tmp_path / "out3"), 2, keys_per_shard=1000, processes=False)
+    )
     got = ShardReader(FileSource(str(tmp_path / "out3" / "shards" / "0.shard"))).pairs()
     assert len(got) == 300 and ("img-a", "key") not in got

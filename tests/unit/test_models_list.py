@@ -11,7 +11,7 @@ from sluice import modelid
 from sluice.input.manifest import _pydantic_reasons
 from sluice.models import Manifest, ModelSpec, RunPlan
 from sluice.ops.plan_report import facts_for
-from sluice.plan.layout import build_plan, layout
+from sluice.plan.layout import PlanInputs, build_plan, layout
 from sluice.preflight import Capacity, preflight
 from sluice.settings import Settings
 
@@ -69,17 +69,28 @@ def test_the_plan_holds_each_model_with_its_identity():
     manifest = _manifest([{"uri": "builtin:resnet50"}, {"uri": "s3://models-bucket/m/clip.pt", "name": "clip"}])
     lay = layout(10, manifest, 10_000)
     ids = [modelid.static_id("builtin:resnet50"), "s3etag:abc@v1"]
-    plan = build_plan(
+    plan = build_plan(PlanInputs(
         run_id="r", manifest=manifest, manifest_uri="s3://c/m.json", control_bucket="ctl",
         total_keys=10, duplicates=0, lay=lay, model_ids=ids,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert [(m.name, m.model_id) for m in plan.models] == [("resnet50", "builtin:resnet50@1"), ("clip", ids[1])]
     assert plan.multi_model and plan.output_dir(3, 1) == "s3://ctl/runs/r/output/model=clip/shard=3/"
-    single = build_plan(
+    single = build_plan(PlanInputs(
         run_id="r", manifest=_manifest({"uri": "builtin:resnet50"}), manifest_uri="s3://c/m.json",
         control_bucket="ctl", total_keys=10, duplicates=0, lay=lay,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert single.output_dir(3) == "s3://ctl/runs/r/output/shard=3/"  # one model: the layout it always had
+
+
+def test_build_plan_takes_plan_inputs_or_their_fields_as_keywords():
+    manifest = _manifest({"uri": "builtin:resnet50"})
+    fields = {"run_id": "r", "manifest": manifest, "manifest_uri": "s3://c/m.json", "control_bucket": "ctl",
+              "total_keys": 10, "duplicates": 2, "lay": layout(10, manifest, 10_000), "lineage": ["r0"]}  # fmt: skip
+    by_inputs, by_keywords = build_plan(PlanInputs(**fields)), build_plan(**fields)
+    assert by_inputs.model_dump(exclude={"created_at"}) == by_keywords.model_dump(exclude={"created_at"})
+    assert (by_inputs.duplicates, by_inputs.lineage) == (2, ["r0"])
+    with pytest.raises(TypeError, match="not both"):
+        build_plan(PlanInputs(**fields), run_id="other")
 
 
 def test_a_plan_written_before_model_lists_still_reads():
