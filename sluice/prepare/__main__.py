@@ -2,7 +2,8 @@
 
 Exit 0 when the worker wrote its result, bad input included (it is recorded in the result and
 rejects the run); exit 1 with a one-line error when it could not (an AWS error a retry will not
-fix, a transient one that outlived every retry, a missing or invalid spec): Batch retries it.
+fix, a transient one that outlived every retry, a spill file it cannot write, a missing or
+invalid spec): Batch retries it.
 """
 
 from __future__ import annotations

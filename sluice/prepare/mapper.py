@@ -1,18 +1,25 @@
 """Map worker w: read tasks[w::workers], validate every entry, route each key to its partition's part file.
 
-Each key goes, by partitions_of (sluice.prepare.mapparts), to one of R local spill files (shard format, unsorted blocks,
-bounded memory); then all R are uploaded (empty ones too, so a reducer never guesses) and the
-MapResult is written last: it is the worker's commit marker. The same input gives the same
-bytes, so a retried worker overwrites its parts with identical objects.
+Each key goes, by partitions_of (sluice.prepare.mapparts), to one of R local spill files (shard
+format, unsorted blocks, bounded memory); then all R are uploaded (empty ones too, so a reducer
+never guesses) and the MapResult is written last: it is the worker's commit marker. The same
+input gives the same bytes, so a retried worker overwrites its parts with identical objects.
+
+Bad input (an input object that does not exist or cannot be read included) is a problem in
+the MapResult, which rejects the run; a spill file that cannot be written (SpillError) or a
+transient S3 failure that outlived the retries is not the input's fault: the worker exits 1
+and Batch retries it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from sluice.aws.errors import AwsFatalError, Kind
 from sluice.contracts import InlineKeys, InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
@@ -21,7 +28,7 @@ from sluice.input.inventory import csv_keys, csv_versions, parquet_keys, parquet
 from sluice.paths import RunPaths
 from sluice.prepare import peak_rss_mb
 from sluice.prepare.keylist import map_keylist
-from sluice.prepare.mapparts import Parts, TaskProblems
+from sluice.prepare.mapparts import Parts, TaskProblems, spill_error
 from sluice.prepare.router import KeyRouter
 from sluice.prepare.store import PrepareStore
 from sluice.prepare.versions_map import VersionRouter, map_earlier
@@ -30,7 +37,7 @@ UPLOAD_THREADS = 8
 
 
 def _input_problem(exc: AwsFatalError, what: str) -> str:
-    """The rejection reason for an input object S3 will not give (sluice.input.manifest.s3_error's words)."""
+    """The rejection reason for an input object S3 will not give (sluice.input.sources.s3_error's words)."""
     failure = exc.failure
     if failure.kind is Kind.NOT_FOUND:
         return f"{what}: the bucket does not exist" if failure.code == "NoSuchBucket" else f"{what} does not exist"
@@ -49,7 +56,9 @@ def map_inventory(
 ) -> int:
     """Read each data file (gzip CSV or Parquet, via sluice.input.inventory); returns the keys it held.
 
-    `versions`: batches carry each key's object version too (an incremental run).
+    `versions`: batches carry each key's object version too (an incremental run). A file that
+    cannot be parsed is a problem (the run is rejected); what `emit_batch` raises (a spill
+    file that cannot be written: SpillError) is not the input's fault and fails the task.
     """
     rows = 0
     for key in task.keys:
@@ -60,28 +69,45 @@ def map_inventory(
         except AwsFatalError as exc:
             problems.add(_input_problem(exc, what))
             continue
+        read = functools.partial(_inventory_batches, task, data, uri, problems, versions)
+        for batch in _parsed(read, task, key, problems):
+            rows += len(batch[1])
+            emit_batch(*batch)
+    return rows
+
+
+def _inventory_batches(
+    task: InventoryFiles, data: bytes, uri: str, problems: TaskProblems, versions: bool
+) -> Iterator[tuple[Any, ...]]:
+    """The data file's batches: (bucket, keys), or (bucket, keys, versions) for an incremental run."""
+    csv_ = task.format == "CSV"
+    if versions:
+        return csv_versions(data, task.columns, uri, problems) if csv_ else parquet_versions(data, uri, problems)
+    return csv_keys(data, task.columns, uri, problems) if csv_ else parquet_keys(data, uri, problems)
+
+
+def _parsed(
+    read: Callable[[], Iterator[tuple[Any, ...]]], task: InventoryFiles, key: str, problems: TaskProblems
+) -> Iterator[tuple[Any, ...]]:
+    """What `read` yields until the file turns out unreadable, which becomes a problem.
+
+    Only reading is guarded: each batch is yielded outside the try, so what the consumer raises
+    while routing it (SpillError, an S3 failure) passes through untouched.
+    """
+    batches: Iterator[tuple[Any, ...]] | None = None
+    while True:
         try:
-            if versions:
-                csv_v = task.format == "CSV"
-                for bucket, keys, vs in (
-                    csv_versions(data, task.columns, uri, problems) if csv_v else parquet_versions(data, uri, problems)
-                ):
-                    rows += len(keys)
-                    emit_batch(bucket, keys, vs)
-                continue
-            batches = (
-                csv_keys(data, task.columns, uri, problems)
-                if task.format == "CSV"
-                else parquet_keys(data, uri, problems)
-            )
-            for bucket, keys in batches:
-                rows += len(keys)
-                emit_batch(bucket, keys)
+            batches = read() if batches is None else batches
+            batch = next(batches)
+        except StopIteration:
+            return
         except Rejection as exc:
             problems.add("; ".join(exc.reasons))
+            return
         except Exception as exc:  # pyarrow's errors (a damaged Parquet file), a schema without Bucket/Key
             problems.add(f"inventory file {key}: cannot be read as {task.format}: {type(exc).__name__}: {exc}")
-    return rows
+            return
+        yield batch
 
 
 def map_prefix(
@@ -133,7 +159,7 @@ def run_map(spec: PrepareSpec, worker: int, store: PrepareStore, *, spill_dir: s
     suffixes = tuple(s.lower() for s in spec.suffixes) if spec.suffixes else None
     problems = TaskProblems()
     mine = list(range(worker, len(spec.tasks), spec.workers))
-    with tempfile.TemporaryDirectory(prefix="sluice-map-", dir=spill_dir) as tmp:
+    with _spill_dir(spill_dir) as tmp:
         parts = Parts(tmp, spec.partitions)
         sink = KeyRouter(parts, problems, frozenset(spec.allowed_buckets), suffixes)
         vs = sink.versions = VersionRouter(os.path.join(tmp, "v"), spec, store) if spec.incremental else None
@@ -169,6 +195,14 @@ def run_map(spec: PrepareSpec, worker: int, store: PrepareStore, *, spill_dir: s
     )
     store.put(paths.map_result(worker), result.model_dump_json().encode(), content_type="application/json")
     return result
+
+
+def _spill_dir(parent: str | None) -> tempfile.TemporaryDirectory[str]:
+    """The worker's own folder for its part files, under `parent` (SLUICE_SPILL_DIR) or the system's temp dir."""
+    try:
+        return tempfile.TemporaryDirectory(prefix="sluice-map-", dir=parent)
+    except OSError as exc:
+        raise spill_error(parent or tempfile.gettempdir(), exc) from exc
 
 
 def _map_task(spec: PrepareSpec, t: int, store: PrepareStore, sink: KeyRouter) -> int:

@@ -8,9 +8,11 @@ counts what the shards hold.
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import io
 import json
+import os
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -20,10 +22,13 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from sluice.contracts import PrefixRange, PrepareSpec, PrepareTask, ReduceResult
+from sluice.aws.errors import AwsFatalError
+from sluice.contracts import InventoryFiles, PrefixRange, PrepareSpec, PrepareTask, ReduceResult
 from sluice.paths import RunPaths
+from sluice.prepare import mapparts
 from sluice.prepare.__main__ import main
 from sluice.prepare.collect import Collected, collect
+from sluice.prepare.mapparts import SpillError
 from sluice.prepare.mapper import run_map
 from sluice.prepare.reduceparts import PrepareError
 from sluice.prepare.reducer import run_reduce
@@ -371,3 +376,78 @@ def test_entry_point_exit_codes(s3, monkeypatch, capsys):
     assert "outside 0..1" in capsys.readouterr().err
     assert main(["map", "--spec", f"s3://{CTL}/nope.json"], store=store) == 1
     assert "NoSuchKey" in capsys.readouterr().err
+
+
+# ---- a local spill failure is the worker's, not the input's: the job fails, Batch retries it ----
+
+
+class FullDisk:
+    """Part files on a disk that fills up once: the first write past `room` bytes fails as the OS fails
+    it (ENOSPC); later writes succeed, as when another process frees space right after."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.failed = room, 0
+
+    def open(self, path: str, mode: str) -> Any:
+        disk, fh = self, open(path, mode)  # noqa: SIM115 - the code under test closes it
+
+        class File:
+            def write(self, data: bytes) -> int:
+                if not disk.failed and len(data) > disk.room:
+                    disk.failed += 1
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                disk.room -= len(data)
+                return int(fh.write(data))
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(fh, name)
+
+        return File()
+
+
+def inventory_spec(s3: Any, pairs: list[Pair]) -> PrepareSpec:
+    """One gzip CSV inventory data file holding `pairs`, as one map task."""
+    buf = io.StringIO()
+    csv.writer(buf).writerows([b, quote_plus(k), "1"] for b, k in pairs)
+    s3.put_object(Bucket=INPUT, Key="full/0.csv.gz", Body=gzip.compress(buf.getvalue().encode()))
+    task = InventoryFiles(bucket=INPUT, keys=["full/0.csv.gz"], format="CSV", columns=["Bucket", "Key", "Size"])
+    return spec_for([task], 1, 2, 500, root="runs/full/")
+
+
+def test_a_full_spill_disk_fails_the_map_worker_and_never_rejects_the_input(s3, monkeypatch, capsys):
+    pairs = make_pairs(1500, seed=12, dup_every=10**9)
+    spec = inventory_spec(s3, pairs)
+    store, paths = PrepareStore(s3), RunPaths(spec.root)
+    # Part files are written while the inventory is read once FLUSH_BUDGET keys wait in memory (a
+    # budget of 512 here instead of 262,144); their disk has room for the shard headers only, once.
+    monkeypatch.setattr(mapparts, "FLUSH_BUDGET", 512)
+    disk = FullDisk(room=64)
+    monkeypatch.setattr(mapparts, "open", disk.open, raising=False)
+    with pytest.raises(SpillError, match=r"cannot write the spill file .*/[01]\.part: No space left on device"):
+        run_map(spec, 0, store)
+    assert disk.failed == 1
+    with pytest.raises(AwsFatalError, match="NoSuchKey"):  # no MapResult: nothing records a rejection
+        store.get(paths.map_result(0))
+    spec_uri = paths.prepare_spec
+    store.put(spec_uri, spec.model_dump_json().encode())
+    monkeypatch.setattr(mapparts, "open", FullDisk(room=64).open, raising=False)
+    assert main(["map", "--spec", spec_uri], store=store) == 1  # Batch retries the job
+    err = capsys.readouterr().err
+    assert "sluice-prepare map: error: cannot write the spill file" in err and "(errno 28)" in err
+    monkeypatch.undo()  # the retry, on a disk with room
+    res = run_map(spec, 0, store)
+    assert (res.problem_count, res.keys_in) == (0, len(pairs))
+
+
+def test_an_unwritable_spill_dir_fails_the_map_worker(s3, tmp_path, monkeypatch, capsys):
+    spec = inventory_spec(s3, make_pairs(50, seed=13))
+    not_a_dir = tmp_path / "spill"
+    not_a_dir.write_text("a file where the spill directory should be")
+    with pytest.raises(SpillError, match=f"cannot write the spill file {not_a_dir}: Not a directory"):
+        run_map(spec, 0, PrepareStore(s3), spill_dir=str(not_a_dir))
+    store = PrepareStore(s3)
+    spec_uri = RunPaths(spec.root).prepare_spec
+    store.put(spec_uri, spec.model_dump_json().encode())
+    monkeypatch.setenv("SLUICE_SPILL_DIR", str(not_a_dir))
+    assert main(["map", "--spec", spec_uri], store=store) == 1
+    assert "Not a directory (errno 20)" in capsys.readouterr().err
