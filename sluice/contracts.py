@@ -546,7 +546,7 @@ class PrepareSpec(_Written):
     max_keys: int
     input_keys_estimate: int = 0
     tasks: list[PrepareTask]
-    # An incremental run (input.since_run; sluice.incremental): the map workers also learn each key's
+    # An incremental run (input.since_run; sluice.prepare.versions_map): the map workers also learn each key's
     # object version and read the earlier output (worker w takes earlier[w::workers]); the reducers
     # leave out the keys whose newest earlier record matches for every model.
     since_run: str | None = None
@@ -583,7 +583,7 @@ class MapResult(_Written):
 
 
 class VersionCounts(_Written):
-    """What a map worker of an incremental run learned about object versions (sluice.incremental)."""
+    """What a map worker of an incremental run learned about object versions (sluice.prepare.versions_map)."""
 
     partition_records: list[int] = Field(description="Version records routed to each partition (current + earlier).")
     listed: int = Field(default=0, description="Current versions from the listing's or the inventory's ETags.")

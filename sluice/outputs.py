@@ -1,6 +1,6 @@
 """The output records: one Parquet row per embedded key, with what a search index needs to upsert.
 
-Columns (docs/output.md):
+Columns (docs/worker.md, "Output and the commit protocol"):
     key            string    s3://bucket/key of the image
     embedding      fixed_size_list<float16|float32>[dim], L2-normalised
     model          string    the model's name (PlannedModel.name)

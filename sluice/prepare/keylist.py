@@ -1,4 +1,4 @@
-"""A map worker's key-list range: the lines that start in it, read and checked as sluice.input.manifest does."""
+"""A map worker's key-list range: the lines that start in it, read and checked as sluice.input.sources does."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ _URI_LINE = re.compile(
 )
 # Characters sluice.aws.s3uri.bad_char refuses, less \n (the batch's separator) and a \r ending a line (CRLF).
 _DIRTY = re.compile(r"[\x00-\x09\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]|\r(?!\n|\Z)")
-_SLOW = ("", "", "")  # a line the batch path leaves to sluice.input.manifest's checks
+_SLOW = ("", "", "")  # a line the batch path leaves to sluice.input.sources' checks
 _BARE = "\0bare"  # stands for the default bucket (never a bucket name: it has a NUL)
 
 
@@ -152,7 +152,7 @@ def _txt_batch(
     A line is plain when keylist_entries and entry_to_pair would return it unchanged: an
     s3:// URI whose bucket is_bucket_name accepts (or a bare key, given a default bucket, with no
     "://"), a key of 1..256 characters not ending in "/" or "\\r" and not all blanks. Anything
-    else goes through sluice.input.manifest's own functions, with its line number, for their reasons.
+    else goes through sluice.input.sources' own functions, with its line number, for their reasons.
     """
     joined = "\n".join(batch)
     dirty = _DIRTY.search(joined) is not None  # a control character (or a surrogate): line by line
@@ -206,12 +206,12 @@ def _fast_pair(entry: str, bucket: str | None, default: str | None, good: set[st
         return None
     b2 = default if bucket is None else bucket
     if b2 in good and "://" not in entry and entry and not entry.endswith("/") and len(entry) <= SHORT_KEY:
-        return b2, entry  # "://" absent: not a URL (sluice.input.manifest._SCHEME needs it)
+        return b2, entry  # "://" absent: not a URL (sluice.input.sources._SCHEME needs it)
     return None
 
 
 def _slow_pair(entry: str, bucket: str | None, default: str | None, problems: TaskProblems) -> tuple[str, str] | None:
-    """sluice.input.manifest's checks with its reasons (as keylist_pairs does, with the line left to collect)."""
+    """sluice.input.sources' checks with their reasons (as keylist_pairs does, with the line left to collect)."""
     if entry.startswith("\0"):
         problems.add(f"{WHERE}: {entry[1:]}")
         return None

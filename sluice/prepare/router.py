@@ -13,10 +13,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class KeyRouter:
-    """Where valid keys go: the suffix and allowed-bucket filters (as sluice.input.manifest.iter_keys), then Parts.
+    """Where valid keys go: the suffix and allowed-bucket filters (as sluice.input.keys.iter_keys), then Parts.
 
     An incremental run's sink also hands each key's current object version to `versions`: the
-    listing's or inventory's when the batch carries them, else a HEAD (sluice.incremental).
+    listing's or inventory's when the batch carries them, else a HEAD (sluice.prepare.versions_map).
     """
 
     parts: Parts

@@ -1,6 +1,6 @@
 """A map worker's part of an incremental run: current object versions and the earlier output, as version records.
 
-Records go to 2R spill files (sluice.prepare.router.Parts): file r holds partition r's current
+Records go to 2R spill files (sluice.prepare.mapparts.Parts): file r holds partition r's current
 versions, file R + r its earlier rows, so a reducer reads every current version before any
 earlier row and keeps only the earlier rows of keys it has. Both are routed by partitions_of
 of the key, so a key and every record about it meet in one reducer.

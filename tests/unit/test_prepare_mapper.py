@@ -1,4 +1,4 @@
-"""A map worker reads a key list exactly as sluice.input.manifest does: same keys, same reasons, same line numbers."""
+"""A map worker reads a key list exactly as sluice.input.sources does: same keys, same reasons, same line numbers."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
 
 
 class AllProblems(Problems):
-    """sluice.input.manifest.Problems that keeps every reason and never stops the scan."""
+    """sluice.input.sources.Problems that keeps every reason and never stops the scan."""
 
     def add(self, reason: str) -> None:
         self.count += 1
@@ -73,7 +73,7 @@ def test_map_reads_a_key_list_as_the_manifest_lambda_does(keylist, default):
     want_problems = AllProblems()
     try:
         want: list[tuple[str, str]] | None = sorted(keylist_pairs([data], uri, fmt, default, want_problems))
-    except csv.Error:  # sluice.input.manifest lets this escape; a map worker records it as the line's problem
+    except csv.Error:  # sluice.input.sources lets this escape; a map worker records it as the line's problem
         want = None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, uri)
