@@ -294,7 +294,8 @@ def test_worker_writes_only_under_runs_and_to_its_amp_workspace() -> None:
     listings = [(r, cond) for a, r, cond in grants if a == "s3:ListBucket"]
     assert listings, "the worker lists its run's prefix"
     for resource, cond in listings:
-        assert resource == "${ControlBucket.Arn}" and cond == {"StringLike": {"s3:prefix": "runs/*"}}
+        # runs/: its own run's files; models/: to tell a missing model sidecar from a denied one
+        assert resource == "${ControlBucket.Arn}" and cond == {"StringLike": {"s3:prefix": ["runs/*", "models/*"]}}
 
 
 def test_functions_cannot_read_images() -> None:
