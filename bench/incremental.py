@@ -21,7 +21,7 @@ submit step's placement of the staged shards, sluice.prepare.versions_reduce.pla
 Baseline: the same input prepared without since_run, which sends every key to the GPUs. Both
 run the real run_map / run_reduce, one fresh process per worker (its peak RSS is its own), at
 most one per CPU at a time, against the same server. The spec is built here as the manifest
-Lambda builds it (sluice.control.staging._route_incremental: workers, partitions, the earlier output
+Lambda builds it (sluice.control.route._incremental: workers, partitions, the earlier output
 as tasks via sluice.control.lineage.Lineage); the Lambda's checks of the earlier run
 (ledger, plan) are not run. The bench checks the result (the skipped count and the exact set
 of keys in the shards) and prints FAIL and exits 1 when it is wrong.
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         def spec(run_id: str, incremental: bool) -> PrepareSpec:
             load = max(len(current), n) if incremental else len(current)
             extra: dict[str, Any] = {}
-            if incremental:  # as sluice.control.staging._route_incremental builds it
+            if incremental:  # as sluice.control.route._incremental builds it
                 extra = {
                     "since_run": "full-a",
                     "lineage": ["full-a"],

@@ -8,6 +8,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from sluice.contracts import UploadItem
 from sluice.control.coordinator import handle_upload
 from sluice.log import logger
 
@@ -16,7 +17,7 @@ from sluice.log import logger
 @event_parser(model=S3EventNotificationEventBridgeModel)
 def handler(event: S3EventNotificationEventBridgeModel, context: LambdaContext) -> dict[str, Any]:
     obj = event.detail.object
-    outcome = handle_upload(
-        event.detail.bucket.name, obj.key, version_id=obj.version_id, etag=obj.etag, sequencer=obj.sequencer
+    upload = UploadItem(
+        bucket=event.detail.bucket.name, key=obj.key, version_id=obj.version_id, etag=obj.etag, sequencer=obj.sequencer
     )
-    return outcome.as_dict()
+    return handle_upload(upload).as_dict()

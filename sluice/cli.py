@@ -188,7 +188,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     """Settle runs whose Batch events stopped: what the 5-minute sweep does, now."""
-    from sluice.control.completion import Context
+    from sluice.control.context import Context
     from sluice.control.reconcile import reconcile
     from sluice.settings import Settings
 

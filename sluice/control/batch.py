@@ -7,7 +7,7 @@ SubmissionError whose message says what to fix. The retry strategy is sluice.con
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -16,6 +16,9 @@ from sluice.control.policy import PREPARE_TIMEOUT_S, prepare_retry_strategy, ret
 from sluice.errors import RetriableError, SubmissionError
 from sluice.models import JobLayout, RunPlan
 from sluice.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_batch import BatchClient
 
 RUN_TAG = "sluice:run-id"
 
@@ -92,7 +95,7 @@ def prepare_request(
 class BatchAdapter:
     """Submits the jobs of a plan; the boto3 Batch client is injected or created lazily."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: BatchClient) -> None:
         self._client = client
 
     def submit(

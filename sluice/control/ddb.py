@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
@@ -22,6 +22,10 @@ from pydantic import BaseModel
 
 from sluice.aws.errors import AwsFailure, AwsFatalError, Kind, classify, translate
 from sluice.errors import RetriableError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import TransactWriteItemTypeDef
 
 _ser, _de = TypeSerializer(), TypeDeserializer()
 TRANSACT_TRIES = 8  # first try included; then RetriableError (the invocation is retried)
@@ -72,7 +76,7 @@ def _count(what: str) -> None:
 class Table:
     """One DynamoDB table behind an injected (or lazily created) boto3 client."""
 
-    def __init__(self, client: Any, table: str) -> None:
+    def __init__(self, client: DynamoDBClient, table: str) -> None:
         self._client = client
         self._table = table
 
@@ -81,7 +85,7 @@ class Table:
         return self._table
 
     @property
-    def client(self) -> Any:
+    def client(self) -> DynamoDBClient:
         return self._client
 
     def call(self, op: str, **kwargs: Any) -> Any:
@@ -119,7 +123,7 @@ class Table:
     def _transact_once(self, items: list[dict[str, Any]]) -> str | bool | None:
         """None: written; False: a condition failed; a string: the transient reasons (try again)."""
         try:
-            self._client.transact_write_items(TransactItems=items)
+            self._client.transact_write_items(TransactItems=cast("list[TransactWriteItemTypeDef]", items))
             return None
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":

@@ -139,25 +139,29 @@ class Ledger(Table):
         raw = resp.get("Item")
         return RunItem.model_validate(values(raw)) if raw else None
 
-    def claim_outbox(self, run_id: str, detail_type: str, *, lease_s: int = 60, now: float | None = None) -> bool:
-        """Take the right to publish the pending event; False when another invocation holds it or it is gone.
+    def claim_outbox(self, run_id: str, *, lease_s: int = 60, now: float | None = None) -> OutboxEvent | None:
+        """Take the right to publish the pending event: the event the item holds now, or None when
+        there is none or another invocation holds it.
 
         Concurrent invocations see the same pending event: only the holder publishes, so each
         event goes out once unless its publisher dies between publishing and clearing.
         """
         now = time.time() if now is None else now
         try:
-            self.call(
+            resp = self.call(
                 "update_item",
                 Key=item({"pk": run_id, "sk": RUN_SK}),
                 UpdateExpression="SET outbox.claimed_until = :until",
-                ConditionExpression="outbox.detail_type = :dt AND "
+                ConditionExpression="attribute_exists(outbox.detail_type) AND "
                 "(attribute_not_exists(outbox.claimed_until) OR outbox.claimed_until < :now)",
-                ExpressionAttributeValues=item({":dt": detail_type, ":until": int(now + lease_s), ":now": int(now)}),
+                ExpressionAttributeValues=item({":until": int(now + lease_s), ":now": int(now)}),
+                # The event as the item holds it at the claim, not as the caller last read it. A
+                # return value costs no read capacity (DynamoDB UpdateItem API reference).
+                ReturnValues="ALL_NEW",
             )
         except ClientError:
-            return False
-        return True
+            return None
+        return OutboxEvent.model_validate(values(resp["Attributes"])["outbox"])
 
     def release_outbox(self, run_id: str, detail_type: str) -> None:
         """Give up the claim after a failed publish, so the next delivery publishes at once."""

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -26,6 +26,9 @@ from sluice.control.ledger import TTL_DAYS, Ledger
 from sluice.errors import Rejection
 from sluice.models import Manifest, RunPlan
 from sluice.paths import RunPaths
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 MAX_RETRY_PASSES = 3  # Manifest.retry_failed's maximum: plan-retry-1..3.json
@@ -84,7 +87,7 @@ class Lineage:
         ]
 
 
-def _read_plan(s3: Any, uri: str, why: str) -> RunPlan | str:
+def _read_plan(s3: S3Client, uri: str, why: str) -> RunPlan | str:
     """The plan at `uri`, or the reason it cannot be used (`why` says whose plan it is)."""
     try:
         raw = read_if_exists(s3, uri)
@@ -135,7 +138,7 @@ def _epoch(iso: str) -> float | None:
         return None  # "standalone" plans written by hand
 
 
-def _shards(s3: Any, root: RunPaths, plan: RunPlan, row: RunItem | None) -> int:
+def _shards(s3: S3Client, root: RunPaths, plan: RunPlan, row: RunItem | None) -> int:
     """Shards of every pass: the RUN item's passes, else the newest retry plan's n_shards (first + retried)."""
     if row is not None and row.passes:
         return row.total_shards
@@ -148,13 +151,22 @@ def _shards(s3: Any, root: RunPaths, plan: RunPlan, row: RunItem | None) -> int:
     return shards
 
 
-def _earlier(
-    run_id: str, control: str, s3: Any, ledger: Ledger | None, *, why: str, check: bool, now: float
-) -> EarlierRun:
+@dataclass(frozen=True)
+class _Reader:
+    """Where the lineage's runs are read: the control bucket, and the runs table when it is checked."""
+
+    control: str
+    s3: S3Client
+    ledger: Ledger | None
+    now: float
+
+
+def _earlier(reader: _Reader, run_id: str, *, why: str, check: bool) -> EarlierRun:
     """One run of the lineage, read and (for input.since_run itself: `check`) checked to be finished."""
-    root = RunPaths.in_bucket(control, run_id)
+    root = RunPaths.in_bucket(reader.control, run_id)
+    ledger = reader.ledger
     row = ledger.get(run_id) if ledger is not None else None
-    plan = _read_plan(s3, root.plan, why)
+    plan = _read_plan(reader.s3, root.plan, why)
     if isinstance(plan, str):
         if row is None and ledger is not None and check:
             plan = (
@@ -164,14 +176,14 @@ def _earlier(
         elif row is not None and row.status == RunStatus.REJECTED:
             plan = f"input.since_run: run {run_id!r} was rejected and wrote no output: name a run that succeeded"
         raise Rejection(plan)
-    problem = _unfinished(run_id, row, plan, ledger, now) if check else None
+    problem = _unfinished(run_id, row, plan, ledger, reader.now) if check else None
     if problem:
         raise Rejection(problem)
-    return EarlierRun(run_id, plan, _shards(s3, root, plan, row))
+    return EarlierRun(run_id, plan, _shards(reader.s3, root, plan, row))
 
 
 def resolve(
-    manifest: Manifest, run_id: str, control: str, s3: Any, ledger: Ledger | None, *, now: float | None = None
+    manifest: Manifest, run_id: str, control: str, s3: S3Client, ledger: Ledger | None, *, now: float | None = None
 ) -> Lineage:
     """input.since_run and its lineage, checked (Rejection says which field and what to do).
 
@@ -182,8 +194,8 @@ def resolve(
         raise ValueError("not an incremental manifest")
     if since == run_id:
         raise Rejection(f"input.since_run: {since!r} is this run itself: name an earlier, finished run")
-    at = time.time() if now is None else now
-    first = _earlier(since, control, s3, ledger, why=f"run {since!r}", check=True, now=at)
+    reader = _Reader(control, s3, ledger, time.time() if now is None else now)
+    first = _earlier(reader, since, why=f"run {since!r}", check=True)
     ids = [since, *first.plan.lineage]
     if len(ids) > MAX_LINEAGE:
         raise Rejection(
@@ -194,8 +206,7 @@ def resolve(
     if len(set(ids)) != len(ids) or run_id in ids:
         raise Rejection(f"input.since_run: the lineage of {since!r} names a run twice ({', '.join(ids)})")
     runs = [first] + [
-        _earlier(rid, control, s3, ledger, why=f"run {rid!r} (in the lineage of {since!r})", check=False, now=at)
-        for rid in ids[1:]
+        _earlier(reader, rid, why=f"run {rid!r} (in the lineage of {since!r})", check=False) for rid in ids[1:]
     ]
     mine = manifest.output.prefix or RunPaths.in_bucket(control, run_id).output_prefix
     for r in runs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -10,13 +10,17 @@ from sluice.aws.errors import translate
 from sluice.contracts import EventDetail
 from sluice.errors import RetriableError
 
+if TYPE_CHECKING:
+    from mypy_boto3_events import EventBridgeClient
+    from mypy_boto3_events.type_defs import PutEventsRequestEntryTypeDef
+
 SOURCE = "sluice"
 
 
 class EventPublisher:
     """put_events wrapper; a failed entry is retriable (the caller's invocation is retried)."""
 
-    def __init__(self, client: Any, bus: str) -> None:
+    def __init__(self, client: EventBridgeClient, bus: str) -> None:
         self._client = client
         self._bus = bus
 
@@ -27,7 +31,7 @@ class EventPublisher:
         (a missing bus, a missing permission).
         """
         detail_type = detail.detail_type
-        entry = {
+        entry: PutEventsRequestEntryTypeDef = {
             "Source": SOURCE,
             "DetailType": detail_type,
             "Detail": detail.model_dump_json(),

@@ -9,7 +9,8 @@ and their result.json, exactly as their events would have settled them; a pendin
 announcement is published; a run whose jobs are all terminal and shards all settled is
 concluded. The grace keeps the sweep from racing events that are merely late, so event
 order alone still decides every run whose events all arrive. A PREPARING run whose
-prepare jobs ended is submitted, rejected or failed as their events would have done.
+prepare jobs ended is submitted, rejected or failed as their events would have done. The
+sweep decides and publishes where the events do (sluice.control.completion.decide).
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import translate
-from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import JobLayoutItem, JobStatus, RunItem, RunStatus
-from sluice.control import outbox, staging
-from sluice.control.completion import Context, maybe_conclude, read_result
+from sluice.control import prepared
+from sluice.control.completion import decide, read_result
+from sluice.control.context import Context, run_paths
 from sluice.control.verdict import settle_shard
 from sluice.log import logger
-from sluice.paths import RunPaths
 
 GRACE_S = 900  # a job terminal this long whose shards lack terminal events: settle them from Batch
 LOOKBACK_S = 15 * 86400  # runs created this recently are swept (job timeouts are at most 14 days)
@@ -65,7 +65,7 @@ def reconcile(
 
 def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> Reconciled:
     out = Reconciled(run.run_id, run.status.value)
-    published = outbox.deliver(ctx.ledger, ctx.events, run)
+    published = decide(ctx, run, ends=()).published  # no ends: only what was pending goes out, first
     if published:
         out.actions.append(f"published {published}")
     if run.status in (RunStatus.PLANNING, RunStatus.RELEASED) and (run.lease_until or 0) < now:
@@ -76,31 +76,39 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
         out.actions.append("stranded in planning (redrive the manifest dead-letter queue)")
     if run.status == RunStatus.PREPARING:
         # Safe without a grace: the submit step is leased and every transition conditional.
-        decided = staging.reconcile_preparing(run, ctx.settings, ctx.clients, lambda ids: _describe(ctx, ids))
+        decided = decide(ctx, run, prepared.ends(run, lambda ids: _describe(ctx, ids))).decided
         if decided:
             out.actions.append(f"prepare ended without its event: {decided}")
         return out
     expired = run.status == RunStatus.FINALIZING and (run.lease_until or 0) < now
     if not (run.status.active or expired) or not run.jobs:
         return out
-    jobs = _describe(ctx, [j.id for j in run.jobs])
-    settled = {s.shard for s in ctx.records.shard_items(run.run_id) if s.terminal}
-    for job in run.jobs:
-        desc = jobs.get(job.id)
-        status = JobStatus(desc["status"]) if desc else None
-        if status is None or not status.terminal:
-            continue
-        if ctx.records.record_job_terminal(run.run_id, job.id, status, desc.get("statusReason")):  # type: ignore[union-attr]
-            out.actions.append(f"job {job.id} {status.value} (its event was missing)")
-        stopped = int(desc.get("stoppedAt") or 0) / 1000  # type: ignore[union-attr]
-        missing = [i for i in range(job.shard_offset, job.shard_offset + job.shard_count) if i not in settled]
-        if missing and now - stopped >= grace_s:
-            n = _settle_from_batch(ctx, run, job, desc, missing)  # type: ignore[arg-type]
-            out.actions.append(f"settled {n} shard(s) of job {job.id} from Batch")
-    concluded = maybe_conclude(ctx, run.run_id, now=now)
+    out.actions += _settle_missing(ctx, run, now=now, grace_s=grace_s)
+    fresh = ctx.ledger.get(run.run_id)  # read again: the sweep's own writes (jobs_done) changed it
+    concluded = decide(ctx, fresh, now=now).decided if fresh is not None else None
     if concluded:
         out.actions.append(f"concluded: {concluded}")
     return out
+
+
+def _settle_missing(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> list[str]:
+    """Count terminal jobs whose events never came; settle their shards still lacking one after the grace."""
+    actions = []
+    jobs = _describe(ctx, [j.id for j in run.jobs or []])
+    settled = {s.shard for s in ctx.records.shard_items(run.run_id) if s.terminal}
+    for job in run.jobs or []:
+        desc = jobs.get(job.id)
+        status = JobStatus(desc["status"]) if desc else None
+        if desc is None or status is None or not status.terminal:
+            continue
+        if ctx.records.record_job_terminal(run.run_id, job.id, status, desc.get("statusReason")):
+            actions.append(f"job {job.id} {status.value} (its event was missing)")
+        stopped = int(desc.get("stoppedAt") or 0) / 1000
+        missing = [i for i in range(job.shard_offset, job.shard_offset + job.shard_count) if i not in settled]
+        if missing and now - stopped >= grace_s:
+            n = _settle_from_batch(ctx, run, job, desc, missing)
+            actions.append(f"settled {n} shard(s) of job {job.id} from Batch")
+    return actions
 
 
 def _describe(ctx: Context, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -144,7 +152,7 @@ def _children(ctx: Context, job: JobLayoutItem) -> dict[int, dict[str, Any]]:
 def _settle_from_batch(ctx: Context, run: RunItem, job: JobLayoutItem, desc: dict[str, Any], shards: list[int]) -> int:
     """Settle shards whose terminal events never came, from Batch's view of them and result.json."""
     children = _children(ctx, job)
-    paths = RunPaths.in_bucket(parse_s3_uri(str(run.plan_uri))[0], run.run_id)
+    paths = run_paths(run)
     n = 0
     for shard in shards:
         # A child Batch does not list falls back to its job's own terminal state.

@@ -1,6 +1,6 @@
 """An incremental run's input as the prepare stage reads it: inline keys as tasks, inputs that name no versions.
 
-Every since_run manifest goes to the prepare stage (sluice.control.staging.route), so inputs the
+Every since_run manifest goes to the prepare stage (sluice.control.route), so inputs the
 manifest Lambda would plan itself need tasks too (inline keys), and an input the prepare
 stage cannot size is rejected here with the words the Lambda path would use.
 """

@@ -4,7 +4,7 @@ Reducer r reads the current versions of its partition from every map worker, the
 earlier records (sluice.prepare.skip.Skipper keeps only those of keys it has), and
 leaves out the keys to skip before cutting its shards. How many shards it fills is known only
 then, so an array run's reducers write them under prepare/reduce/<r>/<j>.shard and the submit
-step (sluice.control.staging, after every reducer) numbers them in partition order and copies
+step (sluice.control.prepared, after every reducer) numbers them in partition order and copies
 them to shards/<i>.shard, server-side (place_shards). A multinode run keeps one shard per
 partition (= node): shard r.
 """

@@ -33,6 +33,22 @@ def test_a_field_outside_the_run_item_contract_is_refused(aws, stack):
     assert ledger.get("r2").status is RunStatus.PLANNING
 
 
+def test_the_outbox_claim_returns_the_event_the_item_holds_and_is_held_once(aws, stack):
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    assert ledger.claim("r3", "s3://b/manifests/z.json")
+    assert ledger.claim_outbox("r3", now=1_000) is None  # nothing pending
+    first = RunProgress(run_id="r3", shards_done=0, shards_failed=0, shards_total=2)
+    ledger.mark_submitted("r3", {"shards": 2}, first)
+    held = ledger.claim_outbox("r3", now=1_000)
+    assert held is not None and held.detail_type == "Run Progress" and held.detail == first.model_dump_json()
+    assert ledger.claim_outbox("r3", now=1_030) is None  # held for 60 s by the first claimant
+    ledger.release_outbox("r3", "Run Progress")
+    again = ledger.claim_outbox("r3", now=1_031)
+    assert again is not None and again.detail == first.model_dump_json()
+    ledger.clear_outbox("r3", "Run Progress")
+    assert ledger.get("r3").outbox is None and ledger.claim_outbox("r3", now=2_000) is None
+
+
 def test_a_missing_table_is_fatal_with_advice_not_retried(aws, stack):
     ledger = Ledger(aws.dynamodb, "no-such-table")
     with pytest.raises(AwsFatalError, match=r"ResourceNotFoundException.*check that it exists"):

@@ -6,7 +6,7 @@ import json
 import time
 
 from sluice.contracts import RunStatus
-from sluice.control.completion import Context
+from sluice.control.context import Context
 from sluice.control.ledger import Ledger
 from sluice.control.reconcile import reconcile
 from sluice.settings import Settings

@@ -326,7 +326,7 @@ def test_functions_write_only_under_runs() -> None:
     assert retry == {
         f"{CONTROL}/runs/*/shards/*",
         f"{CONTROL}/runs/*/plan-retry-*",
-        f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.control.staging)
+        f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.control.prepared)
     }, "retry pass and prepared plan only"
 
 
