@@ -41,7 +41,7 @@ from sluice.control.route import ToPrepare
 from sluice.errors import Rejection
 from sluice.log import logger
 from sluice.models import Manifest, RunPlan
-from sluice.plan.layout import Layout, build_plan, job_layouts
+from sluice.plan.layout import Layout, PlanInputs, build_plan, job_layouts
 from sluice.preflight import Capacity
 from sluice.prepare.collect import Collected, collect
 from sluice.prepare.store import PrepareStore
@@ -176,17 +176,19 @@ def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> R
     kps = spec.keys_per_shard if mode == "array" else max(1, math.ceil(got.unique_keys / spec.nodes))
     lay = Layout(got.n_shards, kps, job_layouts(got.n_shards, mode, ctx.settings.max_array_size))
     plan = build_plan(
-        run_id=req.run_id,
-        manifest=req.manifest,
-        manifest_uri=req.manifest_uri,
-        control_bucket=req.control_bucket,
-        total_keys=got.unique_keys,
-        duplicates=got.duplicates,
-        lay=lay,
-        images_per_gpu_s=Capacity.from_settings(ctx.settings).rate,
-        model_ids=list(req.model_ids) or None,
-        lineage=spec.lineage,
-        skipped=got.skipped,
+        PlanInputs(
+            run_id=req.run_id,
+            manifest=req.manifest,
+            manifest_uri=req.manifest_uri,
+            control_bucket=req.control_bucket,
+            total_keys=got.unique_keys,
+            duplicates=got.duplicates,
+            lay=lay,
+            images_per_gpu_s=Capacity.from_settings(ctx.settings).rate,
+            model_ids=list(req.model_ids) or None,
+            lineage=spec.lineage,
+            skipped=got.skipped,
+        )
     )
     put_object(ctx.clients.s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
     return plan

@@ -30,7 +30,7 @@ from sluice.input.keys import iter_keys
 from sluice.log import logger
 from sluice.models import Manifest, RunPlan
 from sluice.paths import SCRATCH_TAG
-from sluice.plan.layout import build_plan, layout
+from sluice.plan.layout import PlanInputs, build_plan, layout
 from sluice.plan.scan import scan, write_shards
 from sluice.preflight import Capacity
 from sluice.prepare import split
@@ -215,15 +215,17 @@ def plan_here(ctx: Context, req: RunRequest) -> RunPlan:
     with scan(keys, max_keys=settings.max_keys, spill_dir=settings.spill_dir, lambda_cap=cap) as sc:
         lay = layout(sc.unique_keys, manifest, settings.max_array_size)
         plan = build_plan(
-            run_id=req.run_id,
-            manifest=manifest,
-            manifest_uri=req.manifest_uri,
-            control_bucket=req.control_bucket,
-            total_keys=sc.unique_keys,
-            duplicates=sc.duplicates,
-            lay=lay,
-            images_per_gpu_s=Capacity.from_settings(settings).rate,
-            model_ids=list(req.model_ids),
+            PlanInputs(
+                run_id=req.run_id,
+                manifest=manifest,
+                manifest_uri=req.manifest_uri,
+                control_bucket=req.control_bucket,
+                total_keys=sc.unique_keys,
+                duplicates=sc.duplicates,
+                lay=lay,
+                images_per_gpu_s=Capacity.from_settings(settings).rate,
+                model_ids=list(req.model_ids),
+            )
         )
         write_shards(sc, lay, lambda i, data: put_object(s3, plan.shard_uri(i), data, tagging=SCRATCH_TAG))
     put_object(s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")

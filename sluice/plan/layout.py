@@ -6,7 +6,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypedDict, Unpack
 
 from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan
 from sluice.paths import RunPaths
@@ -62,36 +61,8 @@ class PlanInputs:
     skipped: Mapping[str, int] | None = None  # an incremental run's keys left out, by reason (RunPlan.skipped)
 
 
-class PlanFields(TypedDict, total=False):
-    """PlanInputs' fields as keywords: build_plan's earlier call shape (see build_plan)."""
-
-    run_id: str
-    manifest: Manifest
-    manifest_uri: str
-    control_bucket: str
-    total_keys: int
-    duplicates: int
-    lay: Layout
-    images_per_gpu_s: float | None
-    model_ids: Sequence[str] | None
-    lineage: Sequence[str]
-    skipped: Mapping[str, int] | None
-
-
-def build_plan(inputs: PlanInputs | None = None, /, **fields: Unpack[PlanFields]) -> RunPlan:
-    """The plan.json a worker reads, from `inputs` (PlanInputs documents each field).
-
-    build_plan(run_id=..., manifest=..., ...) is build_plan(PlanInputs(run_id=..., manifest=..., ...)):
-    the keyword form sluice.control's coordinator and staging use, kept until they pass a PlanInputs.
-    """
-    if inputs is None:
-        inputs = PlanInputs(**fields)
-    elif fields:
-        raise TypeError("build_plan takes a PlanInputs or its fields as keywords, not both")
-    return _plan(inputs)
-
-
-def _plan(i: PlanInputs) -> RunPlan:
+def build_plan(i: PlanInputs) -> RunPlan:
+    """The plan.json a worker reads (PlanInputs documents each field)."""
     manifest, lay = i.manifest, i.lay
     root = RunPaths.in_bucket(i.control_bucket, i.run_id)
     gpus = max(1, manifest.job.gpus_per_node)

@@ -82,17 +82,6 @@ def test_the_plan_holds_each_model_with_its_identity():
     assert single.output_dir(3) == "s3://ctl/runs/r/output/shard=3/"  # one model: the layout it always had
 
 
-def test_build_plan_takes_plan_inputs_or_their_fields_as_keywords():
-    manifest = _manifest({"uri": "builtin:resnet50"})
-    fields = {"run_id": "r", "manifest": manifest, "manifest_uri": "s3://c/m.json", "control_bucket": "ctl",
-              "total_keys": 10, "duplicates": 2, "lay": layout(10, manifest, 10_000), "lineage": ["r0"]}  # fmt: skip
-    by_inputs, by_keywords = build_plan(PlanInputs(**fields)), build_plan(**fields)
-    assert by_inputs.model_dump(exclude={"created_at"}) == by_keywords.model_dump(exclude={"created_at"})
-    assert (by_inputs.duplicates, by_inputs.lineage) == (2, ["r0"])
-    with pytest.raises(TypeError, match="not both"):
-        build_plan(PlanInputs(**fields), run_id="other")
-
-
 def test_a_plan_written_before_model_lists_still_reads():
     plan = RunPlan.standalone("r", "s3://ctl/runs/r/", n_shards=1, total_keys=1)
     old = json.loads(plan.model_dump_json())
