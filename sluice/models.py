@@ -412,4 +412,5 @@ def load_plan(read: Callable[[str], bytes], uri: str) -> RunPlan:
         ) from None
 
 
-SKIPPED_UNCHANGED = "unchanged"  # RunPlan.skipped's one reason
+SKIPPED_UNCHANGED = "unchanged"  # RunPlan.skipped's reasons: the key's row is of its current version
+SKIPPED_FAILED = "failed_before"  # ... its current bytes failed for their data before (docs/incremental.md)

@@ -63,6 +63,7 @@ def reduce_incremental(
     skipper = load_skipper(spec, partition, store, results)
     unique = sum(len(k) for _, k in groups)
     kept: Groups = [(b, ks) for b, ks in ((b, skipper.keep(b, keys)) for b, keys in groups) if ks]
+    skipped_failed = skipper.known_bad
     del skipper, groups
     n = sum(len(k) for _, k in kept)
     if spec.mode == "multinode":
@@ -76,7 +77,7 @@ def reduce_incremental(
     pieces = cut(kept, n, len(uris))
     return write_partition(
         spec, partition, store, uris, pieces, keys_in=keys_in, unique=unique, first=first, t0=t0,
-        skipped_unchanged=unique - n, staged=staged,
+        skipped_unchanged=unique - n - skipped_failed, skipped_failed=skipped_failed, staged=staged,
     )  # fmt: skip
 
 
