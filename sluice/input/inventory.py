@@ -32,6 +32,11 @@ from sluice.log import logger
 from sluice.paths import MANIFESTS_PREFIX
 from sluice.settings import MAX_INFLATE_RATIO, MAX_INFLATED_BYTES, Settings
 
+# A data file whose "line" is over the limit (binary, Parquet or ORC under a CSV report, damaged).
+NOT_CSV = (
+    "not a row of an inventory CSV file: the file is damaged, or not the gzip CSV its manifest.json's fileFormat "
+    "names (a Parquet or ORC report lists .parquet / .orc files)"
+)
 CHECKSUM_SUFFIX = ".checksum"
 OUT_CHUNK = 2**20  # decompressed bytes produced at a time
 SLACK = 2**20  # any file may inflate to this much, whatever its ratio
@@ -188,7 +193,7 @@ def csv_keys(
     """A gzip CSV data file's keys (URL-decoded, folder markers skipped); rows' problems name their line."""
     bi, ki = _columns(columns, name)
     chunks = [data] if isinstance(data, bytes | bytearray) else data
-    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
+    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name, what=NOT_CSV))
     good: set[str] = set()
 
     def pairs() -> Iterator[tuple[str, str]]:
@@ -353,7 +358,7 @@ def csv_versions(
     if fields is None:
         raise Rejection(no_etag_reason(f"inventory file {name}"))
     chunks = [data] if isinstance(data, bytes | bytearray) else data
-    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
+    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name, what=NOT_CSV))
     good: set[str] = set()
 
     def rows() -> Iterator[tuple[str, str, Version | None]]:

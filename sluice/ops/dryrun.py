@@ -7,6 +7,7 @@ in the reasons (the Lambda names its s3:// URI); a local key list is read from d
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -23,10 +24,11 @@ from sluice.ops.plan_report import facts_for
 from sluice.plan.layout import layout
 from sluice.plan.scan import scan
 from sluice.preflight import Capacity, preflight
-from sluice.preflight.checks import derived_timeout_s
+from sluice.preflight.checks import Check, derived_timeout_s
 from sluice.settings import Settings
 
 LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
+LISTING_ADVICE_KEYS = 10_000_000  # above this a prefix input should be an S3 Inventory report (docs/manifest.md)
 
 
 def _file_chunks(path: str, chunk: int = 8 * 2**20) -> Iterator[bytes]:
@@ -154,6 +156,18 @@ def _summary(source: str, manifest: Manifest, settings: Settings, scanned: dict[
     gpus = max(1, manifest.job.gpus_per_node)
     timeout = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, cap.rate)
     pf = preflight(facts_for(manifest, n, settings, timeout), cap)
+    if manifest.input.prefix and n > LISTING_ADVICE_KEYS:
+        pf.checks.append(
+            Check(
+                "prefix listing",
+                math.ceil(n / 1000),
+                LISTING_ADVICE_KEYS // 1000,
+                "warn",
+                "a prefix is listed 1,000 keys a request, one request after another within each listed range: "
+                "above about 10M objects use an S3 Inventory report (input.inventory; docs/manifest.md)",
+                "ListObjectsV2 requests",
+            )
+        )
     return {
         "manifest": source,
         "assumed": "buckets" not in scanned,
