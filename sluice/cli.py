@@ -35,7 +35,7 @@ def _s3() -> Any:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Dry run: the manifest Lambda's validation and key scan, then the layout; writes nothing to AWS."""
-    from sluice.ops.dryrun import dry_run
+    from sluice.ops.dryrun import DryRun, dry_run
     from sluice.settings import Settings
 
     settings = Settings.from_env()
@@ -46,9 +46,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     control = settings.control_bucket
     if control is None and args.manifest.startswith("s3://"):
         control = args.manifest[5:].split("/", 1)[0]  # a manifest already in its control bucket
-    summary = dry_run(
-        args.manifest, settings, _s3, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys
-    )
+    req = DryRun(args.manifest, settings, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys)
+    summary = dry_run(req, _s3)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -148,11 +147,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     path = Path(args.manifest)
     key = f"{MANIFESTS_PREFIX}{args.name or path.name}"
     if not args.no_validate:
-        from sluice.ops.dryrun import dry_run
+        from sluice.ops.dryrun import DryRun, dry_run
         from sluice.settings import Settings
 
         try:  # what the Lambda would reject is not uploaded (--no-validate skips this)
-            summary = dry_run(str(path), Settings.from_env(), _s3, name=key.rsplit("/", 1)[-1], control=args.bucket)
+            req = DryRun(str(path), Settings.from_env(), name=key.rsplit("/", 1)[-1], control=args.bucket)
+            summary = dry_run(req, _s3)
             failed = [c for c in summary["checks"] if c["status"] == "error"]
             if failed:  # the preflight: the manifest function rejects these too
                 raise Rejection([f"preflight: {c['name']}: {c['advice']}" for c in failed])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
@@ -79,24 +79,27 @@ def _local_report(
     return iter_report(s3(), report, settings, problems)
 
 
-def dry_run(
-    source: str,
-    settings: Settings,
-    s3: Callable[[], Any],
-    *,
-    name: str | None = None,
-    control: str | None = None,
-    bucket_hint: str | None = None,
-    assume_keys: int | None = None,
-) -> dict[str, Any]:
-    """Validate and scan `source` (a local path or an s3:// URI) as the Lambda would; the plan it would make.
+@dataclass(frozen=True)
+class DryRun:
+    """What to dry-run, and how."""
 
-    `name`: the object name it will have under manifests/ (its type follows it); `control`: the
-    control bucket, when known; `assume_keys`: plan that many unique keys instead of reading the
-    input (capacity planning). Raises Rejection with every reason; the preflight's checks
-    (errors included) are in the result's "checks".
+    source: str  # a local path or an s3:// URI
+    settings: Settings
+    name: str | None = None  # the object name it will have under manifests/ (its type follows it)
+    control: str | None = None  # the control bucket, when known
+    bucket_hint: str | None = None  # how a bare key gets its bucket here (the CLI names its flag)
+    assume_keys: int | None = None  # plan that many unique keys instead of reading the input
+
+
+def dry_run(req: DryRun, s3: Callable[[], Any]) -> dict[str, Any]:
+    """Validate and scan the source as the Lambda would; the plan it would make.
+
+    Raises Rejection with every reason; the preflight's checks (errors included) are in the
+    result's "checks".
     """
-    problems = Problems(bucket_hint) if bucket_hint else Problems()
+    source, settings, control, assume_keys = req.source, req.settings, req.control, req.assume_keys
+    name = req.name
+    problems = Problems(req.bucket_hint) if req.bucket_hint else Problems()
     keys: Iterator[KeyBatch] | None = None
     with reading_input():
         if source.startswith("s3://"):
