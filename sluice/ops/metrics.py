@@ -8,7 +8,8 @@ import math
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sluice.aws.sigv4 import encode_query, normalize, region_of, sign_aps
@@ -22,14 +23,24 @@ from sluice.aws.sigv4 import encode_query, normalize, region_of, sign_aps
 # extrapolated), and `and c` keeps the ranks whose series is current at the step. A rank that
 # finished ended its series with staleness markers, so it drops out at once: it neither stays
 # in the denominator nor takes its count out of a summed counter (which read as a drop, then 0).
-# w holds at least two pushes (window_ms); a rank that vanished without markers counts for w.
+# A rank that pushed within the last step counts too, once: its final interval (all of it, for a
+# rank shorter than one push interval: a 14 s shard under 30 s pushes) shows at the step after
+# its end, as every interval shows at the step after it (irate reads the past). w holds at
+# least two pushes (window_ms); a rank that vanished without markers counts for w.
+# `alive` counts the ranks whose series is current: a step without any is a step where nothing
+# ran (images/s 0), not one whose ranks have no rate yet (their first push interval: no point).
 ALIVE = '{m}{{run_id="{run}"}}'
 QUERIES = {
-    "images_per_s": "sum(irate({c}[{w}ms]) and {c})",
-    "data_wait": "avg(irate({d}[{w}ms]) and {d})",
+    "images_per_s": "sum(irate({c}[{w}ms]) and ({c} or last_over_time({c}[{s}ms])))",
+    "data_wait": "avg(irate({d}[{w}ms]) and ({d} or last_over_time({d}[{s}ms])))",
+    "alive": "count({c})",
     "gpu_util": 'avg(sluice_gpu_utilization_ratio{{run_id="{run}"}})',
     "gpu_util_p10": 'quantile(0.1, sluice_gpu_utilization_ratio{{run_id="{run}"}})',
 }
+# The run's counters summed as of an instant: each series' last sample since the run began
+# ({ms} reaches back to it), so a finished rank's count stays in the sum. The means come from
+# two of these: what the run did from its first step with a rank alive to its last sample.
+SUMMED = "sum(last_over_time({m}[{ms}ms]))"
 # Any sample within one step (of {ms} milliseconds), not within the lookback window.
 COARSE = 'sum(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{ms}ms]))'
 MIN_STEP_S = 0.1  # a local run of a second or two still gets a rate
@@ -89,7 +100,8 @@ class RunMetrics:
     start: float
     end: float
     totals: dict[str, float | None]
-    series: dict[str, list[tuple[float, float]]]  # evenly spaced steps: a mean of the points is a time mean
+    series: dict[str, list[tuple[float, float]]]
+    means: dict[str, float | None] = field(default_factory=dict)  # time means, where not the points' mean
 
     @property
     def found(self) -> bool:
@@ -101,7 +113,8 @@ class RunMetrics:
             vals = [v for _, v in points if not math.isnan(v)]
             if not vals:
                 return None
-            mean = sum(vals) / len(vals)
+            mean = self.means.get(key)
+            mean = sum(vals) / len(vals) if mean is None else mean
             return {"mean": round(mean, 4), "min": round(min(vals), 4), "max": round(max(vals), 4)}
 
         counts = {k: None if (v := self.totals.get(k)) is None else round(v) for k in COUNTS}
@@ -153,8 +166,48 @@ def fetch(client: PromClient, run_id: str, *, since_s: float = 24 * 3600, now: f
         "c": ALIVE.format(m="sluice_images_processed_total", run=run_id),
         "d": ALIVE.format(m="sluice_data_wait_seconds_total", run=run_id),
     }
-    series = {k: client.query_range(q.format(run=run_id, w=w, **names), start, end, step) for k, q in QUERIES.items()}
-    return RunMetrics(run_id, start, end, totals, series)
+    ms = math.ceil(step * 1000)
+    series = {
+        k: client.query_range(q.format(run=run_id, w=w, s=ms, **names), start, end, step) for k, q in QUERIES.items()
+    }
+    alive = series.pop("alive")
+    series["images_per_s"] = _idle_as_zero(series["images_per_s"], alive, step)
+    reach_ms = math.ceil((end - start + step) * 1000)
+    means = _means(alive, step, end, lambda m, t: client.query(SUMMED.format(m=names[m], ms=reach_ms), at=t))
+    return RunMetrics(run_id, start, end, totals, series, means)
+
+
+def _idle_as_zero(
+    rates: list[tuple[float, float]], alive: list[tuple[float, float]], step: float
+) -> list[tuple[float, float]]:
+    """images/s with 0 at the steps between the run's first and last alive step where no rank was alive."""
+    if not alive:
+        return rates
+    t0 = alive[0][0]
+
+    def index(t: float) -> int:  # the step of the grid query_range evaluated at
+        return round((t - t0) / step)
+
+    live, have = {index(t) for t, _ in alive}, {index(t) for t, _ in rates}
+    idle = [(t0 + k * step, 0.0) for k in range(index(alive[-1][0]) + 1) if k not in live and k not in have]
+    return sorted(rates + idle)
+
+
+def _means(
+    alive: list[tuple[float, float]], step: float, end: float, summed: Callable[[str, float], float | None]
+) -> dict[str, float | None]:
+    """Time means from the first step with a rank alive to the run's end (its last sample's step):
+    images/s is the images processed in between over its seconds; data-wait the wait seconds over
+    the rank-seconds alive (each alive step counts its ranks x step)."""
+    if not alive or end <= alive[0][0]:
+        return {}
+    t0 = alive[0][0]
+    c0, c1, d0, d1 = summed("c", t0), summed("c", end), summed("d", t0), summed("d", end)
+    rank_s = sum(n for _, n in alive[1:]) * step
+    return {
+        "images_per_s": (c1 - c0) / (end - t0) if c0 is not None and c1 is not None else None,
+        "data_wait": (d1 - d0) / rank_s if d0 is not None and d1 is not None and rank_s > 0 else None,
+    }
 
 
 def render(m: RunMetrics, out: TextIO | None = None) -> None:

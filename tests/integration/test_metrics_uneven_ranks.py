@@ -27,8 +27,8 @@ HEADERS = {
 }
 
 
-def _labels(name: str, rank: int, attempt: int) -> tuple[tuple[str, str], ...]:
-    labels = {"__name__": name, "run_id": RUN, "shard": str(rank), "node": "0", "rank": "0", "attempt": str(attempt)}
+def _labels(name: str, rank: int, attempt: int, run: str = RUN) -> tuple[tuple[str, str], ...]:
+    labels = {"__name__": name, "run_id": run, "shard": str(rank), "node": "0", "rank": "0", "attempt": str(attempt)}
     return tuple(sorted(labels.items()))
 
 
@@ -39,22 +39,24 @@ def _write(url: str, series: list, at_ms: int, stale: bool = False) -> None:
         assert resp.status in (200, 204)
 
 
-def _push_run(url: str, t0: float) -> None:
-    """Both ranks' pushes in time order: (rank, attempt, first s, last s) lives, counters from 0 each."""
-    lives = [(0, 1, 0, 300), (1, 1, 0, 600), (1, 2, 600, 900)]
-    for t in range(0, 900 + PUSH_S, PUSH_S):
-        for rank, attempt, first, last in lives:
-            if not first <= t <= last:
-                continue
-            age = t - first
-            series = [
-                (_labels("sluice_images_processed_total", rank, attempt), RATE * age),
-                (_labels("sluice_data_wait_seconds_total", rank, attempt), WAIT * age),
-            ]
-            at_ms = int((t0 + t) * 1000) + (1 if attempt == 2 and t == first else 0)
-            _write(url, series, at_ms)
-            if t == last:  # the rank ends: its series end at once
-                _write(url, series, at_ms + 1, stale=True)
+LIVES = [(0, 1, 0, 300), (1, 1, 0, 600), (1, 2, 600, 900)]  # (rank, attempt, first s, last s)
+
+
+def _push_run(url: str, t0: float, lives: list[tuple[int, int, int, int]] = LIVES, run: str = RUN) -> None:
+    """The ranks' pushes in time order, every PUSH_S from each life's start and at its end, counters from 0."""
+    pushes = sorted(
+        {(t, life) for life in lives for t in (*range(life[2], life[3], PUSH_S), life[3])}, key=lambda p: p[0]
+    )
+    for t, (rank, attempt, first, last) in pushes:
+        age = t - first
+        series = [
+            (_labels("sluice_images_processed_total", rank, attempt, run), RATE * age),
+            (_labels("sluice_data_wait_seconds_total", rank, attempt, run), WAIT * age),
+        ]
+        at_ms = int((t0 + t) * 1000) + (1 if attempt == 2 and t == first else 0)
+        _write(url, series, at_ms)
+        if t == last:  # the rank ends: its series end at once
+            _write(url, series, at_ms + 1, stale=True)
 
 
 @pytest.fixture
@@ -87,9 +89,24 @@ def test_rates_follow_the_ranks_alive_at_each_step(uneven):
 def test_summary_reads_the_true_figures_and_counts_distinct_ranks(uneven):
     m, _ = uneven
     s = m.summary()
-    assert s["data_wait"]["mean"] == pytest.approx(WAIT, abs=0.001)
+    assert s["data_wait"]["mean"] == pytest.approx(WAIT, rel=0.02)  # wait seconds over rank-seconds alive
     assert s["images_per_s"]["min"] == pytest.approx(RATE)
-    # a third at 200/s, two thirds at 100/s
-    assert s["images_per_s"]["mean"] == pytest.approx(RATE * 4 / 3, rel=0.03)
+    # a third at 200/s, two thirds at 100/s: images over the run's time
+    assert s["images_per_s"]["mean"] == pytest.approx(RATE * 4 / 3, rel=0.01)
     assert s["ranks"] == 2 and s["series"] == 6  # 3 lives x 2 metrics
     assert s["processed"] == RATE * 900 + RATE * 300
+
+
+def test_ranks_shorter_than_a_push_interval_and_idle_gaps(prometheus):
+    """Four 14 s shards under 30 s pushes (start and end samples only), two at a time with a 20 s
+    gap between waves (containers starting): nothing ran in the gaps (0), each rank's rate shows
+    once it ends, and the means are the run's images over its time and its wait over rank-time."""
+    lives = [(0, 1, 0, 14), (1, 1, 2, 16), (2, 1, 36, 50), (3, 1, 38, 52)]
+    t0 = time.time() - 120
+    _push_run(prometheus.write_url, t0, lives, run="short-run")
+    m = fetch(PromClient(prometheus.url), "short-run", since_s=3600)
+    images = m.series["images_per_s"]
+    assert max(v for _, v in images) == near(RATE) and _at(images, t0 + 26) == 0.0  # a rank at its end; the gap
+    s = m.summary()
+    assert s["images_per_s"]["mean"] == pytest.approx(4 * 14 * RATE / 52, rel=0.03)
+    assert s["data_wait"]["mean"] == pytest.approx(WAIT, rel=0.05) and s["ranks"] == 4
