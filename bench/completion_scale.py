@@ -77,14 +77,16 @@ def cheap_transaction_snapshots() -> None:
 
 def _events(run_id: str, jobs: list[Any], queue: str) -> list[dict[str, Any]]:
     from sluice.contracts import JobStatus
-    from sluice.local.events import attempt, batch_job_state_change
+    from sluice.local.events import JobChange, attempt, batch_job_state_change
 
     out = []
     for n, job in enumerate(jobs):
         name = f"sluice-{run_id}-{n}"
         common = {"job_name": name, "job_queue": queue, "run_id": run_id}
         for st in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED):
-            out.append(batch_job_state_change(job_id=job.id, status=st, array_size=job.shard_count, **common))
+            out.append(
+                batch_job_state_change(JobChange(job_id=job.id, status=st, array_size=job.shard_count, **common))
+            )
         for i in range(job.shard_count):
             cid = f"{job.id}:{i}"
             running = [attempt(1_000, None, None, "Task is running")]
@@ -97,7 +99,9 @@ def _events(run_id: str, jobs: list[Any], queue: str) -> list[dict[str, Any]]:
             ):
                 code = 0 if st == JobStatus.SUCCEEDED else None
                 out.append(
-                    batch_job_state_change(job_id=cid, status=st, attempts=att, exit_code=code, array_index=i, **common)
+                    batch_job_state_change(
+                        JobChange(job_id=cid, status=st, attempts=att, exit_code=code, array_index=i, **common)
+                    )
                 )
     return out
 

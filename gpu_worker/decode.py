@@ -38,6 +38,8 @@ def _looks_like_image(data: bytes) -> bool:
 
 def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
     """Decode and preprocess one image to a (size, size, 3) uint8 array (HWC, RGB)."""
+    if not data:  # reported as not_image (the reasons are a fixed set: a metrics label), said plainly
+        raise ObjectFailure(FailureReason.NOT_IMAGE, "empty: the object has 0 bytes")
     if max_pixels != Image.MAX_IMAGE_PIXELS:
         Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow's own guard: error above 2x, we check 1x below
     try:

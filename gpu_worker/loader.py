@@ -68,6 +68,7 @@ class FailMsg(NamedTuple):
     reason: str
     detail: str
     deferred: bool
+    obj: tuple[str, str | None] | None = None  # (etag, version id) of bytes that failed to decode
 
 
 class DoneMsg(NamedTuple):
@@ -254,11 +255,13 @@ class Loader:
                 with self._decode_sem:
                     arr = decode_image(data, self._size, self._cfg.max_image_pixels)
             except ObjectFailure as f:
-                self._send(FailMsg(self.id, pos, uri, phase, str(f.reason), f.detail, False))
+                self._send(FailMsg(self.id, pos, uri, phase, str(f.reason), f.detail, False, (etag, version)))
                 return
             except Exception as exc:  # a decoder bug must not take the node down: the key fails
                 detail = f"{type(exc).__name__}: {exc}"[:300]
-                self._send(FailMsg(self.id, pos, uri, phase, str(FailureReason.CORRUPT), detail, False))
+                self._send(
+                    FailMsg(self.id, pos, uri, phase, str(FailureReason.CORRUPT), detail, False, (etag, version))
+                )
                 return
             finally:
                 del data

@@ -542,6 +542,8 @@ def _consume(pipe: _Pipeline, stats: Stats, feed_errors: list[BaseException]) ->
         elif isinstance(msg, FailMsg):
             owners = [sink for sink in sinks if sink.owns(msg.pos, msg.phase)]
             for sink in owners:
+                if msg.obj is not None:  # the failure names the version whose bytes failed
+                    sink.read_as(msg.pos, msg.obj)
                 sink.add_failure(msg.pos, msg.uri, msg.phase, msg.reason, msg.detail, msg.deferred)
             if owners and not msg.deferred:
                 pipe.reasons[msg.reason] += 1

@@ -133,6 +133,11 @@ class ChunkSink:
         self._writer.start()
         self.committed = 0
         self.reasons: Counter[str] = Counter()
+        self._read: dict[int, tuple[str, str | None]] = {}  # position -> (etag, version id) of bytes that failed
+
+    def read_as(self, pos: int, obj: tuple[str, str | None]) -> None:
+        """The object version read for `pos`, whose failure add_failure records next."""
+        self._read[pos] = obj
 
     def _window(self, pos: int) -> _Chunk:
         i = bisect_right(self._starts, pos) - 1
@@ -180,7 +185,10 @@ class ChunkSink:
         chunk = self._retry if phase == RETRY else self._window(pos)
         if phase == RETRY:
             self._retry_owed.discard(pos)
-        chunk.failed.append({"pos": pos, "key": uri, "reason": reason, "detail": detail, "attempt": self._attempt})
+        failure = {"pos": pos, "key": uri, "reason": reason, "detail": detail, "attempt": self._attempt}
+        if (obj := self._read.pop(pos, None)) is not None:
+            failure.update(etag=obj[0], version_id=obj[1])
+        chunk.failed.append(failure)
         self.reasons[reason] += 1
         self._obs.incr("failed")
         self._settled(chunk, phase)
@@ -294,7 +302,14 @@ def write_shard_result(
             for f in m.failed:
                 failed.setdefault(int(f["pos"]), f)
     failures = [
-        FailureLine(key=f["key"], reason=f["reason"], attempt=f["attempt"], detail=f.get("detail", ""))
+        FailureLine(
+            key=f["key"],
+            reason=f["reason"],
+            attempt=f["attempt"],
+            detail=f.get("detail", ""),
+            etag=f.get("etag"),
+            version_id=f.get("version_id"),
+        )
         for _, f in sorted(failed.items())
     ]
     lines = "".join(line.model_dump_json() + "\n" for line in failures)

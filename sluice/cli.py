@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -12,10 +14,11 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sluice.errors import Rejection, ShardFormatError, SluiceError
-from sluice.prepare.offline import add_offline_arguments, offline_main
+from sluice.errors import Rejection, RetriableError, ShardFormatError, SluiceError
+from sluice.prepare.offline import add_offline_arguments
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command a closed pipe (SIGPIPE) ended
 
 
 def _read_chunks(path: str, chunk: int = 8 * 2**20) -> Iterator[bytes]:
@@ -32,7 +35,7 @@ def _s3() -> Any:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Dry run: the manifest Lambda's validation and key scan, then the layout; writes nothing to AWS."""
-    from sluice.ops.dryrun import dry_run
+    from sluice.ops.dryrun import DryRun, dry_run
     from sluice.settings import Settings
 
     settings = Settings.from_env()
@@ -43,9 +46,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     control = settings.control_bucket
     if control is None and args.manifest.startswith("s3://"):
         control = args.manifest[5:].split("/", 1)[0]  # a manifest already in its control bucket
-    summary = dry_run(
-        args.manifest, settings, _s3, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys
-    )
+    req = DryRun(args.manifest, settings, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys)
+    summary = dry_run(req, _s3)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -117,13 +119,24 @@ def cmd_shard_cat(args: argparse.Namespace) -> int:
     else:
         reader = ShardReader(FileSource(args.shard))
     out = sys.stdout
-    for bucket, keys in reader.groups(args.start, args.stop):
-        if args.keys_only:
-            out.write("".join(k + "\n" for k in keys))
-        else:
-            prefix = f"s3://{bucket}/"
-            out.write("".join(prefix + k + "\n" for k in keys))
+    try:
+        for bucket, keys in reader.groups(args.start, args.stop):
+            if args.keys_only:
+                out.write("".join(k + "\n" for k in keys))
+            else:
+                prefix = f"s3://{bucket}/"
+                out.write("".join(prefix + k + "\n" for k in keys))
+        out.flush()
+    except BrokenPipeError:  # `sluice shard cat ... | head`: the reader has what it wanted
+        _silence_stdout()
     return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: its reader is gone, and the interpreter's last flush must not fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -134,11 +147,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     path = Path(args.manifest)
     key = f"{MANIFESTS_PREFIX}{args.name or path.name}"
     if not args.no_validate:
-        from sluice.ops.dryrun import dry_run
+        from sluice.ops.dryrun import DryRun, dry_run
         from sluice.settings import Settings
 
         try:  # what the Lambda would reject is not uploaded (--no-validate skips this)
-            summary = dry_run(str(path), Settings.from_env(), _s3, name=key.rsplit("/", 1)[-1], control=args.bucket)
+            req = DryRun(str(path), Settings.from_env(), name=key.rsplit("/", 1)[-1], control=args.bucket)
+            summary = dry_run(req, _s3)
             failed = [c for c in summary["checks"] if c["status"] == "error"]
             if failed:  # the preflight: the manifest function rejects these too
                 raise Rejection([f"preflight: {c['name']}: {c['advice']}" for c in failed])
@@ -253,6 +267,48 @@ def cmd_output_sql(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """`sluice prepare`: a bare key without --bucket is refused once, up front; a rejected run leaves no prepare/."""
+    from sluice.prepare.offline import offline_main
+
+    if not args.bucket:
+        _refuse_bare_keys(args.keylist)
+    work = Path(args.out, "prepare")
+    fresh = not work.exists()
+    try:
+        return offline_main(args)
+    except Rejection:
+        if fresh:  # the folder this command wrote for its workers: nothing of the user's is in it
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _refuse_bare_keys(path: str) -> None:
+    """Rejection naming --bucket when the key list's first lines hold a bare key (every line would say so)."""
+    from sluice.input.sources import KEYLIST_SUFFIXES, Problems, keylist_pairs
+
+    name = os.path.basename(path)
+    kind = next((k for k in KEYLIST_SUFFIXES if name.lower().endswith(k)), ".txt")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64 * 1024)
+    except OSError:
+        return  # offline_main says what is wrong with the path
+    head = head[: head.rfind(b"\n") + 1] or head  # whole lines only
+    problems = Problems()
+    with contextlib.suppress(Rejection):
+        for _ in keylist_pairs([head], path, kind, None, problems):
+            pass
+    bare = next((r for r in problems.reasons if "bare key" in r), None)
+    if bare:
+        where = bare.split(": bare key", 1)[0]
+        key = bare.split("bare key ", 1)[1].split(" but", 1)[0]
+        raise Rejection(
+            f"{where}: bare key {key} but no bucket: pass --bucket BUCKET (the bucket the keys are in), or write "
+            "s3://bucket/key lines"
+        )
+
+
 def cmd_local_run(args: argparse.Namespace) -> int:
     """Run Sluice locally on moto (the embedded default)."""
     from sluice.local.run import run_local
@@ -274,6 +330,16 @@ def cmd_model_export(args: argparse.Namespace) -> int:
     except ExportError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
+    except Exception as exc:
+        if args.no_pretrained or not _download_failed(exc):
+            raise
+        print(
+            f"sluice: error: {args.spec}: its pretrained weights could not be downloaded ({type(exc).__name__}: "
+            f"{str(exc)[:200]}): export on a machine that reaches the internet (workers never download), or pass "
+            "--no-pretrained for random weights of the same architecture (a test, not real embeddings)",
+            file=sys.stderr,
+        )
+        return EXIT_FAIL
     spec = result.spec
     use = (
         f"set the manifest's model.uri to {result.uri}"
@@ -286,6 +352,28 @@ def cmd_model_export(args: argparse.Namespace) -> int:
         f"{result.max_abs_diff:.2e}\nspec: {result.uri}.json; {use}"
     )
     return EXIT_OK
+
+
+def _version() -> str:
+    """The installed package's version (the source tree's, when run from a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sluice")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _download_failed(exc: BaseException) -> bool:
+    """Whether an export failed downloading weights: urllib (torchvision) or huggingface_hub (timm, open_clip, hf)."""
+    import socket
+    import urllib.error
+
+    names = {t.__name__ for t in type(exc).__mro__}
+    offline = {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError", "ConnectTimeout"}
+    return isinstance(exc, urllib.error.URLError | ConnectionError | socket.gaierror | TimeoutError) or bool(
+        names & offline
+    )
 
 
 def _int_from(low: int) -> Callable[[str], int]:
@@ -316,13 +404,18 @@ def _fraction(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice", description="GPU batch inference on AWS Batch, driven by S3 manifests.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     plan = sub.add_parser(
         "plan", help="dry run and preflight: keys, shards, job layout, every limit the run meets, cost (no AWS writes)"
     )
-    plan.add_argument("manifest", help="a local file or s3:// URI (.json manifest or .txt/.csv/.jsonl key list)")
-    plan.add_argument("--bucket", help="bucket for bare keys (SLUICE_DEFAULT_INPUT_BUCKET's role in the Lambda)")
+    plan.add_argument(
+        "manifest", metavar="MANIFEST", help="a local file or s3:// URI (.json manifest or .txt/.csv/.jsonl key list)"
+    )
+    plan.add_argument(
+        "--bucket", metavar="BUCKET", help="bucket for bare keys (SLUICE_DEFAULT_INPUT_BUCKET's role in the Lambda)"
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object (checks, cost, layout)")
     plan.add_argument(
         "--assume-keys",
@@ -333,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--images-per-gpu-s",
         type=float,
-        metavar="R",
+        metavar="N",
         help="measured images/s per GPU (python -m gpu_worker.autotune) instead of the table's estimate",
     )
     plan.set_defaults(func=cmd_plan)
@@ -342,107 +435,145 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare", help="the prepare stage on this machine, no AWS: key list -> shards and plan.json (N workers)"
     )
     add_offline_arguments(prep)
-    prep.set_defaults(func=offline_main)
+    prep.set_defaults(func=cmd_prepare)
 
-    shard = sub.add_parser("shard", help="pack or print shard files").add_subparsers(dest="shard_cmd", required=True)
+    shard = sub.add_parser("shard", help="pack or print shard files").add_subparsers(
+        dest="shard_cmd", required=True, metavar="pack|cat"
+    )
     pack = shard.add_parser("pack", help="key-list file -> shard file")
-    pack.add_argument("keylist")
-    pack.add_argument("out")
-    pack.add_argument("--bucket", help="bucket for bare keys")
+    pack.add_argument("keylist", metavar="KEYLIST", help="a key list: one key or s3:// URI a line")
+    pack.add_argument("out", metavar="FILE", help="the shard file to write")
+    pack.add_argument("--bucket", metavar="BUCKET", help="bucket for bare keys")
     pack.add_argument("--sort", action="store_true", help="sort keys within each bucket (smaller file)")
     pack.set_defaults(func=cmd_shard_pack)
     cat = shard.add_parser("cat", help="print a shard's keys")
-    cat.add_argument("shard", help="path or s3:// URI")
-    cat.add_argument("--start", type=int, default=0)
-    cat.add_argument("--stop", type=int, default=None)
+    cat.add_argument("shard", metavar="SHARD", help="path or s3:// URI")
+    cat.add_argument("--start", type=int, default=0, metavar="N", help="first key position to print (default 0)")
+    cat.add_argument(
+        "--stop", type=int, default=None, metavar="N", help="print keys before this position (default: to the end)"
+    )
     cat.add_argument("--keys-only", action="store_true", help="print bare keys, not s3:// URIs")
     cat.set_defaults(func=cmd_shard_cat)
 
     submit = sub.add_parser("submit", help="upload a manifest to a deployed Sluice and print the run id")
-    submit.add_argument("manifest")
-    submit.add_argument("--bucket", required=True, help="the control bucket (stack output ControlBucketName)")
-    submit.add_argument("--name", help="object name under manifests/ (default: the file's name)")
+    submit.add_argument("manifest", metavar="MANIFEST", help="a .json manifest or .txt/.csv/.jsonl key list")
+    submit.add_argument(
+        "--bucket", required=True, metavar="BUCKET", help="the control bucket (stack output ControlBucketName)"
+    )
+    submit.add_argument("--name", metavar="NAME", help="object name under manifests/ (default: the file's name)")
     submit.add_argument(
         "--no-validate",
         action="store_true",
         help="upload without first running `sluice plan`'s checks and key scan here",
     )
-    submit.add_argument("--json", action="store_true")
+    submit.add_argument("--json", action="store_true", help="print run_id, manifest and version_id as JSON")
     submit.set_defaults(func=cmd_submit)
 
     status = sub.add_parser("status", help="a run's status and progress (reads the runs table)")
-    status.add_argument("run_id")
+    status.add_argument("run_id", metavar="RUN_ID", help="the run (sluice submit printed it; sluice runs lists them)")
     status.add_argument("--watch", action="store_true", help="refresh until the run is final")
     status.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
+    status.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    status.add_argument("--table", metavar="TABLE", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
     status.set_defaults(func=cmd_status)
     runs = sub.add_parser("runs", help="recent runs, newest first")
-    runs.add_argument("--limit", type=int, default=20)
-    runs.add_argument("--json", action="store_true")
-    runs.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
+    runs.add_argument("--limit", type=_int_from(1), default=20, metavar="N", help="at most N runs (default 20)")
+    runs.add_argument("--json", action="store_true", help="print the runs as a JSON list")
+    runs.add_argument("--table", metavar="TABLE", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
     runs.set_defaults(func=cmd_runs)
 
     rec = sub.add_parser("reconcile", help="settle runs whose Batch events stopped (what the sweep does)")
-    rec.add_argument("run_id", nargs="?", help="one run (default: every run of the last 15 days that is not final)")
     rec.add_argument(
-        "--grace-s", type=float, default=900, help="settle shards of jobs terminal at least this long (default 900)"
+        "run_id", nargs="?", metavar="RUN_ID", help="one run (default: every run of the last 15 days that is not final)"
     )
-    rec.add_argument("--json", action="store_true")
-    rec.add_argument("--table", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
+    rec.add_argument(
+        "--grace-s",
+        type=float,
+        default=900,
+        metavar="SECONDS",
+        help="settle shards of jobs terminal at least this long (default 900)",
+    )
+    rec.add_argument("--json", action="store_true", help="print what was settled as a JSON list")
+    rec.add_argument("--table", metavar="TABLE", help="runs table (default: SLUICE_RUNS_TABLE or sluice-runs)")
     rec.set_defaults(func=cmd_reconcile)
 
     metrics = sub.add_parser("metrics", help="a run's throughput, GPU utilization and data-wait (AMP/Prometheus)")
-    metrics.add_argument("run_id")
-    metrics.add_argument("--url", help="Prometheus or AMP workspace URL (default: SLUICE_PROMETHEUS_URL)")
-    metrics.add_argument("--since-minutes", type=float, default=24 * 60, help="window to look back (default 24 h)")
-    metrics.add_argument("--plot", metavar="FILE.png", help="also write a chart")
-    metrics.add_argument("--json", action="store_true")
+    metrics.add_argument("run_id", metavar="RUN_ID", help="the run whose workers pushed the metrics")
+    metrics.add_argument(
+        "--url", metavar="URL", help="Prometheus or AMP workspace URL (default: SLUICE_PROMETHEUS_URL)"
+    )
+    metrics.add_argument(
+        "--since-minutes",
+        type=float,
+        default=24 * 60,
+        metavar="MINUTES",
+        help="how far back to look for the run (default 1440, a day)",
+    )
+    metrics.add_argument("--plot", metavar="FILE", help="also write a chart (PNG)")
+    metrics.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     metrics.set_defaults(func=cmd_metrics)
 
-    output = sub.add_parser("output", help="read a run's output").add_subparsers(dest="output_cmd", required=True)
+    output = sub.add_parser("output", help="read a run's output").add_subparsers(
+        dest="output_cmd", required=True, metavar="sql"
+    )
     osql = output.add_parser(
         "sql", help="the duckdb query reading a run and the runs it completes (input.since_run) as one set"
     )
-    osql.add_argument("run_id")
-    osql.add_argument("--bucket", help="the control bucket (default: SLUICE_CONTROL_BUCKET)")
+    osql.add_argument("run_id", metavar="RUN_ID", help="the run (with input.since_run: the newest of its lineage)")
+    osql.add_argument("--bucket", metavar="BUCKET", help="the control bucket (default: SLUICE_CONTROL_BUCKET)")
     osql.add_argument("--local", metavar="DIR", help="a `sluice local run --out DIR` folder instead of S3")
     osql.set_defaults(func=cmd_output_sql)
 
     model = sub.add_parser("model", help="model artifacts for the worker").add_subparsers(
-        dest="model_cmd", required=True
+        dest="model_cmd", required=True, metavar="export"
     )
     mexp = model.add_parser(
         "export", help="torchvision / timm / open_clip / hf model -> TorchScript or .pt2 file + spec (docs/models.md)"
     )
     mexp.add_argument(
-        "spec", help="torchvision:NAME, timm:NAME, open_clip:MODEL/TAG or hf:REPO (e.g. timm:vit_small_patch16_224)"
+        "spec",
+        metavar="SPEC",
+        help="torchvision:NAME, timm:NAME, open_clip:MODEL/TAG or hf:REPO (e.g. timm:vit_small_patch16_224)",
     )
     mexp.add_argument(
-        "--out", required=True, help="file path or s3:// URI (*.pt2 for torch.export); ending in /: a folder"
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="file path or s3:// URI (*.pt2 for torch.export); ending in /: a folder",
     )
     mexp.add_argument(
         "--no-pretrained", action="store_true", help="random weights, same architecture (tests; needs no internet)"
     )
     mexp.add_argument("--format", choices=["torchscript", "pt2"], help="default: pt2 if --out ends in .pt2")
-    mexp.add_argument("--image-size", type=_int_from(8), help="input side (default: the weights' own)")
+    mexp.add_argument("--image-size", type=_int_from(8), metavar="N", help="input side (default: the weights' own)")
     mexp.set_defaults(func=cmd_model_export)
 
     local = sub.add_parser("local", help="run Sluice on this machine against moto").add_subparsers(
-        dest="local_cmd", required=True
+        dest="local_cmd", required=True, metavar="run"
     )
     run = local.add_parser("run", help="the embedded default: a whole run on a local moto server")
     src = run.add_mutually_exclusive_group()
     src.add_argument("--demo", type=_int_from(1), metavar="N", help="generate N varied demo JPEGs (default 200)")
     src.add_argument("--images", metavar="DIR", help="upload the files in DIR (subfolders kept as key prefixes)")
     run.add_argument(
-        "--manifest", metavar="FILE", help="run this manifest (use with --images: keys in s3://sluice-local-images/)"
+        "--manifest",
+        metavar="FILE",
+        help="run this manifest; the other flags are applied on top of it (or refused). Without input it reads "
+        "the --images/--demo upload",
+    )
+    run.add_argument(
+        "--since-run",
+        metavar="RUN_ID",
+        help="an incremental run on an earlier run of the emulator (--endpoint-url): embed only what is new or "
+        "changed in its input (--images DIR: uploaded over it), with its models (docs/incremental.md)",
     )
     run.add_argument("--mode", choices=["array", "multinode"], default=None, help="default: array")
-    run.add_argument("--shards", type=_int_from(1), help="array children (default: min(4, cores))")
-    run.add_argument("--nodes", type=_int_from(1), help="multi-node parallel nodes (default 2)")
-    run.add_argument("--ranks", type=_int_from(1), default=1, help="CPU ranks per worker process (default 1)")
-    run.add_argument("--slots", type=_int_from(0), default=0, help="workers running at once (default 0: cores)")
+    run.add_argument("--shards", type=_int_from(1), metavar="N", help="array children (default: min(4, cores))")
+    run.add_argument("--nodes", type=_int_from(1), metavar="N", help="multi-node parallel nodes (default 2)")
+    run.add_argument("--ranks", type=_int_from(1), default=1, metavar="N", help="CPU ranks per worker (default 1)")
+    run.add_argument(
+        "--slots", type=_int_from(0), default=0, metavar="N", help="workers running at once (default 0: cores)"
+    )
     run.add_argument(
         "--max-failed-fraction",
         type=_fraction,
@@ -457,14 +588,17 @@ def build_parser() -> argparse.ArgumentParser:
         "decides)",
     )
     run.add_argument(
-        "--image-size", type=_int_from(8), default=128, help="model input side for generated manifests (default 128)"
+        "--image-size",
+        type=_int_from(8),
+        metavar="N",
+        help="model input side (default 128; an exported model's spec gives its own)",
     )
     run.add_argument(
         "--model",
         action="append",
-        metavar="URI",
+        metavar="[NAME=]URI",
         help="embed with this model (a `sluice model export` file, a local path or s3:// URI, or builtin:NAME); "
-        "repeat for several models in one pass (default builtin:reference-cnn)",
+        "repeat for several models in one pass, NAME= naming each one's output (default builtin:reference-cnn)",
     )
     run.add_argument(
         "--out",
@@ -475,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     run.add_argument("--keep", action="store_true", help="leave the moto server running and print its endpoint")
-    run.add_argument("--endpoint-url", help="use this running AWS emulator (moto server, LocalStack)")
+    run.add_argument("--endpoint-url", metavar="URL", help="use this running AWS emulator (moto server, LocalStack)")
     run.add_argument("--no-prometheus", action="store_true", help="do not start a local Prometheus for metrics")
     run.add_argument("--pid-file", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_local_run)
@@ -491,14 +625,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in exc.reasons:
             print(f"  - {r}", file=sys.stderr)
         return EXIT_FAIL
+    except RetriableError as exc:  # what a Lambda retries; a command gives up at once and says so
+        where = os.environ.get("AWS_ENDPOINT_URL")
+        print(
+            f"sluice: error: {str(exc).removesuffix('; will retry')} (not retried: check "
+            + (f"that {where} is up" if where else "your network and the AWS region")
+            + ", then run the command again)",
+            file=sys.stderr,
+        )
+        return EXIT_FAIL
     except (ShardFormatError, SluiceError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
     except (ClientError, BotoCoreError) as exc:
         print(f"sluice: AWS error: {exc} (check credentials, region and AWS_ENDPOINT_URL)", file=sys.stderr)
         return EXIT_FAIL
-    except BrokenPipeError:  # `sluice shard cat ... | head`
-        return EXIT_OK
+    except BrokenPipeError:  # the reader of stdout went away before the command finished
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except (OSError, RuntimeError) as exc:  # unreachable Prometheus, PromQL errors, ...
         print(f"sluice: error: {exc}", file=sys.stderr)
         return EXIT_FAIL

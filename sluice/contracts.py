@@ -87,6 +87,10 @@ class FailureReason(StrEnum):
 
 # Failures worth the run's retry pass; permanent ones (missing, corrupt, not_image, ...) never are.
 TRANSIENT_FAILURE_REASONS = frozenset({FailureReason.S3_ERROR_TRANSIENT})
+# Failures of the bytes themselves: the same object version fails the same way again.
+BYTES_FAILURE_REASONS = frozenset(
+    {FailureReason.NOT_IMAGE, FailureReason.CORRUPT, FailureReason.BOMB, FailureReason.UNSUPPORTED}
+)
 
 
 # ---- what a worker writes per shard ------------------------------------------------------
@@ -99,6 +103,10 @@ class FailureLine(_Written):
     reason: FailureReason
     attempt: int = Field(ge=1, description="Batch attempt that recorded the failure.")
     detail: str = Field(default="", description="The error, at most 300 characters.")
+    etag: str | None = Field(
+        default=None, description="ETag of the object version that failed, when its bytes were read (no quotes)."
+    )
+    version_id: str | None = Field(default=None, description="... and its version id, in a versioned bucket.")
 
 
 class ShardResult(_Written):
@@ -598,6 +606,10 @@ class VersionCounts(_Written):
         description="Files without the version columns (written before output recorded them) or not readable: "
         "their keys are embedded again.",
     )
+    earlier_failures: int = Field(
+        default=0,
+        description="Failure lines of earlier runs whose bytes failed (with the version read), once per model task.",
+    )
 
 
 class ReduceResult(_Written):
@@ -613,6 +625,9 @@ class ReduceResult(_Written):
     seconds: float = 0.0
     peak_rss_mb: float = 0.0
     skipped_unchanged: int = Field(default=0, description="An incremental run: unique keys left out (unchanged).")
+    skipped_failed: int = Field(
+        default=0, description="... and those left out because their unchanged bytes failed before (failed_before)."
+    )
     staged: bool = Field(
         default=False,
         description="An incremental array run: shards written as prepare/reduce/<r>/<j>.shard, numbered and "

@@ -119,7 +119,7 @@ class ModelSpec(_ManifestPart):
     name: Annotated[str, Field(pattern=MODEL_NAME)] | None = Field(
         default=None,
         description="The model's name in output records and, with several models, its folder "
-        "output/model=<name>/; default: the builtin's name or the file name without its extension.",
+        "output/model_name=<name>/; default: the builtin's name or the file name without its extension.",
     )
 
     @property
@@ -202,7 +202,7 @@ class Manifest(_ManifestPart):
     ] = Field(
         default=ModelSpec(),
         description=f"One model, or a list of up to {MAX_MODELS} embedded in one pass (each image fetched and "
-        "decoded once); with several, output goes to output/model=<name>/.",
+        "decoded once); with several, output goes to output/model_name=<name>/.",
     )
     job: JobSpec = JobSpec()
     output: OutputSpec = OutputSpec()
@@ -324,7 +324,7 @@ class RunPlan(_Strict):
 
     @property
     def multi_model(self) -> bool:
-        """Several models: output goes to output/model=<name>/shard=<i>/."""
+        """Several models: output goes to output/model_name=<name>/shard=<i>/."""
         return len(self.models) > 1
 
     @classmethod
@@ -387,7 +387,7 @@ class RunPlan(_Strict):
         return paths.failures_uri(self.failures_prefix, index)
 
     def model_output_prefix(self, model: int = 0) -> str:
-        """Where model `model`'s output goes: the output prefix, or <prefix>model=<name>/ with several models."""
+        """Where model `model`'s output goes: the output prefix, or <prefix>model_name=<name>/ with several models."""
         if not self.multi_model:
             return self.output_prefix
         return paths.model_output_prefix(self.output_prefix, self.models[model].name)
@@ -413,4 +413,5 @@ def load_plan(read: Callable[[str], bytes], uri: str) -> RunPlan:
         ) from None
 
 
-SKIPPED_UNCHANGED = "unchanged"  # RunPlan.skipped's one reason
+SKIPPED_UNCHANGED = "unchanged"  # RunPlan.skipped's reasons: the key's row is of its current version
+SKIPPED_FAILED = "failed_before"  # ... its current bytes failed for their data before (docs/incremental.md)

@@ -18,7 +18,8 @@ standalone workers):
     prepare/reduce/<r>/<j>.shard   incremental array runs: reduce worker r's shards, numbered at submit
     output/shard=<i>/part-*.parquet             embeddings (the default output prefix)
     output/shard=<i>/_commits/part-*.json       commit markers, written after each Parquet object
-    output/model=<name>/shard=<i>/...           the same, per model, when a run embeds with several models
+    output/model_name=<name>/shard=<i>/...      the same, per model, when a run embeds with several models
+                                   (not model=: Parquet readers would take the folder for the `model` column)
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 MANIFESTS_PREFIX = "manifests/"  # uploads here start runs (the template's rule matches it)
 RUNS_PREFIX = "runs/"
 COMMITS_DIR = "_commits/"
+# The folder key of each model's output in a run with several models. Not "model": hive-partitioned
+# readers (pyarrow.dataset, duckdb) add a folder key as a column, and `model` is a column already.
+MODEL_DIR_KEY = "model_name"
 
 
 def join(prefix: str, name: str) -> str:
@@ -119,8 +123,8 @@ def failures_uri(failures_prefix: str, i: int) -> str:
 
 
 def model_output_prefix(output_prefix: str, name: str) -> str:
-    """Where one model's output goes in a run with several models: <output prefix>model=<name>/."""
-    return join(output_prefix, f"model={name}/")
+    """Where one model's output goes in a run with several models: <output prefix>model_name=<name>/."""
+    return join(output_prefix, f"{MODEL_DIR_KEY}={name}/")
 
 
 def shard_output_dir(output_prefix: str, i: int) -> str:

@@ -156,6 +156,9 @@ def write_local(src: Source, fmt: str, path: str) -> tuple[dict[str, Any], Check
                 f"{src.name}: the exported file differs from the eager model by {result.max_abs_diff_normalized:.2e} "
                 f"(normalized embeddings; tolerance {TOLERANCE:g})"
             )
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as its .json and any file written with open(): mkstemp made it 0600
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -35,6 +35,11 @@ from sluice.settings import MAX_INFLATE_RATIO, MAX_INFLATED_BYTES, Settings
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+# A data file whose "line" is over the limit (binary, Parquet or ORC under a CSV report, damaged).
+NOT_CSV = (
+    "not a row of an inventory CSV file: the file is damaged, or not the gzip CSV its manifest.json's fileFormat "
+    "names (a Parquet or ORC report lists .parquet / .orc files)"
+)
 CHECKSUM_SUFFIX = ".checksum"
 OUT_CHUNK = 2**20  # decompressed bytes produced at a time
 SLACK = 2**20  # any file may inflate to this much, whatever its ratio
@@ -201,7 +206,7 @@ def csv_keys(
     """A gzip CSV data file's keys (URL-decoded, folder markers skipped); rows' problems name their line."""
     cols = _columns(columns, name)
     chunks = [data] if isinstance(data, bytes | bytearray) else data
-    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
+    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name, what=NOT_CSV))
 
     def pairs() -> Iterator[tuple[str, str]]:
         try:
@@ -364,7 +369,7 @@ def csv_versions(
     if fields is None:
         raise Rejection(no_etag_reason(f"inventory file {name}"))
     chunks = [data] if isinstance(data, bytes | bytearray) else data
-    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name))
+    reader = csv.reader(decode_lines(inflate(chunks, name, max_inflated, ratio), name, what=NOT_CSV))
 
     def rows() -> Iterator[tuple[str, str, Version | None]]:
         try:

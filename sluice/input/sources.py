@@ -223,6 +223,11 @@ def s3_error(exc: BaseException, what: str) -> Exception:
         if failure.code == "NoSuchBucket":
             return Rejection(f"{what}: the bucket does not exist")
         return Rejection(f"{what} does not exist")
+    if failure.kind is Kind.DENIED and failure.status == 0:  # NoCredentialsError: no request was made
+        return Rejection(
+            f"{what} cannot be read: no AWS credentials ({failure.code}): configure them (aws configure, "
+            "AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        )
     if failure.kind is Kind.DENIED:
         return Rejection(f"{what} cannot be read: access denied (grant the coordinator role read access)")
     return Rejection(f"{what} cannot be read: S3 {failure.code}: {failure.message or exc}")

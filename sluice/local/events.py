@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,9 +11,11 @@ from sluice.contracts import JobStatus
 from sluice.control.policy import retry_strategy
 from sluice.local.infra import ACCOUNT
 
+REGION = "us-east-1"  # the local stack's region (sluice.local.server.FAKE_CREDENTIALS)
+
 
 def s3_object_created(
-    bucket: str, key: str, *, size: int, etag: str, version_id: str | None, sequencer: str, region: str = "us-east-1"
+    bucket: str, key: str, *, size: int, etag: str, version_id: str | None, sequencer: str
 ) -> dict[str, Any]:
     """An S3 "Object Created" event as EventBridge delivers it to a rule target."""
     obj: dict[str, Any] = {"key": key, "size": size, "etag": etag.strip('"'), "sequencer": sequencer}
@@ -27,7 +30,7 @@ def s3_object_created(
         "source-ip-address": "127.0.0.1",
         "reason": "PutObject",
     }
-    return envelope("Object Created", "aws.s3", detail, resources=[f"arn:aws:s3:::{bucket}"], region=region)
+    return envelope("Object Created", "aws.s3", detail, resources=[f"arn:aws:s3:::{bucket}"], region=REGION)
 
 
 def envelope(
@@ -80,84 +83,83 @@ def _match_one(want: Any, have: Any) -> bool:
     return bool(want == have)
 
 
-def batch_job_state_change(
-    *,
-    job_id: str,
-    job_name: str,
-    job_queue: str,
-    status: JobStatus,
-    run_id: str | None,
-    attempts: list[dict[str, Any]] | None = None,
-    status_reason: str | None = None,
-    exit_code: int | None = None,
-    array_index: int | None = None,
-    array_size: int | None = None,
-    node_index: int | None = None,
-    num_nodes: int | None = None,
-    max_attempts: int = 3,
-    region: str = "us-east-1",
-    now_ms: int | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class JobChange:
+    """What a "Batch Job State Change" event says about one job, array child or MNP node."""
+
+    job_id: str
+    job_name: str
+    job_queue: str
+    status: JobStatus
+    run_id: str | None
+    attempts: list[dict[str, Any]] | None = None
+    status_reason: str | None = None
+    exit_code: int | None = None
+    array_index: int | None = None  # an array child
+    array_size: int | None = None  # an array parent
+    node_index: int | None = None  # an MNP node
+    num_nodes: int | None = None  # an MNP job
+    max_attempts: int = 3
+    region: str = REGION
+    now_ms: int | None = None  # default: now
+
+
+def batch_job_state_change(change: JobChange) -> dict[str, Any]:
     """A "Batch Job State Change" event in the shape AWS Batch emits (container jobs)."""
-    status = JobStatus(status)
-    now_ms = now_ms or int(datetime.now(UTC).timestamp() * 1000)
-    arn = f"arn:aws:batch:{region}:{ACCOUNT}:job/{job_id}"
+    c = change
+    status = JobStatus(c.status)
+    now_ms = c.now_ms or int(datetime.now(UTC).timestamp() * 1000)
+    arn = f"arn:aws:batch:{c.region}:{ACCOUNT}:job/{c.job_id}"
     detail: dict[str, Any] = {
         "jobArn": arn,
-        "jobName": job_name,
-        "jobId": job_id,
-        "jobQueue": job_queue,
+        "jobName": c.job_name,
+        "jobId": c.job_id,
+        "jobQueue": c.job_queue,
         "status": status.value,
-        "attempts": attempts or [],
+        "attempts": c.attempts or [],
         "createdAt": now_ms - 60_000,
-        "retryStrategy": retry_strategy(max_attempts),
+        "retryStrategy": retry_strategy(c.max_attempts),
         "dependsOn": [],
-        "jobDefinition": f"arn:aws:batch:{region}:{ACCOUNT}:job-definition/sluice-worker:1",
+        "jobDefinition": f"arn:aws:batch:{c.region}:{ACCOUNT}:job-definition/sluice-worker:1",
         "parameters": {},
         "timeout": {"attemptDurationSeconds": 21600},
-        "tags": {"sluice:run-id": run_id} if run_id else {},
+        "tags": {"sluice:run-id": c.run_id} if c.run_id else {},
         "propagateTags": True,
         "platformCapabilities": ["EC2"],
         "eksAttempts": [],
     }
-    if status_reason:
-        detail["statusReason"] = status_reason
+    if c.status_reason:
+        detail["statusReason"] = c.status_reason
     if status in (JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED):
         detail["startedAt"] = now_ms - 30_000
     if status.terminal:
         detail["stoppedAt"] = now_ms
-    detail.update(_job_shape(exit_code, array_index, array_size, node_index, num_nodes))
-    return envelope("Batch Job State Change", "aws.batch", detail, resources=[arn], region=region, time_ms=now_ms)
+    detail.update(_job_shape(c))
+    return envelope("Batch Job State Change", "aws.batch", detail, resources=[arn], region=c.region, time_ms=now_ms)
 
 
-def _job_shape(
-    exit_code: int | None,
-    array_index: int | None,
-    array_size: int | None,
-    node_index: int | None,
-    num_nodes: int | None,
-) -> dict[str, Any]:
+def _job_shape(c: JobChange) -> dict[str, Any]:
     """The detail's container, arrayProperties and node fields: plain, array parent/child, MNP job/node."""
     out: dict[str, Any] = {}
-    if node_index is None and num_nodes is None:
+    if c.node_index is None and c.num_nodes is None:
         container: dict[str, Any] = {
             "image": "sluice-worker:latest",
             "command": ["python", "-m", "gpu_worker"],
             "environment": [],
             "resourceRequirements": [{"value": "1", "type": "GPU"}],
         }
-        if exit_code is not None:
-            container["exitCode"] = exit_code
+        if c.exit_code is not None:
+            container["exitCode"] = c.exit_code
         out["container"] = container
-    if array_index is not None:
-        out["arrayProperties"] = {"index": array_index}
-    elif array_size is not None:
-        out["arrayProperties"] = {"size": array_size, "statusSummary": {}}
-    if node_index is not None:
-        out["nodeDetails"] = {"nodeIndex": node_index, "isMainNode": node_index == 0}
-        out["container"] = {"exitCode": exit_code} if exit_code is not None else {}
-    elif num_nodes is not None:
-        out["nodeProperties"] = {"numNodes": num_nodes, "mainNode": 0, "nodeRangeProperties": []}
+    if c.array_index is not None:
+        out["arrayProperties"] = {"index": c.array_index}
+    elif c.array_size is not None:
+        out["arrayProperties"] = {"size": c.array_size, "statusSummary": {}}
+    if c.node_index is not None:
+        out["nodeDetails"] = {"nodeIndex": c.node_index, "isMainNode": c.node_index == 0}
+        out["container"] = {"exitCode": c.exit_code} if c.exit_code is not None else {}
+    elif c.num_nodes is not None:
+        out["nodeProperties"] = {"numNodes": c.num_nodes, "mainNode": 0, "nodeRangeProperties": []}
     return out
 
 

@@ -1,7 +1,8 @@
 """Local executor: runs the jobs submitted to (moto) AWS Batch as real worker processes.
 
 moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits no events).
-This executor reads each new job back from the Batch API, runs its array children or MNP
+This executor reads each new job of its run (tag sluice:run-id; an emulator kept running
+holds earlier runs' jobs too, which it never runs) back from the Batch API, runs its array children or MNP
 nodes as `python -m gpu_worker` processes (a prepare job's as `python -m sluice.prepare
 STAGE`, after the jobs it depends on) with the AWS_BATCH_* variables Batch would set,
 applies the job's retry strategy to each failed attempt as Batch does
@@ -37,8 +38,8 @@ from typing import Any, TextIO
 from sluice.contracts import JobStatus, RunItem
 from sluice.control.ledger import Ledger
 from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, evaluate_on_exit
+from sluice.local.events import JobChange, batch_job_state_change
 from sluice.local.events import attempt as attempt_entry
-from sluice.local.events import batch_job_state_change
 
 Deliver = Callable[[dict[str, Any]], object]
 Rules = Sequence[Mapping[str, str]]
@@ -167,47 +168,55 @@ def plan_attempts(plan_uri: str | None) -> int:
         return DEFAULT_ATTEMPTS
 
 
-class LocalExecutor:
-    """Discovers submitted jobs and runs them; call `step()` until `idle`."""
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """What a LocalExecutor runs, and how."""
 
-    def __init__(
-        self,
-        batch: Any,
-        ledger: Ledger,
-        queues: list[str],
-        deliver: Deliver,
-        *,
-        slots: int,
-        worker_env: dict[str, str],
-        log_dir: str,
-        on_pid: Callable[[int], None] | None = None,
-        out: TextIO = sys.stderr,
-    ) -> None:
+    run_id: str  # only this run's jobs (tag sluice:run-id): a kept emulator holds earlier runs' jobs too
+    queues: tuple[str, ...]  # Sluice's job queues (names or ARNs)
+    log_dir: str  # a log file per worker attempt
+    slots: int = 1  # workers running at once
+    worker_env: Mapping[str, str] = field(default_factory=dict)  # on top of each job's own environment
+    on_pid: Callable[[int], None] | None = None  # told every worker's pid (--pid-file)
+    out: TextIO | None = None  # failed workers' log tails (default: sys.stderr when the executor starts)
+
+
+class LocalExecutor:
+    """Discovers the run's submitted jobs and runs them; call `step()` until `idle`."""
+
+    def __init__(self, batch: Any, ledger: Ledger, deliver: Deliver, config: ExecutorConfig) -> None:
         self._batch = batch
         self._ledger = ledger
-        self._queues = queues
         self._deliver = deliver
-        self._slots = max(1, slots)
-        self._worker_env = worker_env
-        self._log_dir = Path(log_dir)
+        self._cfg = config
+        self._slots = max(1, config.slots)
+        self._log_dir = Path(config.log_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._on_pid = on_pid or (lambda pid: None)
-        self._out = out
+        self._on_pid = config.on_pid or (lambda pid: None)
+        self._out = config.out or sys.stderr
         self.jobs: dict[str, LocalJob] = {}
+        self._foreign: set[str] = (
+            set()
+        )  # other runs' jobs (and jobs that are not Sluice's): never run, never read again
         self._definition_rules: dict[str, Rules | None] = {}
         self._stopping = False
 
     # ---- discovery -------------------------------------------------------------------------
 
     def discover(self) -> list[LocalJob]:
-        """New parent jobs in Sluice's queues (moto lists them under SUCCEEDED at once)."""
-        ids = [i for q in self._queues for status in STATUSES for i in self._list_new(q, status)]
+        """The run's new parent jobs in Sluice's queues (moto lists them under SUCCEEDED at once).
+
+        Jobs of other runs (an emulator kept with --keep holds every earlier run's) are noted
+        and never run: a run executes only its own jobs.
+        """
+        ids = list(dict.fromkeys(i for q in self._cfg.queues for status in STATUSES for i in self._list_new(q, status)))
         new = []
-        for i in range(0, len(ids), 100):
-            for j in self._batch.describe_jobs(jobs=list(dict.fromkeys(ids[i : i + 100])))["jobs"]:
+        for i in range(0, len(ids), 100):  # DescribeJobs takes at most 100 job ids
+            for j in self._batch.describe_jobs(jobs=ids[i : i + 100])["jobs"]:
                 run_id = (j.get("tags") or {}).get("sluice:run-id")
-                if not run_id:
-                    continue  # not Sluice's
+                if run_id != self._cfg.run_id:
+                    self._foreign.add(j["jobId"])  # not Sluice's, or another run's
+                    continue
                 row = self._ledger.get(run_id)
                 job = read_job(j, row, self._retry_strategy(j, row))
                 if job is not None:
@@ -228,7 +237,10 @@ class LocalExecutor:
             ids += [
                 j["jobId"]
                 for j in resp["jobSummaryList"]
-                if ":" not in j["jobId"] and "#" not in j["jobId"] and j["jobId"] not in self.jobs
+                if ":" not in j["jobId"]
+                and "#" not in j["jobId"]
+                and j["jobId"] not in self.jobs
+                and j["jobId"] not in self._foreign
             ]
             token = resp.get("nextToken")
             if not token:
@@ -305,7 +317,7 @@ class LocalExecutor:
             self._emit(job, task, status)
         env = {
             **os.environ,
-            **self._worker_env,
+            **self._cfg.worker_env,
             **job.env,
             "AWS_BATCH_JOB_ID": task.job_id,
             "AWS_BATCH_JOB_ATTEMPT": str(task.attempt),
@@ -385,23 +397,22 @@ class LocalExecutor:
         reason: str | None = None,
     ) -> None:
         target_id, idx = task.event_target() if task is not None else job.event_target()
-        self._deliver(
-            batch_job_state_change(
-                job_id=target_id,
-                job_name=job.name,
-                job_queue=job.queue,
-                status=status,
-                run_id=job.run_id,
-                attempts=list(task.attempts) if task else None,
-                status_reason=reason,
-                exit_code=exit_code,
-                array_index=idx.get("array_index"),
-                array_size=idx.get("array_size"),
-                node_index=idx.get("node_index"),
-                num_nodes=idx.get("num_nodes"),
-                max_attempts=job.max_attempts,
-            )
+        change = JobChange(
+            job_id=target_id,
+            job_name=job.name,
+            job_queue=job.queue,
+            status=status,
+            run_id=job.run_id,
+            attempts=list(task.attempts) if task else None,
+            status_reason=reason,
+            exit_code=exit_code,
+            array_index=idx.get("array_index"),
+            array_size=idx.get("array_size"),
+            node_index=idx.get("node_index"),
+            num_nodes=idx.get("num_nodes"),
+            max_attempts=job.max_attempts,
         )
+        self._deliver(batch_job_state_change(change))
 
     def stop(self, grace_s: float = 5.0) -> int:
         """Stop every worker (SIGTERM, then SIGKILL after grace_s). Returns how many were running."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -70,17 +71,32 @@ class Progress:
         self._seen: dict[str, int] = {}
         self._t0 = time.monotonic()
         self._last = float("-inf")
+        self._prefixes: list[str] = []  # each model's output prefix, from the plan
 
     def images_done(self, output_prefix: str) -> int:
         """Images settled so far: rows plus failures of every committed chunk (each marker read once)."""
         bucket, prefix = parse_s3_uri(output_prefix, allow_empty_key=True)
+        done = 0
         for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for o in page.get("Contents", []):
                 k = o["Key"]
                 if is_commit_marker(k) and k not in self._seen:
                     m = json.loads(self._c.s3.get_object(Bucket=bucket, Key=k)["Body"].read())
                     self._seen[k] = int(m.get("rows", 0)) + len(m.get("failed", []))
-        return sum(self._seen.values())
+                done += self._seen.get(k, 0)
+        return done
+
+    def _images(self, row: RunItem) -> int:
+        """Images every model has settled: the slowest model's count (each model settles every image)."""
+        if not self._prefixes and row.plan_uri:
+            from sluice.aws.s3io import read_uri
+            from sluice.models import RunPlan
+
+            with contextlib.suppress(Exception):  # not written yet (a preparing run): the next draw reads it
+                plan = RunPlan.model_validate_json(read_uri(self._c.s3, row.plan_uri))
+                self._prefixes = [plan.model_output_prefix(m) for m in range(len(plan.models))]
+        prefixes = self._prefixes or ([row.output_prefix] if row.output_prefix else [])
+        return min((self.images_done(p) for p in prefixes), default=0)
 
     def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
         every = TTY_EVERY_S if self._tty else LOG_EVERY_S
@@ -91,7 +107,7 @@ class Progress:
             status=row.status.value,
             shards_done=ShardRecords(self._c.dynamodb, self._table).counts(row.run_id).shards_done,
             shards_total=row.total_shards,
-            images=self.images_done(row.output_prefix) if row.output_prefix else 0,
+            images=self._images(row),
             images_total=int(row.total_keys or 0),
             elapsed_s=time.monotonic() - self._t0,
             workers=running,

@@ -57,6 +57,11 @@ class LocalPrometheus:
         return self
 
     @property
+    def data_dir(self) -> str | None:
+        """Its temporary folder (config and storage): removed by stop(), left behind by a kill."""
+        return self._dir
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 

@@ -1,11 +1,16 @@
 """`sluice local run`: the whole pipeline on this machine, against a local AWS emulator.
 
 1. a moto server on 127.0.0.1 (or --endpoint-url), resources created from template.yaml;
-2. images uploaded (--images DIR or --demo N), a manifest uploaded under manifests/;
+2. images uploaded (--images DIR or --demo N), a manifest uploaded under manifests/
+   (sluice.local.manifest: generated from the flags, or --manifest FILE with the flags on top);
 3. the S3 "Object Created" event routed to the real manifest handler (shards, plan, jobs);
-4. the local executor runs the submitted Batch jobs as real worker processes and routes the
-   "Batch Job State Change" events to the real completion handler;
-5. a progress line while it runs, then a summary; output copied to --out.
+4. the local executor runs the run's submitted Batch jobs as real worker processes and routes
+   the "Batch Job State Change" events to the real completion handler;
+5. a progress line while it runs, then a summary; output copied to --out (sluice.local.summary).
+
+stdout and stderr may close under it (`... 2>&1 | head -3`): writes then stop (sluice.local.streams),
+the run goes on, its output is saved with its summary.json, and the servers it started are
+stopped whatever happens.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
 import signal
 import sys
@@ -26,16 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from sluice.aws.clients import Clients, reset_clients
-from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
+from sluice.contracts import RunItem, RunStatus
+from sluice.local import manifest as local_manifest
 from sluice.local.events import matches, s3_object_created
 from sluice.local.lambda_context import LocalContext
+from sluice.local.manifest import INPUT_BUCKET, Earlier, Uploaded
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
-from sluice.paths import COMMITS_DIR, MANIFESTS_PREFIX, RunPaths, is_commit_marker
+from sluice.local.streams import pipe_safe
+from sluice.local.summary import Ended, report, save, summarize
+from sluice.paths import MANIFESTS_PREFIX
 
-INPUT_BUCKET = "sluice-local-images"
 LOCAL_CHUNK_KEYS = 16
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 NotePid = Callable[[int], None]
@@ -79,41 +85,54 @@ def is_image_name(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
 
 
-@dataclass
-class Uploaded:
-    """What --images DIR or --demo N put in the input bucket."""
+@dataclass(frozen=True)
+class Folder:
+    """--images DIR, read before anything starts: its images by name, and the other files."""
 
-    prefix: str
-    count: int
-    skipped: list[str] = field(default_factory=list)  # files of DIR that are not images by name
+    root: Path
+    images: list[Path]
+    skipped: list[str]
 
-    def say_skipped(self) -> None:
-        if self.skipped:
-            shown = ", ".join(self.skipped[:5]) + (" ..." if len(self.skipped) > 5 else "")
-            print(f"sluice: skipped {len(self.skipped)} file(s) that are not images by name: {shown}", file=sys.stderr)
-
-
-def _upload_images(c: Any, args: argparse.Namespace) -> Uploaded:
-    """Upload --images DIR (images by name; the rest is skipped and listed) or --demo N images."""
-    with contextlib.suppress(c.s3.exceptions.BucketAlreadyOwnedByYou):
-        c.s3.create_bucket(Bucket=INPUT_BUCKET)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    if args.images:
-        root = Path(args.images)
+    @classmethod
+    def read(cls, images: str) -> Folder:
+        """DIR's files; SystemExit when it is missing or holds no image (before any server starts)."""
+        root = Path(images).expanduser()
         if not root.is_dir():
-            raise SystemExit(f"sluice: --images {root}: not a directory")
-        prefix = f"images/{root.resolve().name}-{stamp}/"
+            raise SystemExit(f"sluice: --images {root}: " + ("not a directory" if root.exists() else "no such folder"))
         files = sorted(p for p in root.rglob("*") if p.is_file())
-        images = [p for p in files if is_image_name(p)]
+        images_ = [p for p in files if is_image_name(p)]
         skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p)]
-        for p in images:  # subfolders are kept as key prefixes; images that do not decode are reported
-            c.s3.put_object(Bucket=INPUT_BUCKET, Key=prefix + p.relative_to(root).as_posix(), Body=p.read_bytes())
-        if not images:
+        if not images_:
             raise SystemExit(
                 f"sluice: --images {root}: no image files ({len(skipped)} other files; "
                 f"images are named {', '.join(IMAGE_SUFFIXES)})"
             )
-        return Uploaded(prefix, len(images), skipped)
+        return cls(root, images_, skipped)
+
+
+def say_skipped(skipped: list[str]) -> None:
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+        print(f"sluice: skipped {len(skipped)} file(s) that are not images by name: {shown}", file=sys.stderr)
+
+
+def _upload_images(c: Any, args: argparse.Namespace, folder: Folder | None, earlier: Earlier | None) -> Uploaded:
+    """Upload --images DIR (images by name) or --demo N images; nothing for --manifest / --since-run alone.
+
+    With --since-run, DIR goes to the prefix that run read (its unchanged images keep their ETags).
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if folder is None and args.demo is None and (args.manifest or earlier):
+        return Uploaded("", 0)
+    with contextlib.suppress(c.s3.exceptions.BucketAlreadyOwnedByYou):
+        c.s3.create_bucket(Bucket=INPUT_BUCKET)
+    if folder is not None:
+        prefix = (earlier.local_prefix if earlier else None) or f"images/{folder.root.resolve().name}-{stamp}/"
+        for p in folder.images:  # subfolders are kept as key prefixes; images that do not decode are reported
+            c.s3.put_object(
+                Bucket=INPUT_BUCKET, Key=prefix + p.relative_to(folder.root).as_posix(), Body=p.read_bytes()
+            )
+        return Uploaded(prefix, len(folder.images), folder.skipped)
     from sluice.local.demo import demo_images
 
     n = 200 if args.demo is None else args.demo
@@ -121,45 +140,6 @@ def _upload_images(c: Any, args: argparse.Namespace) -> Uploaded:
     for key, data in demo_images(n):
         c.s3.put_object(Bucket=INPUT_BUCKET, Key=prefix + key, Body=data)
     return Uploaded(prefix, n)
-
-
-def _manifest(args: argparse.Namespace, prefix: str, count: int) -> tuple[str, bytes]:
-    if args.manifest:
-        path = Path(args.manifest)
-        return path.name, path.read_bytes()
-    job: dict[str, Any] = {"mode": args.mode or "array"}
-    if job["mode"] == "multinode":
-        job["nodes"] = args.nodes or 2
-    else:
-        shards = args.shards or max(1, min(4, os.cpu_count() or 1))
-        job["keys_per_shard"] = max(1, -(-count // shards))
-    manifest = {
-        "version": 1,
-        "name": "local-demo" if args.images is None else "local-images",
-        "input": {"prefix": f"s3://{INPUT_BUCKET}/{prefix}"},
-        "model": _models(args),
-        "job": job,
-    }
-    if args.max_failed_fraction is not None:
-        manifest["max_failed_fraction"] = args.max_failed_fraction
-    return "local-run.json", json.dumps(manifest, indent=2).encode()
-
-
-def _models(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
-    """The generated manifest's model(s): --model URIs (a local path as an absolute one), else the builtin."""
-    uris = args.model or ["builtin:reference-cnn"]
-    for u in uris:
-        if not u.startswith(("builtin:", "s3://")) and not Path(u).expanduser().is_file():
-            raise SystemExit(f"sluice: --model {u}: no such file (give a model file, an s3:// URI or builtin:NAME)")
-    specs = [
-        {
-            "uri": u if u.startswith(("builtin:", "s3://")) else str(Path(u).expanduser().resolve()),
-            "batch_size": 32,
-            "image_size": args.image_size,  # an exported model's spec gives its own size
-        }
-        for u in uris
-    ]
-    return specs[0] if len(specs) == 1 else specs
 
 
 @dataclass
@@ -173,12 +153,33 @@ class _Services:
     executors: list[Any] = field(default_factory=list)
     waiting: bool = False  # the jobs run: a signal stops them gracefully from the wait loop
     runs_table: str = ""  # the emulator's runs table, for the --keep hint
+    control_bucket: str = ""  # ... and its control bucket (sluice output sql)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """What is known before any server starts."""
+
+    args: argparse.Namespace
+    out: OutputDir
+    folder: Folder | None
+    started: float
+    note_pid: NotePid
 
 
 def run_local(args: argparse.Namespace) -> int:
-    """Run the pipeline locally; exit code 0 only when the run succeeded."""
+    """Run the pipeline locally; exit code 0 only when the run succeeded (130 when interrupted)."""
     for k, v in FAKE_CREDENTIALS.items():
         os.environ.setdefault(k, v)
+    with pipe_safe():
+        return _run_local(args)
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from sluice.log import logger
+
+    # The handlers run in this process: their INFO lines would drown the progress (SLUICE_LOCAL_LOG_LEVEL).
+    logger.setLevel(os.environ.get("SLUICE_LOCAL_LOG_LEVEL", "WARNING"))
     started = time.monotonic()
 
     def note_pid(pid: int) -> None:
@@ -186,8 +187,12 @@ def run_local(args: argparse.Namespace) -> int:
             with open(args.pid_file, "a", encoding="ascii") as fh:
                 fh.write(f"{pid}\n")
 
-    out = OutputDir.check(args.out)  # an unusable --out fails now, not after the run
-    _models(args)  # so does a --model file that is not there
+    local_manifest.check_flags(args)
+    folder = Folder.read(args.images) if args.images else None  # a missing or empty folder: before anything starts
+    if args.model:
+        local_manifest.model_specs(args)  # so does a --model file that is not there
+    out = OutputDir.check(args.out)  # and an unusable --out, not after the run
+    start = _Start(args, out, folder, started, note_pid)
     svc = _Services()
     interrupted = threading.Event()
 
@@ -197,15 +202,16 @@ def run_local(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    previous_term = signal.signal(signal.SIGTERM, on_signal)
     try:
         _start_services(args, svc, note_pid)
-        return _run(args, svc, out, started, note_pid, interrupted)
+        return _run(start, svc, interrupted)
     except KeyboardInterrupt:
         interrupted.set()
         return 130
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
         _stop_services(args, svc, interrupted.is_set())
 
 
@@ -233,35 +239,50 @@ def _start_services(args: argparse.Namespace, svc: _Services, note_pid: NotePid)
 
 
 def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) -> None:
-    """Stop the workers, then Prometheus and the emulator unless --keep (and not interrupted)."""
+    """Stop the workers, then Prometheus and the emulator unless --keep (and not interrupted).
+
+    Each step runs even when one before it fails: no server of ours outlives the run by accident.
+    """
     keep = args.keep and not interrupted
-    for ex in svc.executors:
-        n = ex.stop()
-        if interrupted:
-            print(f"\nsluice: interrupted: stopped {n} running worker(s)", file=sys.stderr)
-    if svc.prom is not None:
-        if keep:
-            print(
-                f"Prometheus left running at {svc.prom.url} (pid {svc.prom.pid}); "
-                f"sluice metrics RUN_ID --url {svc.prom.url}",
-                file=sys.stderr,
-            )
-        else:
-            svc.prom.stop()
-    if svc.server is not None:
-        if keep:
-            print(
-                f"moto server left running at {svc.server.endpoint} (pid {svc.server.pid}); for sluice status/runs:\n"
-                f"  export {keep_exports(svc.server.endpoint, svc.runs_table)}",
-                file=sys.stderr,
-            )
-        else:
-            svc.server.stop()
+    stopped = 0
+    try:
+        for ex in svc.executors:
+            stopped += ex.stop()
+    finally:
+        try:
+            if svc.prom is not None and not keep:
+                svc.prom.stop()
+        finally:
+            if svc.server is not None and not keep:
+                svc.server.stop()
     if interrupted:
-        print("sluice: interrupted: the emulator and all workers are stopped", file=sys.stderr)
+        print(
+            f"\nsluice: interrupted: stopped {stopped} running worker(s), the emulator and Prometheus", file=sys.stderr
+        )
+    elif keep and (svc.server is not None or svc.prom is not None):
+        print(_kept(svc), file=sys.stderr)
 
 
-def keep_exports(endpoint: str, runs_table: str) -> str:
+def _kept(svc: _Services) -> str:
+    """What --keep left running, how to use it and how to stop it."""
+    lines, pids, rm = [], [], ""
+    if svc.prom is not None:
+        url = svc.prom.url
+        lines.append(f"Prometheus left running at {url} (pid {svc.prom.pid}); sluice metrics RUN_ID --url {url}")
+        pids.append(str(svc.prom.pid))
+        rm = f" && rm -rf {svc.prom.data_dir}"
+    if svc.server is not None:
+        env = keep_exports(svc.server.endpoint, svc.runs_table, svc.control_bucket)
+        lines.append(
+            f"moto server left running at {svc.server.endpoint} (pid {svc.server.pid}); for sluice status, runs, "
+            f"output sql and local run --endpoint-url:\n  export {env}"
+        )
+        pids.append(str(svc.server.pid))
+    lines.append(f"stop them with: kill {' '.join(pids)}{rm}")
+    return "\n".join(lines)
+
+
+def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "") -> str:
     """The environment that points the sluice CLI at a kept emulator."""
     env = {
         "AWS_ENDPOINT_URL": endpoint,
@@ -269,49 +290,42 @@ def keep_exports(endpoint: str, runs_table: str) -> str:
         "AWS_SECRET_ACCESS_KEY": FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
         "AWS_DEFAULT_REGION": FAKE_CREDENTIALS["AWS_DEFAULT_REGION"],
         "SLUICE_RUNS_TABLE": runs_table,
+        "SLUICE_CONTROL_BUCKET": control_bucket,
     }
     return " ".join(f"{k}={v}" for k, v in env.items() if v)
 
 
-def _run(
-    args: argparse.Namespace,
-    svc: _Services,
-    out: OutputDir,
-    started: float,
-    note_pid: NotePid,
-    interrupted: threading.Event,
-) -> int:
+def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     from sluice.control.ledger import Ledger
-    from sluice.local.executor import LocalExecutor
+    from sluice.local.executor import ExecutorConfig, LocalExecutor
     from sluice.local.infra import create_local
 
+    args = start.args
     reset_clients()  # AWS_ENDPOINT_URL is set: every client from here on talks to the emulator
     c = Clients()
     stack = create_local(c)
-    svc.runs_table = stack.names["RunsTable"]
+    svc.runs_table, svc.control_bucket = stack.names["RunsTable"], stack.names["ControlBucket"]
     forced = getattr(args, "prepare_workers", None)
     # Local mode: the workers run here, so a manifest's model.uri may be a local path.
     router = Router(stack, {"SLUICE_LOCAL_MODE": "1", **({"SLUICE_PREPARE_WORKERS": str(forced)} if forced else {})})
-    outcome, uploaded = _submit(c, stack, router, args)
-    if not args.json:
-        uploaded.say_skipped()
+    outcome, uploaded = _submit(c, stack, router, start)
     if outcome.get("status") not in ("submitted", "preparing"):
         rejected = {"outcome": outcome.get("status"), "run_id": outcome.get("run_id")}
-        _report(args, {**rejected, "reasons": outcome.get("reasons", []), "endpoint": svc.endpoint})
+        report({**rejected, "reasons": outcome.get("reasons", []), "endpoint": svc.endpoint}, args.json)
         return 1
     run_id = outcome["run_id"]
     ledger = Ledger(c.dynamodb, stack.names["RunsTable"])
-    log_dir = str((run_dir := out.for_run(run_id)) / "logs")
-    executor = LocalExecutor(
-        c.batch,
-        ledger,
-        [stack.names["GpuJobQueue"], stack.names["MnpJobQueue"], stack.names["PrepareJobQueue"]],
-        router,
+    run_dir = start.out.for_run(run_id)
+    queues = (stack.names["GpuJobQueue"], stack.names["MnpJobQueue"], stack.names["PrepareJobQueue"])
+    config = ExecutorConfig(
+        run_id,
+        queues,
+        str(run_dir / "logs"),
         slots=args.slots or os.cpu_count() or 1,
         worker_env=_worker_env(args, svc),
-        log_dir=log_dir,
-        on_pid=note_pid,
+        on_pid=start.note_pid,
     )
+    executor = LocalExecutor(c.batch, ledger, router, config)
     svc.executors.append(executor)
     progress = Progress(c, stack.names["RunsTable"], enabled=not args.json)
     if not args.json:
@@ -321,10 +335,11 @@ def _run(
     progress.end()
     if row is None:
         return 130
-    summary = _summary(c, stack, row, time.monotonic() - started, svc.endpoint, log_dir)
-    summary.update(output_dir=_copy_output(c, row, run_dir), skipped_files=len(uploaded.skipped))
-    summary["metrics"] = _metrics_note(args, svc)
-    _report(args, summary)
+    summary = summarize(c, stack, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
+    summary.update(skipped_files=len(uploaded.skipped), metrics=_metrics_note(args, svc))
+    summary["input_prefix"] = uploaded.uri if uploaded.count else None
+    save(run_dir, summary)
+    report(summary, args.json)
     return 0 if row.status is RunStatus.SUCCEEDED else 1
 
 
@@ -350,11 +365,19 @@ def _metrics_note(args: argparse.Namespace, svc: _Services) -> str | None:
     return svc.metrics_url or None
 
 
-def _submit(c: Any, stack: Any, router: Router, args: argparse.Namespace) -> tuple[dict[str, Any], Uploaded]:
+def _submit(c: Any, stack: Any, router: Router, start: _Start) -> tuple[dict[str, Any], Uploaded]:
     """Upload the images and the manifest; route the upload's event to the manifest handler."""
+    args = start.args
     control = stack.names["ControlBucket"]
-    uploaded = _upload_images(c, args)
-    name, body = _manifest(args, uploaded.prefix, uploaded.count)
+    earlier = local_manifest.read_earlier(c.s3, control, args.since_run) if args.since_run else None
+    uploaded = _upload_images(c, args, start.folder, earlier)
+    if not args.json:
+        say_skipped(uploaded.skipped)
+        if uploaded.count:
+            print(f"sluice: uploaded {uploaded.count} image(s) to {uploaded.uri}", file=sys.stderr)
+    name, body, applied = local_manifest.build(args, uploaded, earlier)
+    if applied and not args.json:
+        print(f"sluice: --manifest {args.manifest} with {', '.join(applied)} applied on top", file=sys.stderr)
     key = MANIFESTS_PREFIX + name
     put = c.s3.put_object(Bucket=control, Key=key, Body=body)
     event = s3_object_created(
@@ -404,151 +427,3 @@ def _wait(executor: Any, ledger: Any, run_id: str, progress: Progress, interrupt
             time.sleep(0.2)  # the completion handler may still submit a retry pass
         time.sleep(0.1)
     return None
-
-
-def _read_bus(c: Any, queue_url: str) -> list[dict[str, Any]]:
-    """Every event the observer queue holds (what was published on Sluice's buses)."""
-    events: list[dict[str, Any]] = []
-    while True:
-        msgs = c.sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
-        if not msgs:
-            return events
-        events += [json.loads(m["Body"]) for m in msgs]
-        for m in msgs:
-            c.sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
-
-
-def _summary(c: Any, stack: Any, row: RunItem, seconds: float, endpoint: str, log_dir: str) -> dict[str, Any]:
-    events = _read_bus(c, stack.observer_queue_url)
-    details = [parse_detail(e["detail-type"], e["detail"]) for e in events]
-    final = next((d for d in details if isinstance(d, RunSucceeded | RunFailed)), None)
-    processed = final.processed if final else (row.processed or 0)
-    failed = final.failed if final else (row.failed_keys or 0)
-    outcomes = {RunStatus.SUCCEEDED: "succeeded", RunStatus.FAILED: "failed"}
-    return {
-        "run_id": row.run_id,
-        "outcome": outcomes.get(row.status, row.status.value),
-        "processed": processed,
-        "failed": failed,
-        "failed_by_reason": _failure_reasons(c, row),
-        "reason": final.reason if isinstance(final, RunFailed) else None,
-        "reasons": row.reasons or [],
-        "shards": int(row.shards or 0),
-        "retry_passes": max(1, len(row.passes)) - 1,
-        "wall_s": round(seconds, 1),
-        "images_per_s": round(processed / seconds, 1) if seconds else 0.0,
-        "output_prefix": row.output_prefix,
-        "events": [e["detail-type"] for e in events],
-        "endpoint": endpoint,
-        "logs": log_dir,
-        "prepare": _prepare_summary(c, row),
-        "lineage": row.lineage or [],
-        "skipped": row.skipped or {},
-    }
-
-
-def _prepare_summary(c: Any, row: RunItem) -> dict[str, Any] | None:
-    """What the prepare stage did (None when the manifest Lambda planned the run itself)."""
-    if row.prepare is None:
-        return None
-    from sluice.aws.s3io import read_uri
-    from sluice.contracts import PrepareSpec
-    from sluice.prepare.collect import collect
-    from sluice.prepare.store import PrepareStore
-
-    spec = PrepareSpec.model_validate_json(read_uri(c.s3, row.prepare.spec_uri))
-    return collect(spec, PrepareStore(c.s3)).summary(spec)
-
-
-def _failures_prefix(row: RunItem) -> tuple[str, str]:
-    """(bucket, key prefix) of the run's failures/, under the control bucket that holds its plan."""
-    bucket, _ = parse_s3_uri(str(row.plan_uri))
-    return parse_s3_uri(RunPaths.in_bucket(bucket, row.run_id).failures_prefix)
-
-
-def _failure_reasons(c: Any, row: RunItem) -> dict[str, int]:
-    """Reasons of the keys that finally failed (last record per key)."""
-    if not row.plan_uri:
-        return {}
-    bucket, prefix = _failures_prefix(row)
-    pages = c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    objects = [o for page in pages for o in page.get("Contents", [])]
-    last: dict[str, str] = {}
-    for o in sorted(objects, key=lambda o: int(o["Key"].rsplit("/", 1)[-1].split(".")[0])):
-        for line in c.s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].iter_lines():
-            if line.strip():
-                failure = FailureLine.model_validate_json(line)
-                last[failure.key] = failure.reason.value
-    return dict(Counter(last.values()))
-
-
-def _copy_output(c: Any, row: RunItem, dest: Path) -> str | None:
-    """Copy committed Parquet output, failures and plan.json into the run's own folder (OUT/<run id>/).
-
-    A chunk without its commit marker (a killed attempt's leftover) is left out, and the markers
-    too: the copy is the run's valid output only (`sluice output sql RUN --local OUT` reads it).
-    """
-    if not row.output_prefix:
-        return None
-    bucket, prefix = parse_s3_uri(row.output_prefix, allow_empty_key=True)
-    ctl, failures = _failures_prefix(row)
-    for b, p, sub in ((bucket, prefix, "output"), (ctl, failures, "failures")):
-        keys = [
-            o["Key"]
-            for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=p)
-            for o in page.get("Contents", [])
-        ]
-        marked = {k.replace(COMMITS_DIR, "").removesuffix(".json") + ".parquet" for k in keys if is_commit_marker(k)}
-        for key in keys:
-            if is_commit_marker(key) or (key.endswith(".parquet") and key not in marked):
-                continue
-            target = dest / sub / key[len(p) :]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(c.s3.get_object(Bucket=b, Key=key)["Body"].read())
-    if row.plan_uri:
-        pb, pk = parse_s3_uri(row.plan_uri)
-        (dest / "plan.json").write_bytes(c.s3.get_object(Bucket=pb, Key=pk)["Body"].read())
-    return str(dest)
-
-
-def _report(args: argparse.Namespace, s: dict[str, Any]) -> None:
-    if args.json:
-        print(json.dumps(s, indent=2))
-        return
-    w = sys.stdout.write
-    w("\nSluice local run\n")
-    rows = [("run id", s.get("run_id")), ("outcome", s.get("outcome"))]
-    if s.get("reasons"):
-        rows += [("reason", r) for r in s["reasons"]]
-    if "processed" in s:
-        fails = ", ".join(f"{k} {v}" for k, v in sorted(s.get("failed_by_reason", {}).items()))
-        rows += [("processed", s["processed"]), ("failed", f"{s['failed']}" + (f"  ({fails})" if fails else ""))]
-        if s.get("reason"):
-            rows.append(("reason", s["reason"]))
-        rows += [
-            ("shards", s["shards"]),
-            ("retry passes", s["retry_passes"]),
-            ("wall time", f"{s['wall_s']} s"),
-            ("images/s", s["images_per_s"]),
-            ("output (S3)", s.get("output_prefix")),
-            ("output (local)", s.get("output_dir")),
-            ("worker logs", s.get("logs")),
-        ]
-        if s.get("metrics"):
-            rows.append(("metrics", s["metrics"]))
-        if s.get("lineage"):
-            skipped = ", ".join(f"{n} {why}" for why, n in sorted(s.get("skipped", {}).items())) or "none"
-            rows.append(("since", f"{', '.join(s['lineage'])} (incremental: skipped {skipped})"))
-        if s.get("prepare"):
-            p = s["prepare"]
-            rows.append(
-                (
-                    "prepare",
-                    f"{p['workers']} workers, {p['keys_in']} keys in, {p['unique_keys']} unique "
-                    f"({p['duplicates']} duplicates), {p['shards']} shards, {p['seconds']} s, "
-                    f"peak {p['peak_rss_mb_per_worker']} MB a worker",
-                )
-            )
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        w(f"  {k:<{width}}  {v}\n")

@@ -7,9 +7,10 @@ in the reasons (the Lambda names its s3:// URI); a local key list is read from d
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
@@ -23,10 +24,11 @@ from sluice.ops.plan_report import facts_for
 from sluice.plan.layout import layout
 from sluice.plan.scan import scan
 from sluice.preflight import Capacity, preflight
-from sluice.preflight.checks import derived_timeout_s
+from sluice.preflight.checks import Check, derived_timeout_s
 from sluice.settings import Settings
 
 LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
+LISTING_ADVICE_KEYS = 10_000_000  # above this a prefix input should be an S3 Inventory report (docs/manifest.md)
 
 
 def _file_chunks(path: str, chunk: int = 8 * 2**20) -> Iterator[bytes]:
@@ -77,24 +79,27 @@ def _local_report(
     return iter_report(s3(), report, settings, problems)
 
 
-def dry_run(
-    source: str,
-    settings: Settings,
-    s3: Callable[[], Any],
-    *,
-    name: str | None = None,
-    control: str | None = None,
-    bucket_hint: str | None = None,
-    assume_keys: int | None = None,
-) -> dict[str, Any]:
-    """Validate and scan `source` (a local path or an s3:// URI) as the Lambda would; the plan it would make.
+@dataclass(frozen=True)
+class DryRun:
+    """What to dry-run, and how."""
 
-    `name`: the object name it will have under manifests/ (its type follows it); `control`: the
-    control bucket, when known; `assume_keys`: plan that many unique keys instead of reading the
-    input (capacity planning). Raises Rejection with every reason; the preflight's checks
-    (errors included) are in the result's "checks".
+    source: str  # a local path or an s3:// URI
+    settings: Settings
+    name: str | None = None  # the object name it will have under manifests/ (its type follows it)
+    control: str | None = None  # the control bucket, when known
+    bucket_hint: str | None = None  # how a bare key gets its bucket here (the CLI names its flag)
+    assume_keys: int | None = None  # plan that many unique keys instead of reading the input
+
+
+def dry_run(req: DryRun, s3: Callable[[], Any]) -> dict[str, Any]:
+    """Validate and scan the source as the Lambda would; the plan it would make.
+
+    Raises Rejection with every reason; the preflight's checks (errors included) are in the
+    result's "checks".
     """
-    problems = Problems(bucket_hint) if bucket_hint else Problems()
+    source, settings, control, assume_keys = req.source, req.settings, req.control, req.assume_keys
+    name = req.name
+    problems = Problems(req.bucket_hint) if req.bucket_hint else Problems()
     keys: Iterator[KeyBatch] | None = None
     with reading_input():
         if source.startswith("s3://"):
@@ -154,6 +159,18 @@ def _summary(source: str, manifest: Manifest, settings: Settings, scanned: dict[
     gpus = max(1, manifest.job.gpus_per_node)
     timeout = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, cap.rate)
     pf = preflight(facts_for(manifest, n, settings, timeout), cap)
+    if manifest.input.prefix and n > LISTING_ADVICE_KEYS:
+        pf.checks.append(
+            Check(
+                "prefix listing",
+                math.ceil(n / 1000),
+                LISTING_ADVICE_KEYS // 1000,
+                "warn",
+                "a prefix is listed 1,000 keys a request, one request after another within each listed range: "
+                "above about 10M objects use an S3 Inventory report (input.inventory; docs/manifest.md)",
+                "ListObjectsV2 requests",
+            )
+        )
     return {
         "manifest": source,
         "assumed": "buckets" not in scanned,

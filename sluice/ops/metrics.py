@@ -3,41 +3,57 @@ local Prometheus (PromQL HTTP API, SigV4-signed for AMP), optionally plotted to 
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sluice.aws.sigv4 import encode_query, normalize, region_of, sign_aps
 
 # PromQL over the raw per-rank series, so a run of any length (and a Prometheus without the
-# recording rules) answers; the recording rules serve dashboards over long windows. images/s and
-# data-wait are differenced client-side from cumulative counters, which works even for a
-# 10-second run, where rate() over a window longer than the run would read low. The counters are
-# read with last_over_time over the lookback window plus one step ({lb} milliseconds), not as
-# instant vectors: a rank's last push is followed by staleness markers at once, so an instant
-# vector would never see its final counts.
+# recording rules) answers; the recording rules serve dashboards over long windows.
+#
+# At each step the rates are per rank, over the ranks alive at that step, then summed (images/s)
+# or averaged (data-wait): `irate(c[w])` is a rank's rate over its last push interval (its two
+# newest samples within w: neither diluted by a window longer than the rank's life nor
+# extrapolated), and `and c` keeps the ranks whose series is current at the step. A rank that
+# finished ended its series with staleness markers, so it drops out at once: it neither stays
+# in the denominator nor takes its count out of a summed counter (which read as a drop, then 0).
+# A rank that pushed within the last step counts too, once: its final interval (all of it, for a
+# rank shorter than one push interval: a 14 s shard under 30 s pushes) shows at the step after
+# its end, as every interval shows at the step after it (irate reads the past). w holds at
+# least two pushes (window_ms); a rank that vanished without markers counts for w.
+# `alive` counts the ranks whose series is current: a step without any is a step where nothing
+# ran (images/s 0), not one whose ranks have no rate yet (their first push interval: no point).
+ALIVE = '{m}{{run_id="{run}"}}'
 QUERIES = {
-    "processed": 'sum(last_over_time(sluice_images_processed_total{{run_id="{run}"}}[{lb}ms]))',
-    "wait_seconds": 'sum(last_over_time(sluice_data_wait_seconds_total{{run_id="{run}"}}[{lb}ms]))',
-    "wait_ranks": 'count(last_over_time(sluice_data_wait_seconds_total{{run_id="{run}"}}[{lb}ms]))',
+    "images_per_s": "sum(irate({c}[{w}ms]) and ({c} or last_over_time({c}[{s}ms])))",
+    "data_wait": "avg(irate({d}[{w}ms]) and ({d} or last_over_time({d}[{s}ms])))",
+    "alive": "count({c})",
     "gpu_util": 'avg(sluice_gpu_utilization_ratio{{run_id="{run}"}})',
     "gpu_util_p10": 'quantile(0.1, sluice_gpu_utilization_ratio{{run_id="{run}"}})',
 }
+# The run's counters summed as of an instant: each series' last sample since the run began
+# ({ms} reaches back to it), so a finished rank's count stays in the sum. The means come from
+# two of these: what the run did from its first step with a rank alive to its last sample.
+SUMMED = "sum(last_over_time({m}[{ms}ms]))"
 # Any sample within one step (of {ms} milliseconds), not within the lookback window.
 COARSE = 'sum(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{ms}ms]))'
 MIN_STEP_S = 0.1  # a local run of a second or two still gets a rate
 LOOKBACK_MS = 300_000  # Prometheus' default lookback: how long an instant vector sees a sample
 COUNTS = ("processed", "failed", "ranks", "series")
+# A rank is (shard, node, rank): its attempts (a restart, a retried child) are series of one rank.
 TOTALS = {
     "processed": 'sum(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{r}]))',
     "failed": 'sum(max_over_time(sluice_images_failed_total{{run_id="{run}"}}[{r}]))',
-    "ranks": 'count(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{r}]))',
+    "ranks": "count(count by (shard, node, rank) "
+    '(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{r}])))',
     "series": 'count(last_over_time({{__name__=~"sluice_.+",run_id="{run}"}}[{r}]))',
+    "samples": 'max(count_over_time(sluice_images_processed_total{{run_id="{run}"}}[{r}]))',
 }
 
 
@@ -85,7 +101,7 @@ class RunMetrics:
     end: float
     totals: dict[str, float | None]
     series: dict[str, list[tuple[float, float]]]
-    means: dict[str, float | None] = field(default_factory=dict)  # time-weighted, where not the points' mean
+    means: dict[str, float | None] = field(default_factory=dict)  # time means, where not the points' mean
 
     @property
     def found(self) -> bool:
@@ -110,18 +126,12 @@ class RunMetrics:
         }
 
 
-def _rate(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out = []
-    for (t0, v0), (t1, v1) in itertools.pairwise(points):
-        if t1 > t0:
-            out.append((t1, max(0.0, (v1 - v0) / (t1 - t0))))  # a counter reset reads as 0, not negative
-    return out
-
-
-def _per_rank(rates: list[tuple[float, float]], ranks: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """A summed rate divided by the ranks reporting at the same instant."""
-    n = dict(ranks)
-    return [(t, v / n[t]) for t, v in rates if n.get(t)]
+def window_ms(span_s: float, samples: float | None) -> int:
+    """irate's window: 2.5 push intervals, the interval estimated as span / (samples - 1) of the rank
+    with the most samples (an overestimate when no rank lived the whole span: the window only gets
+    wider, and irate reads the two newest samples in it whatever its width), at most the lookback."""
+    interval_s = span_s / max(1.0, (samples or 2) - 1)
+    return int(min(LOOKBACK_MS, max(1000.0, 2500 * interval_s)))
 
 
 def _span(client: PromClient, run_id: str, start: float, end: float) -> tuple[float, float, float]:
@@ -151,19 +161,53 @@ def fetch(client: PromClient, run_id: str, *, since_s: float = 24 * 3600, now: f
     totals = {k: client.query(q.format(run=run_id, r=f"{int(since_s)}s"), at=end) for k, q in TOTALS.items()}
     if totals["processed"] is not None and totals["failed"] is None:
         totals["failed"] = 0.0  # no failure series: nothing failed
-    lb = LOOKBACK_MS + math.ceil(step * 1000)
-    raw = {k: client.query_range(q.format(run=run_id, lb=lb), start, end, step) for k, q in QUERIES.items()}
-    wait = _per_rank(_rate(raw["wait_seconds"]), raw["wait_ranks"])
-    series = {
-        "images_per_s": _rate(raw["processed"]),
-        "gpu_util": raw["gpu_util"],
-        "gpu_util_p10": raw["gpu_util_p10"],
-        # A share of time is at most 1; a point above it is a step finer than the push interval
-        # holding a whole interval's wait. The mean is taken before the cap.
-        "data_wait": [(t, min(1.0, v)) for t, v in wait],
+    w = window_ms(end - start, totals.pop("samples"))
+    names = {
+        "c": ALIVE.format(m="sluice_images_processed_total", run=run_id),
+        "d": ALIVE.format(m="sluice_data_wait_seconds_total", run=run_id),
     }
-    means = {"data_wait": sum(v for _, v in wait) / len(wait) if wait else None}
+    ms = math.ceil(step * 1000)
+    series = {
+        k: client.query_range(q.format(run=run_id, w=w, s=ms, **names), start, end, step) for k, q in QUERIES.items()
+    }
+    alive = series.pop("alive")
+    series["images_per_s"] = _idle_as_zero(series["images_per_s"], alive, step)
+    reach_ms = math.ceil((end - start + step) * 1000)
+    means = _means(alive, step, end, lambda m, t: client.query(SUMMED.format(m=names[m], ms=reach_ms), at=t))
     return RunMetrics(run_id, start, end, totals, series, means)
+
+
+def _idle_as_zero(
+    rates: list[tuple[float, float]], alive: list[tuple[float, float]], step: float
+) -> list[tuple[float, float]]:
+    """images/s with 0 at the steps between the run's first and last alive step where no rank was alive."""
+    if not alive:
+        return rates
+    t0 = alive[0][0]
+
+    def index(t: float) -> int:  # the step of the grid query_range evaluated at
+        return round((t - t0) / step)
+
+    live, have = {index(t) for t, _ in alive}, {index(t) for t, _ in rates}
+    idle = [(t0 + k * step, 0.0) for k in range(index(alive[-1][0]) + 1) if k not in live and k not in have]
+    return sorted(rates + idle)
+
+
+def _means(
+    alive: list[tuple[float, float]], step: float, end: float, summed: Callable[[str, float], float | None]
+) -> dict[str, float | None]:
+    """Time means from the first step with a rank alive to the run's end (its last sample's step):
+    images/s is the images processed in between over its seconds; data-wait the wait seconds over
+    the rank-seconds alive (each alive step counts its ranks x step)."""
+    if not alive or end <= alive[0][0]:
+        return {}
+    t0 = alive[0][0]
+    c0, c1, d0, d1 = summed("c", t0), summed("c", end), summed("d", t0), summed("d", end)
+    rank_s = sum(n for _, n in alive[1:]) * step
+    return {
+        "images_per_s": (c1 - c0) / (end - t0) if c0 is not None and c1 is not None else None,
+        "data_wait": (d1 - d0) / rank_s if d0 is not None and d1 is not None and rank_s > 0 else None,
+    }
 
 
 def render(m: RunMetrics, out: TextIO | None = None) -> None:

@@ -19,7 +19,7 @@ from sluice.aws.s3io import read_uri
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.errors import SluiceError
 from sluice.models import RunPlan
-from sluice.paths import RunPaths
+from sluice.paths import MODEL_DIR_KEY, RunPaths
 
 
 @dataclass(frozen=True)
@@ -28,15 +28,19 @@ class Source:
 
     run_id: str
     output_prefix: str  # s3://... (or a local folder) ending in "/"
-    multi_model: bool  # output_prefix/model=<name>/shard=<i>/ rather than output_prefix/shard=<i>/
+    multi_model: bool  # output_prefix/model_name=<name>/shard=<i>/ rather than output_prefix/shard=<i>/
+
+    @property
+    def _models(self) -> str:
+        return f"{MODEL_DIR_KEY}=*/" if self.multi_model else ""
 
     @property
     def parquet_glob(self) -> str:
-        return self.output_prefix + ("model=*/" if self.multi_model else "") + "shard=*/part-*.parquet"
+        return self.output_prefix + self._models + "shard=*/part-*.parquet"
 
     @property
     def marker_glob(self) -> str:
-        return self.output_prefix + ("model=*/" if self.multi_model else "") + "shard=*/_commits/*.json"
+        return self.output_prefix + self._models + "shard=*/_commits/*.json"
 
     @classmethod
     def of(cls, plan: RunPlan, output_prefix: str | None = None) -> Source:

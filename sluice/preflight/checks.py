@@ -15,6 +15,11 @@ SERIES_PER_RANK = 13  # a GPU rank's default push list (bench/metrics_cost.py, "
 TIMEOUT_MARGIN = 2.0  # derived job timeout: twice the estimated shard time ...
 TIMEOUT_SLACK_S = 900  # ... plus start-up (image pull, model load)
 TIMEOUT_FLOOR_S = 6 * 3600  # and never below Batch's usual 6 h
+# What a child pays before its first image: placement, container start, model load. An assumption
+# for a warm compute environment (not measured here: no GPU); a cold image pull adds minutes.
+CHILD_STARTUP_S = 60
+STARTUP_SHARE = 0.25  # start-up over this share of a child's time is a warning ...
+STARTUP_WARN_GPU_S = 3600  # ... when the run's children spend at least a GPU-hour starting
 WARN_AT = 0.8  # a figure past 80% of its limit is a warning
 
 
@@ -116,6 +121,7 @@ def _batch(run: RunFacts, add: Any) -> None:
             "children",
             "error",
             "Batch takes at most 10,000 children per array job: Sluice splits bigger runs into several jobs",
+            near=False,  # at the limit is fine: Sluice's own layout never goes past it
         ).judge(biggest)
     )
     add(
@@ -138,6 +144,30 @@ def _batch(run: RunFacts, add: Any) -> None:
     )
 
 
+def _startup(run: RunFacts, shard_s: float, add: Any) -> None:
+    """Each array child's start-up against its GPU work: worth a warning when it adds up."""
+    if not shard_s or run.mode != "array":
+        return
+    share = round(CHILD_STARTUP_S / (CHILD_STARTUP_S + shard_s), 2)
+    # Worth a warning when it adds up: at least a GPU-hour of start-up over the run.
+    costly = share > STARTUP_SHARE and run.n_shards * CHILD_STARTUP_S >= STARTUP_WARN_GPU_S
+    more = math.ceil(run.keys_per_shard * CHILD_STARTUP_S * (1 - STARTUP_SHARE) / (STARTUP_SHARE * shard_s))
+    advice = (
+        f"each of {run.n_shards:,} children spends about {CHILD_STARTUP_S} s starting (placement, container, "
+        f"model load; assumed) for {shard_s:,.0f} s of GPU work: raise job.keys_per_shard to about {more:,}"
+    )
+    add(
+        Check(
+            "child start-up share",
+            share,
+            STARTUP_SHARE,
+            "warn" if costly else "ok",
+            advice if costly else "",
+            "of a child's time",
+        )
+    )
+
+
 def _fleet(run: RunFacts, cap: Capacity, workers: int, add: Any) -> float:
     """Shard time against the timeout, S3 and AMP at the fleet's pace; returns the shard's seconds."""
     gpus = workers * run.gpus_per_worker
@@ -153,6 +183,7 @@ def _fleet(run: RunFacts, cap: Capacity, workers: int, add: Any) -> float:
             f" or set job.timeout_s to at least {derived_timeout_s(run.keys_per_shard, run.gpus_per_worker, cap.rate)}",
         ).judge(round(shard_s))
     )
+    _startup(run, shard_s, add)
     add(
         Limit(
             "S3 GET/s",

@@ -8,7 +8,7 @@ from typing import Any
 
 from sluice.contracts import KeyListRange, MapResult, PrefixRange, PrepareSpec, ReduceResult
 from sluice.errors import MAX_REASONS
-from sluice.models import SKIPPED_UNCHANGED
+from sluice.models import SKIPPED_FAILED, SKIPPED_UNCHANGED
 from sluice.paths import RunPaths
 from sluice.prepare.reduceparts import IO_THREADS, PrepareError, load_map_results, read_result
 from sluice.prepare.store import PrepareStore
@@ -114,7 +114,8 @@ def collect(spec: PrepareSpec, store: PrepareStore) -> Collected:
         shard_keys += res.shard_keys
     keys_in = sum(m.keys_in for m in maps)
     unique = sum(r.unique_keys for r in reduces)
-    skipped = sum(r.skipped_unchanged for r in reduces)
+    failed_before = sum(r.skipped_failed for r in reduces)
+    skipped = sum(r.skipped_unchanged for r in reduces) + failed_before
     totals = Collected(
         rejected=None,
         keys_in=keys_in,
@@ -125,14 +126,18 @@ def collect(spec: PrepareSpec, store: PrepareStore) -> Collected:
         map_seconds=map_s,
         reduce_seconds=max(r.seconds for r in reduces),
         peak_rss_mb_per_worker=max(peak, *(r.peak_rss_mb for r in reduces)),
-        skipped={SKIPPED_UNCHANGED: skipped} if spec.incremental else {},
+        skipped=(
+            {SKIPPED_UNCHANGED: skipped - failed_before} | ({SKIPPED_FAILED: failed_before} if failed_before else {})
+            if spec.incremental
+            else {}
+        ),
         pieces=[len(r.shard_keys) for r in reduces] if any(r.staged for r in reduces) else [],
         versions=_version_counts(maps),
     )
     if unique == 0:
         return _reject(totals, _zero_keys(spec))
     if unique == skipped:
-        return _reject(totals, _all_unchanged(spec, unique))
+        return _reject(totals, _all_unchanged(spec, unique, failed_before))
     if unique > spec.max_keys:
         return _reject(
             totals,
@@ -142,11 +147,17 @@ def collect(spec: PrepareSpec, store: PrepareStore) -> Collected:
     return totals
 
 
-def _all_unchanged(spec: PrepareSpec, unique: int) -> str:
+def _all_unchanged(spec: PrepareSpec, unique: int, failed_before: int = 0) -> str:
+    bad = (
+        f"; {failed_before} of them failed for their data before with the same bytes (failures/ of those runs "
+        "lists them: fix or replace those objects)"
+        if failed_before
+        else ""
+    )
     return (
         f"input.since_run: nothing to embed: each of the {unique} unique keys is unchanged since the output of "
-        f"{', '.join(spec.lineage)} (same object version, same model artifact for every model); that output is "
-        f"already complete for this input (read it with `sluice output sql {spec.lineage[0]}`)"
+        f"{', '.join(spec.lineage)} (same object version, same model artifact for every model){bad}; that output "
+        f"is already complete for this input (read it with `sluice output sql {spec.lineage[0]}`)"
     )
 
 

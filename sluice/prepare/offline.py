@@ -130,12 +130,20 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
 
 def add_offline_arguments(p: argparse.ArgumentParser) -> None:
     """The `sluice prepare` arguments (offline_main reads them)."""
-    p.add_argument("keylist", help="a local .txt/.csv/.jsonl key list")
-    p.add_argument("--out", required=True, help="directory for shards/, prepare/ and plan.json")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="map workers (default: CPUs)")
-    p.add_argument("--partitions", type=int, default=None, help="reduce workers (default: one per 4M keys)")
-    p.add_argument("--keys-per-shard", type=int, default=10_000)
-    p.add_argument("--bucket", help="bucket for bare keys")
+    p.add_argument("keylist", metavar="KEYLIST", help="a local .txt/.csv/.jsonl key list")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for shards/, prepare/ and plan.json")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N", help="map workers (default: CPUs)")
+    p.add_argument(
+        "--partitions", type=int, default=None, metavar="N", help="reduce workers (default: one per 4M keys)"
+    )
+    p.add_argument(
+        "--keys-per-shard",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="keys a shard holds at most (default 10,000; with duplicates a shard holds fewer: docs/manifest.md)",
+    )
+    p.add_argument("--bucket", metavar="BUCKET", help="bucket for bare keys (the key list's lines without s3://)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 

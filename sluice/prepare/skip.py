@@ -7,8 +7,11 @@ object's bucket), so the map side reuses sluice.prepare.router.Parts:
 
 source is CURRENT (-1) for the object version the input names now, else the earlier run's
 place in the lineage (0 = input.since_run); model is the index of the record's model_id in
-this run's distinct model ids. Valid keys hold no control character (sluice.aws.s3uri.bad_char),
-ETags and version ids neither, so NUL separates; the key is split off from the right anyway.
+this run's distinct model ids, or FAILED (-1) for an earlier failure of the object's bytes
+(failures/<i>.jsonl: a reason of contracts.BYTES_FAILURE_REASONS, with the version read), which
+stands for every model: decoding failed before any model ran. Valid keys hold no control
+character (sluice.aws.s3uri.bad_char), ETags and version ids neither, so NUL separates; the key
+is split off from the right anyway.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from sluice.outputs import object_version
 
 CURRENT = -1
+FAILED = -1  # the model field of an earlier failure of the bytes (every model)
 CONFLICT = "?"  # two sources name different versions of one key: it is embedded
 NONE = 2**31 - 1  # odd: "no record", ranks after every real one
 
@@ -48,18 +52,25 @@ def matches(current: str, etag: str, version_id: str | None) -> bool:
     return current == object_version(etag, version_id) or current == object_version(etag, None)
 
 
+ROW, FAILURE, OTHER = 0, 1, 2  # what a key's newest record for a model says: a row or a failure of its current version
+
+
 class Skipper:
     """Current versions, then earlier records, of one partition: which keys every model already has.
 
     For each (key, model) only the newest record counts (lowest source rank), kept as one int:
-    rank * 2, plus 1 when it does not match the current version, so min() keeps the newest and,
-    at one rank, prefers a match (order-independent: the map workers' order does not matter).
+    rank * 4 + ROW (a row of the current version), FAILURE (its current bytes failed) or OTHER
+    (another version), so min() keeps the newest and, at one rank, prefers a row
+    (order-independent: the map workers' order does not matter). A key is skipped when every
+    model's newest record is of its current version; `known_bad` counts those of them that
+    failed (the same bytes would fail again, and a run would count them against its threshold).
     """
 
     def __init__(self, n_models: int) -> None:
         self.n_models = n_models
         self.current: dict[tuple[str, str], str] = {}
         self.best: dict[tuple[str, str], list[int]] = {}
+        self.known_bad = 0
 
     def add_current(self, bucket: str, key: str, etag: str, version_id: str | None) -> None:
         token = object_version(etag, version_id)
@@ -69,17 +80,22 @@ class Skipper:
             self.current[k] = CONFLICT
 
     def add_earlier(self, bucket: str, key: str, rank: int, model: int, etag: str, version_id: str | None) -> None:
-        """An earlier row; call after every add_current (a key without a current version is never skipped)."""
+        """An earlier row (model FAILED: a failure of the bytes); call after every add_current.
+
+        A key without a current version is never skipped.
+        """
         k = (bucket, key)
         token = self.current.get(k)
         if token is None or token == CONFLICT:
             return
-        v = rank * 2 + (0 if matches(token, etag, version_id) else 1)
+        same = ROW if model != FAILED else FAILURE
+        v = rank * 4 + (same if matches(token, etag, version_id) else OTHER)
         slots = self.best.get(k)
         if slots is None:
             slots = self.best[k] = [NONE] * self.n_models
-        if v < slots[model]:
-            slots[model] = v
+        for m in range(self.n_models) if model == FAILED else (model,):
+            if v < slots[m]:
+                slots[m] = v
 
     def add(self, bucket: str, rec: str) -> None:
         """A record as the part files hold it."""
@@ -90,12 +106,18 @@ class Skipper:
             self.add_earlier(bucket, key, source, model, etag, vid)
 
     def skips(self, bucket: str, key: str) -> bool:
-        """Every model's newest record matches the current version."""
+        """Every model's newest record is of the current version (a row, or a failure of those bytes)."""
         slots = self.best.get((bucket, key))
-        return slots is not None and all(v % 2 == 0 for v in slots)
+        return slots is not None and all(v != NONE and v % 4 != OTHER for v in slots)
 
     def keep(self, bucket: str, keys: list[str]) -> list[str]:
-        """The keys to embed."""
+        """The keys to embed; counts the skipped ones whose bytes failed before in `known_bad`."""
         if not self.best:
             return keys
-        return [k for k in keys if not self.skips(bucket, k)]
+        kept = []
+        for k in keys:
+            if not self.skips(bucket, k):
+                kept.append(k)
+            elif any(v % 4 == FAILURE for v in self.best[(bucket, k)]):
+                self.known_bad += 1
+        return kept

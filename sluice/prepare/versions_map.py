@@ -10,7 +10,9 @@ VersionId columns, else one HeadObject per key (key lists, inline keys), HEAD_CO
 a time. Earlier output: for each shard folder of a task, one listing finds the committed
 chunks (a part-*.parquet with its _commits/ marker; a file without one is a killed attempt's
 leftover), and each chunk's VERSION_COLUMNS are read by ranged GETs (Parquet column
-projection: the embeddings, ~95% of a file, are never downloaded).
+projection: the embeddings, ~95% of a file, are never downloaded). The shard's failures/<i>.jsonl
+(one small GET) gives the keys whose bytes failed to decode, with the version read: an
+unchanged one is skipped too (sluice.prepare.skip.FAILED), not counted against the new run.
 
 S3 limits designed for: 5,500 GET/HEAD requests per second per partitioned prefix (S3 user
 guide, "Best practices design patterns: optimizing Amazon S3 performance"); one worker's
@@ -26,13 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sluice.aws.errors import AwsFatalError, Kind
-from sluice.contracts import EarlierOutput, PrepareSpec, VersionCounts
+from sluice.contracts import BYTES_FAILURE_REASONS, EarlierOutput, FailureLine, PrepareSpec, VersionCounts
 from sluice.log import logger
 from sluice.outputs import ETAG, KEY, MODEL_ID, VERSION_COLUMNS, VERSION_ID
-from sluice.paths import COMMITS_DIR, shard_output_dir
+from sluice.paths import COMMITS_DIR, RunPaths, shard_output_dir
 from sluice.prepare import prefetched
 from sluice.prepare.mapparts import Parts, TaskProblems, Version, partitions_of
-from sluice.prepare.skip import CURRENT, distinct, record
+from sluice.prepare.skip import CURRENT, FAILED, distinct, record
 from sluice.prepare.store import PrepareStore
 
 HEAD_CONCURRENCY = 32  # HEADs in flight per map worker (the PrepareStore's pool holds 32 connections)
@@ -49,6 +51,7 @@ class VersionRouter:
         self.models = {mid: i for i, mid in enumerate(distinct(spec.model_ids))}
         self.counts = VersionCounts(partition_records=[0] * spec.partitions)
         self._store = store
+        self._control = spec.root[5:].split("/", 1)[0] if spec.root.startswith("s3://") else None
         self._pool: ThreadPoolExecutor | None = None
 
     def current(self, pairs: list[tuple[str, str]], versions: list[Version | None] | None) -> None:
@@ -74,6 +77,28 @@ class VersionRouter:
             recs.append((bucket, record(key, rank, model, str(etag), vid)))
         self.parts.add(recs, [self._r + r for r in partitions_of(pairs, self._r)])
         self.counts.earlier_rows += len(recs)
+        return len(recs)
+
+    def failures_uri(self, run_id: str, shard: int) -> str | None:
+        """An earlier run's failures/<shard>.jsonl: under its root in the control bucket, as this run's."""
+        return RunPaths.in_bucket(self._control, run_id).failures(shard) if self._control else None
+
+    def earlier_failures(self, rank: int, data: bytes) -> int:
+        """An earlier failures/<i>.jsonl: a FAILED record for each key whose bytes failed, with the version read."""
+        pairs: list[tuple[str, str]] = []
+        recs: list[tuple[str, str]] = []
+        for line in data.splitlines():
+            try:
+                f = FailureLine.model_validate_json(line)
+            except ValueError:
+                continue  # blank, or not a failure line: that key is embedded again
+            if f.reason not in BYTES_FAILURE_REASONS or not f.etag or not f.key.startswith("s3://"):
+                continue  # a failure of the request, not of the bytes, or one that names no version
+            bucket, _, key = f.key[5:].partition("/")
+            pairs.append((bucket, key))
+            recs.append((bucket, record(key, rank, FAILED, f.etag, f.version_id)))
+        self.parts.add(recs, [self._r + r for r in partitions_of(pairs, self._r)])
+        self.counts.earlier_failures += len(recs)
         return len(recs)
 
     def _head(self, pairs: list[tuple[str, str]]) -> list[Version | None]:
@@ -164,10 +189,25 @@ def map_earlier(task: EarlierOutput, store: PrepareStore, sink: VersionRouter, p
                         sink.counts.earlier_unversioned += 1
                     else:
                         rows += sink.earlier(task.rank, *cols)
+                _map_failures(task, shard, store, sink)
             except AwsFatalError as exc:
                 problems.add(_earlier_problem(task, shard_dir, exc))
                 return rows
     return rows
+
+
+def _map_failures(task: EarlierOutput, shard: int, store: PrepareStore, sink: VersionRouter) -> None:
+    """The shard's failures/<i>.jsonl of that run (absent: none recorded, or the shard never ended)."""
+    uri = sink.failures_uri(task.run_id, shard)
+    if uri is None:
+        return
+    try:
+        data = store.get(uri)
+    except AwsFatalError as exc:
+        if exc.kind is Kind.NOT_FOUND:
+            return
+        raise
+    sink.earlier_failures(task.rank, data)
 
 
 def _earlier_problem(task: EarlierOutput, where: str, exc: AwsFatalError) -> str:

@@ -56,6 +56,7 @@ def reduce_incremental(job: ReduceJob, results: list[MapResult], groups: Groups,
     skipper = load_skipper(job, results)
     unique = sum(len(k) for _, k in groups)
     kept: Groups = [(b, ks) for b, ks in ((b, skipper.keep(b, keys)) for b, keys in groups) if ks]
+    skipped_failed = skipper.known_bad
     del skipper, groups
     n = sum(len(k) for _, k in kept)
     if spec.mode == "multinode":
@@ -72,7 +73,8 @@ def reduce_incremental(job: ReduceJob, results: list[MapResult], groups: Groups,
         keys_in=keys_in,
         unique_keys=unique,
         first_shard=first,
-        skipped_unchanged=unique - n,
+        skipped_unchanged=unique - n - skipped_failed,
+        skipped_failed=skipped_failed,
         staged=staged,
     )
     return write_partition(job, uris, pieces, counted)

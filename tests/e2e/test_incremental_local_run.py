@@ -113,3 +113,37 @@ def test_an_incremental_local_run_embeds_only_the_changed_images(tmp_path: Path)
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGTERM)
+
+
+def test_since_run_uploads_over_the_earlier_input_and_skips_a_known_bad_file(tmp_path: Path) -> None:
+    """The documented flow on a folder with one bad file: run 1 succeeds (1 of 21 failed); run 2,
+    `--images DIR --since-run RUN1`, embeds the edited and the new image and leaves the unchanged
+    bad file out (failed_before), instead of failing on it (1 of 3 would be 33% > 5%)."""
+    from sluice.local.server import MotoServer
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    photos.mkdir()
+    for i in range(20):
+        (photos / f"p{i}.jpg").write_bytes(_jpeg(i))
+    (photos / "broken.jpg").write_text("not a jpeg\n")
+    common = ("--no-prometheus", "--json", "--shards", "1", "--out", str(out))
+    with MotoServer() as server:
+        first = _cli("local", "run", "--images", str(photos), "--endpoint-url", server.endpoint, *common)
+        assert first.returncode == 0, first.stderr[-3000:]
+        s1 = json.loads(first.stdout)
+        assert (s1["processed"], s1["failed"], s1["failed_by_reason"]) == (20, 1, {"not_image": 1})
+        (photos / "p0.jpg").write_bytes(_jpeg(40))  # edited
+        (photos / "new.jpg").write_bytes(_jpeg(41))  # added
+        second = _cli(
+            "local", "run", "--images", str(photos), "--since-run", s1["run_id"], "--endpoint-url", server.endpoint,
+            *common,
+        )  # fmt: skip
+        assert second.returncode == 0, second.stderr[-3000:]
+        s2 = json.loads(second.stdout)
+        assert s2["input_prefix"] == s1["input_prefix"]  # uploaded over the first run's input
+        assert (s2["outcome"], s2["processed"], s2["failed"]) == ("succeeded", 2, 0), s2
+        assert s2["lineage"] == [s1["run_id"]] and s2["skipped"] == {"unchanged": 19, "failed_before": 1}
+        sql = _cli("output", "sql", s2["run_id"], "--local", str(out), timeout=60)
+        assert sql.returncode == 0, sql.stderr
+        keys = [r[0].rsplit("/", 1)[-1] for r in duckdb.sql(f"SELECT key FROM ({sql.stdout})").fetchall()]
+        assert sorted(keys) == sorted([f"p{i}.jpg" for i in range(20)] + ["new.jpg"])

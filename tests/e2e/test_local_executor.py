@@ -12,7 +12,7 @@ import pytest
 from sluice.contracts import JobStatus
 from sluice.control.ledger import Ledger
 from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
-from sluice.local.executor import EXITED, LocalExecutor, LocalJob, Task
+from sluice.local.executor import EXITED, ExecutorConfig, LocalExecutor, LocalJob, Task
 from sluice.models import RunPlan
 
 RUN = "run-executor"
@@ -35,20 +35,28 @@ def submitted(aws, stack, tmp_path):
             "environment": [{"name": "SLUICE_PLAN_URI", "value": f"s3://{control}/runs/{RUN}/plan.json"}]
         },
     )
+    for other in ("earlier-run", None):  # a kept emulator's earlier run, and a job that is not Sluice's
+        aws.batch.submit_job(
+            jobName="other",
+            jobQueue=stack.names["GpuJobQueue"],
+            jobDefinition=stack.names["WorkerJobDefinition"],
+            arrayProperties={"size": 3},
+            tags={"sluice:run-id": other} if other else {},
+        )
     events: list[dict] = []
-    executor = LocalExecutor(
-        aws.batch,
-        Ledger(aws.dynamodb, stack.names["RunsTable"]),
-        [stack.names["GpuJobQueue"]],
-        events.append,
-        slots=1,
-        worker_env={},
-        log_dir=str(tmp_path / "logs"),
-        out=io.StringIO(),
-    )
+    config = ExecutorConfig(RUN, (stack.names["GpuJobQueue"],), str(tmp_path / "logs"), out=io.StringIO())
+    executor = LocalExecutor(aws.batch, Ledger(aws.dynamodb, stack.names["RunsTable"]), events.append, config)
     jobs = executor.discover()
     assert len(jobs) == 1
     return executor, jobs[0], events
+
+
+def test_only_the_runs_own_jobs_are_discovered(submitted):
+    executor, job, events = submitted
+    assert list(executor.jobs) == [job.job_id] and job.run_id == RUN
+    assert len(executor._foreign) == 2  # the others are noted, not run
+    assert executor.discover() == [] and list(executor.jobs) == [job.job_id]
+    assert {e["detail"]["tags"]["sluice:run-id"] for e in events} == {RUN}
 
 
 def test_discovered_job_takes_the_definitions_rules_and_the_plans_attempts(submitted):

@@ -112,6 +112,13 @@ def test_max_failed_fraction_flag_and_keep_give_a_working_status_command(tmp_pat
         assert runs.returncode == 0 and s["run_id"] in runs.stdout, runs.stderr
         if s["metrics"] is not None:  # a Prometheus on PATH: kept too, its URL printed
             assert s["metrics"].startswith("http://127.0.0.1:")
+        (stop,) = [x for x in proc.stderr.splitlines() if x.startswith("stop them with: ")]
+        assert subprocess.run(stop.removeprefix("stop them with: "), shell=True, timeout=30).returncode == 0
+        deadline = time.monotonic() + 10
+        while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in pids if _alive(p)] == []  # the printed command stops them, and removes its folder
+        assert not [d for d in stop.split() if d.startswith("/tmp/sluice-prometheus-") and os.path.exists(d)]
     finally:
         for pid in pids:
             if _alive(pid):

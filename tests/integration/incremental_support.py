@@ -139,19 +139,21 @@ def run_prepare(store: PrepareStore, spec: PrepareSpec) -> None:
 def prepare_events(stack: Any, run_id: str, job_ids: Sequence[str], spec: PrepareSpec) -> list[dict[str, Any]]:
     """The prepare jobs' terminal events (map, then reduce), as Batch sends them."""
     from sluice.control.batch import prepare_job_name
-    from sluice.local.events import attempt, batch_job_state_change
+    from sluice.local.events import JobChange, attempt, batch_job_state_change
 
     out = []
     for jid, stage, size in zip(job_ids, ("map", "reduce"), (spec.workers, spec.partitions), strict=True):
         out.append(
             batch_job_state_change(
-                job_id=jid,
-                job_name=prepare_job_name(run_id, stage),
-                job_queue=stack.names["PrepareJobQueue"],
-                status=JobStatus.SUCCEEDED,
-                run_id=run_id,
-                attempts=[attempt(1_000, 2_000, 0, "Essential container in task exited")],
-                array_size=size if size >= 2 else None,
+                JobChange(
+                    job_id=jid,
+                    job_name=prepare_job_name(run_id, stage),
+                    job_queue=stack.names["PrepareJobQueue"],
+                    status=JobStatus.SUCCEEDED,
+                    run_id=run_id,
+                    attempts=[attempt(1_000, 2_000, 0, "Essential container in task exited")],
+                    array_size=size if size >= 2 else None,
+                )
             )
         )
     return out

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sluice.aws.clients import Clients
 from sluice.contracts import JobStatus, RunStatus
 from sluice.control.policy import HOST_LOST_REASON
-from sluice.local.events import attempt, batch_job_state_change
+from sluice.local.events import JobChange, attempt, batch_job_state_change
 from tests.integration.completion_support import Atomic, submit_run, write_result
 from tests.integration.helpers import bus_events
 
@@ -97,16 +97,18 @@ def _maker(job: dict[str, Any], idx: int | None) -> Any:
     def mk(status: JobStatus, attempts: list[dict[str, Any]], reason: str | None = None, exit_code: int | None = None):
         jid = job["id"] if idx is None else f"{job['id']}{':' if job['kind'] == 'array' else '#'}{idx}"
         return batch_job_state_change(
-            job_id=jid,
-            job_name=job["name"],
-            job_queue=job["queue"],
-            status=status,
-            run_id=job["run_id"],
-            attempts=attempts,
-            status_reason=reason,
-            exit_code=exit_code,
-            array_index=idx if job["kind"] == "array" else None,
-            node_index=idx if job["kind"] == "multinode" else None,
+            JobChange(
+                job_id=jid,
+                job_name=job["name"],
+                job_queue=job["queue"],
+                status=status,
+                run_id=job["run_id"],
+                attempts=attempts,
+                status_reason=reason,
+                exit_code=exit_code,
+                array_index=idx if job["kind"] == "array" else None,
+                node_index=idx if job["kind"] == "multinode" else None,
+            )
         )
 
     return mk
@@ -118,13 +120,15 @@ def _job_events(job: dict[str, Any], sc: Scenario) -> list[dict[str, Any]]:
 
     def ev(status: JobStatus, reason: str | None = None) -> dict[str, Any]:
         return batch_job_state_change(
-            job_id=job["id"],
-            job_name=job["name"],
-            job_queue=job["queue"],
-            status=status,
-            run_id=job["run_id"],
-            status_reason=reason,
-            **size,
+            JobChange(
+                job_id=job["id"],
+                job_name=job["name"],
+                job_queue=job["queue"],
+                status=status,
+                run_id=job["run_id"],
+                status_reason=reason,
+                **size,
+            )
         )
 
     evs = [ev(JobStatus.PENDING), ev(JobStatus.RUNNING)]

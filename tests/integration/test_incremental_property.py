@@ -77,7 +77,7 @@ def _setup(s3: Any, case: dict[str, Any], ex: int) -> tuple[PrepareSpec, list[st
     earlier = []
     for rank, by_model in enumerate(case["rows"]):
         for m, versions in enumerate(by_model):
-            prefix = f"s3://{CTL}/ex{ex}/runs/r{rank}/output/" + (f"model=m{m}/" if case["models"] > 1 else "")
+            prefix = f"s3://{CTL}/ex{ex}/runs/r{rank}/output/" + (f"model_name=m{m}/" if case["models"] > 1 else "")
             rows = [
                 (f"s3://{IMAGES}/{k}", md5(f"{k}:{v}".encode()), None) for k, v in zip(keys, versions) if v is not None
             ]

@@ -20,7 +20,7 @@ from sluice.contracts import JobStatus, PrepareSpec, RunStatus
 from sluice.control.batch import prepare_job_name
 from sluice.control.ledger import Ledger
 from sluice.control.reconcile import reconcile
-from sluice.local.events import attempt, batch_job_state_change
+from sluice.local.events import JobChange, attempt, batch_job_state_change
 from sluice.models import RunPlan
 from sluice.ops.status import run_status
 from sluice.paths import RunPaths
@@ -63,14 +63,16 @@ def _run_workers(aws, spec: PrepareSpec) -> None:
 def _prepare_event(stack, run_id: str, job_id: str, stage: str, status: JobStatus, size: int, reason=None) -> dict:
     done = [attempt(1_000, 2_000, 0 if status == JobStatus.SUCCEEDED else 1, "Essential container in task exited")]
     return batch_job_state_change(
-        job_id=job_id,
-        job_name=prepare_job_name(run_id, stage),
-        job_queue=stack.names["PrepareJobQueue"],
-        status=status,
-        run_id=run_id,
-        attempts=done if status.terminal else [],
-        status_reason=reason,
-        array_size=size if size >= 2 else None,
+        JobChange(
+            job_id=job_id,
+            job_name=prepare_job_name(run_id, stage),
+            job_queue=stack.names["PrepareJobQueue"],
+            status=status,
+            run_id=run_id,
+            attempts=done if status.terminal else [],
+            status_reason=reason,
+            array_size=size if size >= 2 else None,
+        )
     )
 
 

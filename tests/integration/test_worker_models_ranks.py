@@ -37,7 +37,7 @@ def test_two_models_two_ranks_loader_processes(moto_server, dataset):
     unread = sum(n for r, n in result.failed_by_reason.items() if r in ("missing", "access_denied", "too_large"))
     assert result.stats["s3_gets"] == len(keys) - unread == result.processed + result.failed - unread
     for name in ("a", "b"):
-        prefix = f"runs/{plan.run_id}/output/model={name}/shard=0/"
+        prefix = f"runs/{plan.run_id}/output/model_name={name}/shard=0/"
         listed = s3.list_objects_v2(Bucket=CONTROL_BUCKET, Prefix=prefix)["Contents"]
         rows = []
         for o in listed:

@@ -83,6 +83,7 @@ def test_export_matches_eager_and_runs_in_the_worker(tiny_repos, tmp_path: Path,
     assert check.max_abs_diff < 1e-4 and check.max_abs_diff_normalized < 1e-5
     sidecar = json.loads(Path(path + ".json").read_text())
     assert sidecar == meta
+    assert Path(path).stat().st_mode & 0o777 == Path(path + ".json").stat().st_mode & 0o777  # both readable alike
     assert (meta["format"], meta["output_dim"], meta["image_size"], meta["version"]) == (fmt, dim, 32, "random-init")
     assert meta["mean"] == pytest.approx(mean) and meta["weights_sha256"] == weights_sha256(src.module)
 

@@ -74,7 +74,7 @@ def test_the_plan_holds_each_model_with_its_identity():
         total_keys=10, duplicates=0, lay=lay, model_ids=ids,
     ))  # fmt: skip
     assert [(m.name, m.model_id) for m in plan.models] == [("resnet50", "builtin:resnet50@1"), ("clip", ids[1])]
-    assert plan.multi_model and plan.output_dir(3, 1) == "s3://ctl/runs/r/output/model=clip/shard=3/"
+    assert plan.multi_model and plan.output_dir(3, 1) == "s3://ctl/runs/r/output/model_name=clip/shard=3/"
     single = build_plan(PlanInputs(
         run_id="r", manifest=_manifest({"uri": "builtin:resnet50"}), manifest_uri="s3://c/m.json",
         control_bucket="ctl", total_keys=10, duplicates=0, lay=lay,

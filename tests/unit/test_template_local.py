@@ -8,7 +8,7 @@ from typing import Any
 
 from sluice.contracts import JobStatus
 from sluice.control.batch import BatchAdapter, prepare_job_name
-from sluice.local.events import batch_job_state_change, matches
+from sluice.local.events import JobChange, batch_job_state_change, matches
 from sluice.settings import Settings
 
 
@@ -46,11 +46,13 @@ def test_prepare_jobs_submit_locally_and_their_events_reach_the_job_state_functi
     # Adopted by name, not submitted twice.
     assert BatchAdapter(aws.batch).submit_prepare("r1", spec, 3, 2, settings) == [map_id, reduce_id]
     event = batch_job_state_change(
-        job_id=reduce_id,
-        job_name=prepare_job_name("r1", "reduce"),
-        job_queue=stack.names["PrepareJobQueue"],
-        status=JobStatus.SUCCEEDED,
-        run_id="r1",
+        JobChange(
+            job_id=reduce_id,
+            job_name=prepare_job_name("r1", "reduce"),
+            job_queue=stack.names["PrepareJobQueue"],
+            status=JobStatus.SUCCEEDED,
+            run_id="r1",
+        )
     )
     routed = [name for name, pattern in stack.rule_patterns.items() if matches(pattern, event)]
     assert routed == ["JobStateChanged"]

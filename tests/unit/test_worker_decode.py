@@ -122,6 +122,7 @@ def test_not_images(data):
     with pytest.raises(ObjectFailure) as info:
         decode_image(data, 32, LIMIT)
     assert info.value.reason is FailureReason.NOT_IMAGE
+    assert ("empty" in info.value.detail) == (data == b"")  # a zero-byte object is said to be empty
 
 
 def test_fixture_expectations_match_the_decoder():

@@ -47,7 +47,7 @@ def test_each_key_is_fetched_once_and_embedded_by_every_model(tmp_path):
     result = run_node(CFG, env, store=RunStore(), fetcher=fetcher)
     assert fetcher.calls == len(KEYS)  # one GET per key for both models
     assert result.ok and result.processed_by_model == {"small": 60, "big": 60} and result.failed == 1
-    assert plan.output_dir(0, 0).endswith("/output/model=small/shard=0/")
+    assert plan.output_dir(0, 0).endswith("/output/model_name=small/shard=0/")
     small, big = _table(plan, 0), _table(plan, 1)
     assert set(small) == set(big) == {f"s3://bkt/{k}" for k in IMAGES}
     assert {r["model"] for r in small.values()} == {"small"} and {r["model"] for r in big.values()} == {"big"}

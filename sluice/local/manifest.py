@@ -1,0 +1,237 @@
+"""The manifest a `sluice local run` submits: generated from its flags, or --manifest FILE with the flags on top.
+
+Every flag that shapes a run is applied or refused with a message, never dropped:
+
+* generated (--images DIR / --demo N / --since-run RUN): input, model(s), job and threshold from the flags;
+* --manifest FILE (a JSON manifest): --model, --image-size, --max-failed-fraction, --mode, --nodes,
+  --since-run replace the manifest's values; --shards sets job.keys_per_shard when the input is
+  the images this run uploaded (their count is known), and is refused otherwise; a manifest
+  without `input` reads the uploaded images;
+* --manifest FILE (a key list): no flag applies, each given one is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.models import MODEL_NAME
+
+INPUT_BUCKET = "sluice-local-images"
+IMAGE_SIZE = 128  # --image-size of generated manifests (an exported model's spec gives its own)
+BATCH_SIZE = 32
+# The flags a manifest can take, as (argparse dest, flag).
+RUN_FLAGS = (
+    ("model", "--model"),
+    ("image_size", "--image-size"),
+    ("max_failed_fraction", "--max-failed-fraction"),
+    ("mode", "--mode"),
+    ("nodes", "--nodes"),
+    ("shards", "--shards"),
+    ("since_run", "--since-run"),
+)
+
+
+@dataclass
+class Uploaded:
+    """What --images DIR or --demo N put in the input bucket (count 0: nothing uploaded)."""
+
+    prefix: str
+    count: int
+    skipped: list[str] = field(default_factory=list)  # files of DIR that are not images by name
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{INPUT_BUCKET}/{self.prefix}"
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """The run --since-run names, as its manifest and plan say: what an incremental run repeats."""
+
+    run_id: str
+    input: dict[str, Any]  # its manifest's input (a prefix of the input bucket, for runs of --images)
+    models: list[dict[str, Any]]  # its plan's models: uri, name, batch_size, image_size
+
+    @property
+    def local_prefix(self) -> str | None:
+        """Its input prefix in the emulator's input bucket, if that is what it read."""
+        prefix = str(self.input.get("prefix") or "")
+        head = f"s3://{INPUT_BUCKET}/"
+        return prefix[len(head) :] if prefix.startswith(head) and prefix != head else None
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether a flag was given (argparse leaves an absent one None)."""
+    return getattr(args, dest, None) is not None
+
+
+def parse_model(value: str) -> tuple[str | None, str]:
+    """--model [NAME=]URI: (name or None, uri). A value that is an existing file is a path, '=' and all."""
+    name, sep, uri = value.partition("=")
+    if sep and re.match(MODEL_NAME, name) and uri and not Path(value).expanduser().is_file():
+        return name, uri
+    return None, value
+
+
+def model_specs(args: argparse.Namespace, earlier: Earlier | None = None) -> list[dict[str, Any]]:
+    """The run's model(s): --model (a local path made absolute), else --since-run's, else the builtin."""
+    if not args.model and earlier is not None:
+        return [
+            dict(m, **({"image_size": args.image_size} if given(args, "image_size") else {})) for m in earlier.models
+        ]
+    specs = []
+    for value in args.model or ["builtin:reference-cnn"]:
+        name, uri = parse_model(value)
+        if not uri.startswith(("builtin:", "s3://")):
+            if not Path(uri).expanduser().is_file():
+                raise SystemExit(
+                    f"sluice: --model {value}: no such file (give a model file, an s3:// URI or builtin:NAME)"
+                )
+            uri = str(Path(uri).expanduser().resolve())
+        spec = {"uri": uri, "batch_size": BATCH_SIZE, "image_size": args.image_size or IMAGE_SIZE}
+        specs.append(spec | ({"name": name} if name else {}))
+    return specs
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Flags that contradict each other, refused before anything starts."""
+    mode = args.mode
+    if mode != "multinode" and given(args, "nodes") and not args.manifest:
+        raise SystemExit("sluice: --nodes is for multi-node parallel jobs: add --mode multinode, or use --shards")
+    if mode == "multinode" and given(args, "shards"):
+        raise SystemExit("sluice: --shards is for array jobs; a multinode run has one shard per node: use --nodes")
+    if args.since_run and not args.endpoint_url:
+        raise SystemExit(
+            f"sluice: --since-run {args.since_run}: give --endpoint-url URL, the emulator that holds that run "
+            "(the one `sluice local run --keep` printed)"
+        )
+    names = [parse_model(v)[0] or v for v in args.model or []]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SystemExit(
+            f"sluice: --model {twice[0]} is given twice: give each model once, or name copies: --model a={twice[0]} "
+            f"--model b={twice[0]}"
+        )
+
+
+def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> tuple[str, bytes, list[str]]:
+    """(object name under manifests/, body, the flags applied on top of --manifest)."""
+    if args.manifest:
+        return _from_file(args, uploaded, earlier)
+    job: dict[str, Any] = {"mode": args.mode or "array"}
+    if job["mode"] == "multinode":
+        job["nodes"] = args.nodes or 2
+    elif uploaded.count:
+        shards = args.shards or max(1, min(4, os.cpu_count() or 1))
+        job["keys_per_shard"] = max(1, -(-uploaded.count // shards))
+    elif given(args, "shards"):
+        raise SystemExit("sluice: --shards with --since-run and no --images: the number of keys is not known here")
+    specs = model_specs(args, earlier)
+    name = "local-images" if args.images else ("local-incremental" if earlier and not uploaded.count else "local-demo")
+    manifest: dict[str, Any] = {
+        "version": 1,
+        "name": name,
+        "input": {"prefix": uploaded.uri} if uploaded.count else dict(earlier.input if earlier else {}),
+        "model": specs[0] if len(specs) == 1 else specs,
+        "job": job,
+    }
+    if earlier is not None:
+        manifest["input"]["since_run"] = earlier.run_id
+    if given(args, "max_failed_fraction"):
+        manifest["max_failed_fraction"] = args.max_failed_fraction
+    return "local-run.json", json.dumps(manifest, indent=2).encode(), []
+
+
+def _from_file(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> tuple[str, bytes, list[str]]:
+    path = Path(args.manifest)
+    body = path.read_bytes()
+    flags = [flag for dest, flag in RUN_FLAGS if given(args, dest)]
+    if not path.name.lower().endswith(".json"):
+        if flags:
+            raise SystemExit(
+                f"sluice: --manifest {path} is a key list: {', '.join(flags)} need a JSON manifest "
+                "(docs/manifest.md), or drop --manifest and use --images DIR"
+            )
+        return path.name, body, []
+    try:
+        manifest = json.loads(body)
+    except ValueError:
+        return path.name, body, []  # the manifest function rejects it, naming the line
+    if not isinstance(manifest, dict):
+        return path.name, body, []
+    return path.name, json.dumps(apply(manifest, args, uploaded, earlier), indent=2).encode(), flags
+
+
+def apply(manifest: dict[str, Any], args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> dict:
+    """The JSON manifest with the given flags on top (a flag that cannot apply is refused: SystemExit)."""
+    m = dict(manifest)
+    if "input" not in m and uploaded.count:
+        m["input"] = {"prefix": uploaded.uri}  # a manifest without input reads the uploaded images
+    inp = m.get("input") if isinstance(m.get("input"), dict) else None
+    if earlier is not None:
+        if inp is None:
+            raise SystemExit("sluice: --since-run needs the manifest's input (or --images DIR)")
+        m["input"] = inp = {**inp, "since_run": earlier.run_id}
+    if args.model or (given(args, "image_size") and not isinstance(m.get("model"), dict | list)):
+        specs = model_specs(args)
+        m["model"] = specs[0] if len(specs) == 1 else specs
+    elif given(args, "image_size"):
+        m["model"] = _sized(m["model"], args.image_size)
+    if given(args, "max_failed_fraction"):
+        m["max_failed_fraction"] = args.max_failed_fraction
+    job = dict(m["job"]) if isinstance(m.get("job"), dict) else {}
+    if args.mode:
+        job["mode"] = args.mode
+    if given(args, "nodes"):
+        if job.get("mode", "array") != "multinode":
+            raise SystemExit("sluice: --nodes: the manifest's job is an array job: add --mode multinode")
+        job["nodes"] = args.nodes
+    if given(args, "shards"):
+        if job.get("mode", "array") == "multinode":
+            raise SystemExit("sluice: --shards is for array jobs; the manifest's job is multinode: use --nodes")
+        if not uploaded.count or inp != {"prefix": uploaded.uri}:
+            raise SystemExit(
+                "sluice: --shards needs the number of keys, known only for the images this run uploads: "
+                "give job.keys_per_shard in the manifest, or leave input out of it and use --images DIR"
+            )
+        job["keys_per_shard"] = max(1, -(-uploaded.count // args.shards))
+    if job:
+        m["job"] = job
+    return m
+
+
+def _sized(model: Any, size: int) -> Any:
+    """The manifest's model (one, or a list) with image_size set."""
+    if isinstance(model, list):
+        return [_sized(x, size) for x in model]
+    return {**model, "image_size": size} if isinstance(model, dict) else model
+
+
+def read_earlier(s3: Any, control: str, run_id: str) -> Earlier:
+    """The run --since-run names, from its plan and manifest in the control bucket; SystemExit when it has none."""
+    from sluice.aws.s3io import read_uri
+    from sluice.models import RunPlan
+    from sluice.paths import RunPaths
+
+    try:
+        plan = RunPlan.model_validate_json(read_uri(s3, RunPaths.in_bucket(control, run_id).plan))
+        is_json = plan.manifest_uri.lower().endswith(".json")
+        manifest = (
+            json.loads(read_uri(s3, plan.manifest_uri)) if is_json else {"input": {"key_list": plan.manifest_uri}}
+        )
+    except Exception as exc:
+        raise SystemExit(
+            f"sluice: --since-run {run_id}: no plan of that run on this emulator ({type(exc).__name__}): "
+            "`sluice runs` lists the runs it holds"
+        ) from None
+    models = [
+        {"uri": m.uri, "name": m.name, "batch_size": m.batch_size, "image_size": m.image_size} for m in plan.models
+    ]
+    inp = manifest.get("input") if isinstance(manifest, dict) else None
+    return Earlier(run_id, {k: v for k, v in (inp or {}).items() if k != "since_run"}, models)

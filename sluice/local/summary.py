@@ -1,0 +1,206 @@
+"""A local run's end: its summary (from the bus, the ledger and failures/), its output copied to DIR/<run id>/."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sluice.aws.s3uri import parse_s3_uri
+from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
+from sluice.paths import COMMITS_DIR, RunPaths, is_commit_marker
+
+SUMMARY_FILE = "summary.json"  # the summary, in the run's folder too (a closed terminal pipe loses stdout)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A run that ended, and where it ran: what its summary is built from."""
+
+    row: RunItem
+    seconds: float
+    endpoint: str
+    run_dir: Path
+
+
+def _read_bus(c: Any, queue_url: str) -> list[dict[str, Any]]:
+    """Every event the observer queue holds (what was published on Sluice's buses)."""
+    events: list[dict[str, Any]] = []
+    while True:
+        msgs = c.sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+        if not msgs:
+            return events
+        events += [json.loads(m["Body"]) for m in msgs]
+        for m in msgs:
+            c.sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def summarize(c: Any, stack: Any, run: Ended) -> dict[str, Any]:
+    """The run's summary; copies its committed output, failures and plan.json into run.run_dir."""
+    row = run.row
+    events = _read_bus(c, stack.observer_queue_url)
+    details = [parse_detail(e["detail-type"], e["detail"]) for e in events]
+    final = next((d for d in details if isinstance(d, RunSucceeded | RunFailed)), None)
+    processed = final.processed if final else (row.processed or 0)
+    outcomes = {RunStatus.SUCCEEDED: "succeeded", RunStatus.FAILED: "failed"}
+    out = {
+        "run_id": row.run_id,
+        "outcome": outcomes.get(row.status, row.status.value),
+        "processed": processed,
+        "failed": final.failed if final else (row.failed_keys or 0),
+        "failed_by_reason": _failure_reasons(c, row),
+        "reason": final.reason if isinstance(final, RunFailed) else None,
+        "reasons": row.reasons or [],
+        "shards": int(row.shards or 0),
+        "retry_passes": max(1, len(row.passes)) - 1,
+        "wall_s": round(run.seconds, 1),
+        "images_per_s": round(processed / run.seconds, 1) if run.seconds else 0.0,
+        "output_prefix": row.output_prefix,
+        "events": [e["detail-type"] for e in events],
+        "endpoint": run.endpoint,
+        "logs": str(run.run_dir / "logs"),
+        "prepare": _prepare_summary(c, row),
+        "lineage": row.lineage or [],
+        "skipped": row.skipped or {},
+    }
+    out["output_dir"] = _copy_output(c, row, run.run_dir)
+    out["failures_dir"] = str(run.run_dir / "failures")
+    out["models"] = _models(run.run_dir)
+    return out
+
+
+def _models(run_dir: Path) -> list[str]:
+    """The run's model names, from the plan.json copied into its folder."""
+    from sluice.models import RunPlan
+
+    plan = run_dir / "plan.json"
+    return [m.name for m in RunPlan.model_validate_json(plan.read_bytes()).models] if plan.exists() else []
+
+
+def _prepare_summary(c: Any, row: RunItem) -> dict[str, Any] | None:
+    """What the prepare stage did (None when the manifest Lambda planned the run itself)."""
+    if row.prepare is None:
+        return None
+    from sluice.aws.s3io import read_uri
+    from sluice.contracts import PrepareSpec
+    from sluice.prepare.collect import collect
+    from sluice.prepare.store import PrepareStore
+
+    spec = PrepareSpec.model_validate_json(read_uri(c.s3, row.prepare.spec_uri))
+    return collect(spec, PrepareStore(c.s3)).summary(spec)
+
+
+def _failures_prefix(row: RunItem) -> tuple[str, str]:
+    """(bucket, key prefix) of the run's failures/, under the control bucket that holds its plan."""
+    bucket, _ = parse_s3_uri(str(row.plan_uri))
+    return parse_s3_uri(RunPaths.in_bucket(bucket, row.run_id).failures_prefix)
+
+
+def _failure_reasons(c: Any, row: RunItem) -> dict[str, int]:
+    """Reasons of the keys that finally failed (last record per key)."""
+    if not row.plan_uri:
+        return {}
+    bucket, prefix = _failures_prefix(row)
+    pages = c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    objects = [o for page in pages for o in page.get("Contents", [])]
+    last: dict[str, str] = {}
+    for o in sorted(objects, key=lambda o: int(o["Key"].rsplit("/", 1)[-1].split(".")[0])):
+        for line in c.s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].iter_lines():
+            if line.strip():
+                failure = FailureLine.model_validate_json(line)
+                last[failure.key] = failure.reason.value
+    return dict(Counter(last.values()))
+
+
+def _copy_output(c: Any, row: RunItem, dest: Path) -> str | None:
+    """Copy committed Parquet output, failures and plan.json into the run's own folder (OUT/<run id>/).
+
+    A chunk without its commit marker (a killed attempt's leftover) is left out, and the markers
+    too: the copy is the run's valid output only (`sluice output sql RUN --local OUT` reads it).
+    """
+    if not row.output_prefix:
+        return None
+    bucket, prefix = parse_s3_uri(row.output_prefix, allow_empty_key=True)
+    ctl, failures = _failures_prefix(row)
+    for b, p, sub in ((bucket, prefix, "output"), (ctl, failures, "failures")):
+        keys = [
+            o["Key"]
+            for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=p)
+            for o in page.get("Contents", [])
+        ]
+        marked = {k.replace(COMMITS_DIR, "").removesuffix(".json") + ".parquet" for k in keys if is_commit_marker(k)}
+        for key in keys:
+            if is_commit_marker(key) or (key.endswith(".parquet") and key not in marked):
+                continue
+            target = dest / sub / key[len(p) :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(c.s3.get_object(Bucket=b, Key=key)["Body"].read())
+    if row.plan_uri:
+        pb, pk = parse_s3_uri(row.plan_uri)
+        (dest / "plan.json").write_bytes(c.s3.get_object(Bucket=pb, Key=pk)["Body"].read())
+    return str(dest)
+
+
+def save(run_dir: Path, s: dict[str, Any]) -> None:
+    """The summary as DIR/<run id>/summary.json."""
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(s, indent=2) + "\n")
+
+
+def report(s: dict[str, Any], as_json: bool) -> None:
+    """The summary on stdout: one JSON object, or a table."""
+    if as_json:
+        print(json.dumps(s, indent=2))
+        return
+    rows = [("run id", s.get("run_id")), ("outcome", s.get("outcome"))]
+    rows += [("reason", r) for r in s.get("reasons") or []]
+    if "processed" in s:
+        rows += _ran_rows(s)
+    width = max(len(k) for k, _ in rows)
+    sys.stdout.write("\nSluice local run\n" + "".join(f"  {k:<{width}}  {v}\n" for k, v in rows))
+
+
+def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The summary rows of a run that ran (was not rejected)."""
+    fails = ", ".join(f"{k} {v}" for k, v in sorted(s.get("failed_by_reason", {}).items()))
+    rows: list[tuple[str, Any]] = [
+        ("processed", s["processed"]),
+        ("failed", f"{s['failed']}" + (f"  ({fails})" if fails else "")),
+    ]
+    if s.get("reason"):
+        rows.append(("reason", s["reason"]))
+    output = s.get("output_dir")
+    if output and s.get("outcome") != "succeeded":
+        output = f"{output}  (the run {s.get('outcome')}: output/ holds only the shards that committed)"
+    rows += [
+        ("models", ", ".join(s.get("models") or []) or "-"),
+        ("shards", s["shards"]),
+        ("retry passes", s["retry_passes"]),
+        ("wall time", f"{s['wall_s']} s"),
+        ("images/s", s["images_per_s"]),
+        ("output (S3)", s.get("output_prefix")),
+        ("output (local)", output),
+        ("failures", f"{s.get('failures_dir')}  (one JSON line per failed image)" if s.get("failed") else None),
+        ("worker logs", s.get("logs")),
+    ]
+    rows = [(k, v) for k, v in rows if v is not None]
+    if s.get("input_prefix"):
+        rows.append(("input (S3)", s["input_prefix"]))
+    if s.get("metrics"):
+        rows.append(("metrics", s["metrics"]))
+    if s.get("lineage"):
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(s.get("skipped", {}).items())) or "none"
+        rows.append(("since", f"{', '.join(s['lineage'])} (incremental: skipped {skipped})"))
+    if s.get("prepare"):
+        p = s["prepare"]
+        rows.append(
+            (
+                "prepare",
+                f"{p['workers']} workers, {p['keys_in']} keys in, {p['unique_keys']} unique "
+                f"({p['duplicates']} duplicates), {p['shards']} shards, {p['seconds']} s, "
+                f"peak {p['peak_rss_mb_per_worker']} MB a worker",
+            )
+        )
+    return rows

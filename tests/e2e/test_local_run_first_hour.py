@@ -1,0 +1,102 @@
+"""`sluice local run` where a new user meets it: a kept emulator reused, a pipe closed under it, Ctrl-C
+after that, and --manifest with flags on top. Real subprocesses, a real moto server, real workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sluice.local.server import MotoServer
+from tests.e2e.test_local_run import _alive, _jpeg
+
+CLI = [sys.executable, "-m", "sluice.cli", "local", "run"]
+
+
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_kept_emulator_runs_only_each_runs_own_jobs(tmp_path):
+    out = tmp_path / "out"
+    with MotoServer() as server:
+        runs = []
+        for _ in range(3):
+            proc = _run("--demo", "3", "--shards", "1", "--no-prometheus", "--json", "--endpoint-url", server.endpoint,
+                        "--out", str(out))  # fmt: skip
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs.append(json.loads(proc.stdout)["run_id"])
+            assert "failed (exit" not in proc.stderr
+            assert not any(f'"run":"{r}"' in proc.stderr for r in runs[:-1])  # no earlier run's worker ran
+    for run in runs:  # one job of one child each: one log, of that run's own job
+        assert len(list((out / run / "logs").iterdir())) == 1, run
+
+
+def _wait_for_pids(pid_file: Path, n: int, deadline_s: float = 120) -> list[int]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if pid_file.exists() and len(pid_file.read_text().split()) >= n:
+            break
+        time.sleep(0.2)
+    return [int(p) for p in pid_file.read_text().split()]
+
+
+def _closed_after_three_lines(args: list[str]) -> subprocess.Popen[bytes]:
+    """`sluice local run ... 2>&1 | head -3`: the reader takes three lines and goes away."""
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for _ in range(3):
+        proc.stdout.readline()
+    proc.stdout.close()
+    return proc
+
+
+def test_a_closed_pipe_lets_the_run_finish_save_its_output_and_stop_its_servers(tmp_path):
+    pid_file, out = tmp_path / "pids", tmp_path / "out"
+    proc = _closed_after_three_lines(["--demo", "30", "--shards", "2", "--out", str(out), "--pid-file", str(pid_file)])
+    assert proc.wait(timeout=300) == 0  # the run succeeded: the exit code says so, not the pipe
+    (run_dir,) = list(out.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["outcome"], summary["processed"]) == ("succeeded", 30)
+    assert list((run_dir / "output").rglob("*.parquet")) and (run_dir / "failures").is_dir()
+    time.sleep(0.5)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) >= (4 if shutil.which("prometheus") else 3)  # server, Prometheus, two workers
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_ctrl_c_after_the_pipe_closed_stops_everything(tmp_path):
+    pid_file = tmp_path / "pids"
+    proc = _closed_after_three_lines(["--demo", "400", "--shards", "2", "--out", str(tmp_path / "out"),
+                                      "--pid-file", str(pid_file)])  # fmt: skip
+    pids = _wait_for_pids(pid_file, 3 if shutil.which("prometheus") else 2)  # servers and a worker
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    time.sleep(0.5)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_manifest_takes_max_failed_fraction_on_top(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(10):
+        (photos / f"p{i}.jpg").write_bytes(_jpeg(i))
+    (photos / "broken.jpg").write_text("not a jpeg\n")  # 1 of 11: 9.1% > the manifest's 5%
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"version": 1, "max_failed_fraction": 0.05, "job": {"keys_per_shard": 100}}))
+    common = ("--manifest", str(manifest), "--images", str(photos), "--no-prometheus", "--out", str(tmp_path / "o"))
+    proc = _run(*common, "--max-failed-fraction", "0.5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "--max-failed-fraction applied on top" in proc.stderr and "outcome         succeeded" in proc.stdout
+    proc = _run(*common)  # the manifest's own 5%: the run fails, and says the threshold it used
+    assert proc.returncode == 1 and "(9.09% > 5.00%)" in proc.stdout
+    assert "the run failed: output/ holds only the shards that committed" in proc.stdout
+    split = _run(*common, "--shards", "2", "--max-failed-fraction", "0.5", "--json")  # keys_per_shard from --shards
+    assert split.returncode == 0, split.stderr[-3000:]
+    assert json.loads(split.stdout)["shards"] == 2

@@ -1,0 +1,112 @@
+"""`sluice local run`'s manifest: generated from the flags, or --manifest FILE with each flag applied or refused."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from sluice.cli import build_parser
+from sluice.local.manifest import Earlier, Uploaded, build, check_flags, parse_model
+from sluice.local.streams import PipeSafe
+
+IMAGES = Uploaded("images/photos-1/", 11)
+NOTHING = Uploaded("", 0)
+
+
+def _args(*argv: str):
+    return build_parser().parse_args(["local", "run", *argv])
+
+
+def _build(tmp_path, manifest: dict | None, *argv: str, uploaded: Uploaded = IMAGES, earlier=None) -> dict:
+    if manifest is not None:
+        path = tmp_path / "m.json"
+        path.write_text(json.dumps(manifest))
+        argv = ("--manifest", str(path), *argv)
+    _, body, _ = build(_args(*argv), uploaded, earlier)
+    return json.loads(body)
+
+
+MANIFEST = {"version": 1, "model": {"uri": "builtin:reference-cnn", "image_size": 64}, "max_failed_fraction": 0.05}
+
+
+def test_every_flag_is_applied_on_top_of_a_manifest(tmp_path):
+    m = _build(
+        tmp_path,
+        MANIFEST,
+        *("--max-failed-fraction", "0.5", "--image-size", "96", "--shards", "3"),
+    )
+    assert m["max_failed_fraction"] == 0.5
+    assert m["model"] == {"uri": "builtin:reference-cnn", "image_size": 96}
+    assert m["input"] == {"prefix": "s3://sluice-local-images/images/photos-1/"}  # no input: the uploaded images
+    assert m["job"] == {"keys_per_shard": 4}  # 11 images in 3 shards
+    m = _build(tmp_path, MANIFEST, "--model", "clip=builtin:resnet50", "--mode", "multinode", "--nodes", "3")
+    assert m["model"] == {"uri": "builtin:resnet50", "batch_size": 32, "image_size": 128, "name": "clip"}
+    assert m["job"] == {"mode": "multinode", "nodes": 3}
+
+
+def test_a_flag_that_cannot_apply_is_refused(tmp_path):
+    own_input = {**MANIFEST, "input": {"prefix": "s3://elsewhere/x/"}}
+    with pytest.raises(SystemExit, match="--shards needs the number of keys"):
+        _build(tmp_path, own_input, "--shards", "2")
+    with pytest.raises(SystemExit, match="--nodes: the manifest's job is an array job"):
+        _build(tmp_path, MANIFEST, "--nodes", "2")
+    keys = tmp_path / "keys.txt"
+    keys.write_text("s3://bucket-a/x.jpg\n")
+    with pytest.raises(SystemExit, match="is a key list: --max-failed-fraction need a JSON manifest"):
+        build(_args("--manifest", str(keys), "--max-failed-fraction", "0.5"), NOTHING, None)
+    _, body, applied = build(_args("--manifest", str(keys)), NOTHING, None)
+    assert body == keys.read_bytes() and applied == []
+
+
+def test_generated_manifests_and_since_run(tmp_path):
+    m = _build(tmp_path, None, "--images", "x", "--shards", "2", "--max-failed-fraction", "0.2")
+    assert m["job"] == {"mode": "array", "keys_per_shard": 6} and m["max_failed_fraction"] == 0.2
+    assert m["model"]["image_size"] == 128
+    earlier = Earlier(
+        "run-1",
+        {"prefix": "s3://sluice-local-images/images/photos-0/"},
+        [{"uri": "builtin:reference-cnn", "name": "reference-cnn", "batch_size": 8, "image_size": 64}],
+    )
+    m = _build(tmp_path, None, "--since-run", "run-1", "--endpoint-url", "http://e", uploaded=NOTHING, earlier=earlier)
+    assert m["input"] == {"prefix": "s3://sluice-local-images/images/photos-0/", "since_run": "run-1"}
+    assert m["model"]["image_size"] == 64  # the earlier run's model spec, not the default 128
+    assert earlier.local_prefix == "images/photos-0/"
+
+
+def test_contradicting_flags_are_refused_before_anything_starts():
+    for argv, message in (
+        (("--nodes", "2"), "--nodes is for multi-node parallel jobs"),
+        (("--mode", "multinode", "--shards", "2"), "--shards is for array jobs"),
+        (("--since-run", "r"), "--since-run r: give --endpoint-url URL"),
+        (("--model", "builtin:resnet50", "--model", "builtin:resnet50"), "is given twice"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            check_flags(_args(*argv))
+
+
+def test_model_names(tmp_path):
+    assert parse_model("clip=s3://b/m.pt") == ("clip", "s3://b/m.pt")
+    assert parse_model("builtin:resnet50") == (None, "builtin:resnet50")
+    odd = tmp_path / "a=b.pt"
+    odd.write_bytes(b"x")
+    assert parse_model(str(odd)) == (None, str(odd))  # an existing file is a path, '=' and all
+
+
+def test_a_closed_pipe_stops_the_writes_not_the_caller():
+    r, w = os.pipe()
+    os.close(r)
+    stream = PipeSafe(os.fdopen(w, "w", buffering=1))
+    stream.write("progress\n")  # EPIPE: no exception
+    assert stream.broken and stream.write("more\n") == 5
+    stream.flush()
+    with pytest.raises(OSError) as exc:  # other errors still raise
+        PipeSafe(_Failing())._gone(OSError(errno.ENOSPC, "full"))
+    assert exc.value.errno == errno.ENOSPC
+
+
+class _Failing:
+    def fileno(self) -> int:
+        raise ValueError("no descriptor")
