@@ -1,4 +1,5 @@
-"""Shared fixtures: fake AWS credentials, moto resources created from template.yaml."""
+"""Shared fixtures: fake AWS credentials, moto resources created from template.yaml; the test
+tiers' markers (tests/tiers.py) and the temporary-folder check (tests/tempdirs.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import boto3
 import pytest
 
 from sluice.aws.clients import Clients
+from tests import tempdirs, tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
@@ -20,6 +22,30 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "sluice-test")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.install_probes()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers.classify(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This run's TMPDIR (removed at the end; `sluice-*` folders left in it fail the run)."""
+    yield from tempdirs.session_tmp(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _tier_check(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield from tiers.checked(request.node)
+
+
+@pytest.fixture(autouse=True)
+def _leak_check(session_tmp: Path, request: pytest.FixtureRequest) -> Iterator[None]:
+    yield from tempdirs.per_test(session_tmp, request.node.nodeid)
 
 
 def load_event(name: str) -> dict[str, Any]:
