@@ -242,7 +242,8 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
     if svc.prom is not None:
         if keep:
             print(
-                f"Prometheus left running at {svc.prom.url} (pid {svc.prom.pid}); "
+                f"Prometheus left running at {svc.prom.url} (pid {svc.prom.pid}, data in {svc.prom.data_dir}: "
+                "remove it after stopping it); "
                 f"sluice metrics RUN_ID --url {svc.prom.url}",
                 file=sys.stderr,
             )
