@@ -3,6 +3,8 @@ tiers' markers (tests/tiers.py) and the temporary-folder check (tests/tempdirs.p
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ import boto3
 import pytest
 
 from sluice.aws.clients import Clients
-from tests import tempdirs, tiers
+from tests import botodata, tempdirs, tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
@@ -26,6 +28,7 @@ os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "sluice-test")
 
 def pytest_configure(config: pytest.Config) -> None:
     tiers.install_probes()
+    botodata.share_loader()  # bench/moto_setup.py: what it saves
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,6 +49,18 @@ def _tier_check(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _leak_check(session_tmp: Path, request: pytest.FixtureRequest) -> Iterator[None]:
     yield from tempdirs.per_test(session_tmp, request.node.nodeid)
+
+
+@functools.cache
+def _template() -> dict[str, Any]:
+    from sluice.local.infra import load_template
+
+    return load_template()
+
+
+def local_template() -> dict[str, Any]:
+    """template.yaml as create_local takes it, parsed once per test process (a copy each call)."""
+    return copy.deepcopy(_template())
 
 
 def load_event(name: str) -> dict[str, Any]:
@@ -78,7 +93,7 @@ def stack(aws: AwsClients) -> Any:
     from sluice.local.infra import create_local
 
     sluice_aws.reset_clients()
-    return create_local(aws)
+    return create_local(aws, template=local_template())
 
 
 def moto_s3(bucket: str):

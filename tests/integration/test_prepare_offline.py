@@ -27,9 +27,10 @@ from sluice.prepare.reducer import run_reduce
 from sluice.prepare.split import estimate_keylist, keylist_tasks
 from sluice.prepare.store import PrepareStore
 from sluice.shards import FileSource, ShardReader, rank_slice
+from tests.properties import examples
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = examples(12)
 
 
 def write_keylist(path: Path, n: int, seed: int = 3) -> list[str]:

@@ -26,8 +26,9 @@ from sluice.prepare.split import (
     prefix_tasks,
 )
 from sluice.prepare.store import PrepareStore
+from tests.properties import examples
 
-EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = examples(12)
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None)
 
 line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=12)

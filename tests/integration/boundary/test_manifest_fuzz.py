@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 from sluice.control.ledger import Ledger
 from sluice.models import RunPlan
 from tests.integration.helpers import INPUT_BUCKET, bus_events, put_manifest, shard_pairs
+from tests.properties import examples
 
 FUZZ = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 _names = itertools.count()
 
