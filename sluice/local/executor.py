@@ -25,11 +25,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +59,6 @@ class Task:
     started_ms: int = 0
     status: JobStatus = JobStatus.PENDING
     log_path: str = ""
-    scratch: str = ""  # the attempt's TMPDIR, removed when its process ends (as a container's disk is)
 
     @property
     def job_id(self) -> str:
@@ -324,9 +321,6 @@ class LocalExecutor:
             )
         name = task.job_id.replace(":", "_").replace("#", "_")
         task.log_path = str(self._log_dir / f"{name}-attempt{task.attempt}.log")
-        # The process's temp files (worker and map-spill folders) go in a folder removed when it
-        # ends, however it ends: a worker killed by SIGKILL cannot remove its own.
-        task.scratch = env["TMPDIR"] = tempfile.mkdtemp(prefix="sluice-task-")
         with open(task.log_path, "wb") as log:
             task.proc = subprocess.Popen(
                 [sys.executable, "-m", *job.module],
@@ -348,7 +342,6 @@ class LocalExecutor:
         rc = task.proc.returncode
         pid = task.proc.pid
         task.proc = None
-        shutil.rmtree(task.scratch, ignore_errors=True)
         now = int(time.time() * 1000)
         if rc < 0 and not self._stopping:
             # A worker killed by a signal we did not send looks, from the job's side, like a lost
@@ -413,8 +406,7 @@ class LocalExecutor:
     def stop(self, grace_s: float = 5.0) -> int:
         """Stop every worker (SIGTERM, then SIGKILL after grace_s). Returns how many were running."""
         self._stopping = True
-        running = [t for j in self.jobs.values() for t in j.tasks if t.proc is not None]
-        procs = [t.proc for t in running if t.proc is not None]
+        procs = [t.proc for j in self.jobs.values() for t in j.tasks if t.proc is not None]
         for p in procs:
             _signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -424,8 +416,6 @@ class LocalExecutor:
             except subprocess.TimeoutExpired:
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
-        for t in running:
-            shutil.rmtree(t.scratch, ignore_errors=True)
         return len(procs)
 
 

@@ -15,8 +15,10 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -173,6 +175,9 @@ class _Services:
     executors: list[Any] = field(default_factory=list)
     waiting: bool = False  # the jobs run: a signal stops them gracefully from the wait loop
     runs_table: str = ""  # the emulator's runs table, for the --keep hint
+    # TMPDIR of every worker and prepare process, removed when the run ends: a process killed
+    # by SIGKILL (or stopped mid-way) cannot remove its own sluice-worker-* or spill folders.
+    scratch: str = ""
 
 
 def run_local(args: argparse.Namespace) -> int:
@@ -211,6 +216,7 @@ def run_local(args: argparse.Namespace) -> int:
 
 def _start_services(args: argparse.Namespace, svc: _Services, note_pid: NotePid) -> None:
     """The emulator (--endpoint-url or a moto server of our own) and, if available, Prometheus."""
+    svc.scratch = tempfile.mkdtemp(prefix="sluice-local-")
     if args.endpoint_url:
         svc.endpoint = args.endpoint_url.rstrip("/")
         with contextlib.suppress(OSError):  # moto: Batch without Docker; others have no such API
@@ -258,6 +264,8 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
             )
         else:
             svc.server.stop()
+    if svc.scratch:
+        shutil.rmtree(svc.scratch, ignore_errors=True)
     if interrupted:
         print("sluice: interrupted: the emulator and all workers are stopped", file=sys.stderr)
 
@@ -383,6 +391,7 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
         "SLUICE_WORKER_METRICS_PORT": os.environ.get("SLUICE_WORKER_METRICS_PORT", "0"),
         # Small chunks: progress (read from commit markers) moves every few images, not every 2,048.
         "SLUICE_WORKER_CHUNK_KEYS": os.environ.get("SLUICE_WORKER_CHUNK_KEYS", str(LOCAL_CHUNK_KEYS)),
+        "TMPDIR": svc.scratch,
     }
     if svc.metrics_url:
         env["SLUICE_REMOTE_WRITE_URL"] = svc.metrics_url
