@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/python .ci/check_sizes.py
 	$(BIN)/python .ci/check_imports.py
 	$(BIN)/python -m sluice.ops.schemas --check
-	$(BIN)/pytest -q $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS))
+	$(BIN)/pytest -q $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist worksteal)
 
 # The pure unit tests only (tests/unit: no moto, no process; tests/tiers.py keeps it so).
 test-fast: $(STAMP)
