@@ -31,8 +31,16 @@ MOTO_FIXTURES = frozenset({"aws", "moto_server"})
 PROCESS_FIXTURES = frozenset({"moto_server", "prometheus"})
 MOTO_NAMES = frozenset({"moto", "mock_aws", "moto_s3", "MotoServer", "FaultServer"})
 PROCESS_NAMES = frozenset(
-    {"subprocess", "multiprocessing", "Popen", "MotoServer", "FaultServer", "LocalPrometheus", "start_worker"}
-    | {"run_worker"}
+    {
+        "subprocess",
+        "multiprocessing",
+        "Popen",
+        "MotoServer",
+        "FaultServer",
+        "LocalPrometheus",
+        "start_worker",
+        "run_worker",
+    }
 )
 MOTO_SERVER_MODULES = ("moto.server", "tests.worker_s3server")
 
