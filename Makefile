@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sluice-installed
 
-.PHONY: venv demo test lint typecheck bench clean schemas
+.PHONY: venv demo test test-fast lint typecheck bench clean schemas
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,13 +26,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Every test (unit, moto integration, e2e), in PYTEST_WORKERS processes (pytest-xdist; 1: none).
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(BIN)/ruff check sluice functions gpu_worker tests bench
 	$(BIN)/mypy
 	$(BIN)/python .ci/check_sizes.py
 	$(BIN)/python .ci/check_imports.py
 	$(BIN)/python -m sluice.ops.schemas --check
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist worksteal)
+
+# The pure unit tests only (tests/unit: no moto, no process; tests/tiers.py keeps it so).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q tests/unit
 
 # JSON Schemas of the event details in docs/schemas/ (make test fails when they are stale).
 schemas: $(STAMP)

@@ -1,7 +1,10 @@
-"""Shared fixtures: fake AWS credentials, moto resources created from template.yaml."""
+"""Shared fixtures: fake AWS credentials, moto resources created from template.yaml; the test
+tiers' markers (tests/tiers.py) and the temporary-folder check (tests/tempdirs.py)."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -12,6 +15,7 @@ import boto3
 import pytest
 
 from sluice.aws.clients import Clients
+from tests import botodata, tempdirs, tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = ROOT / "events"
@@ -20,6 +24,43 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "sluice-test")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.install_probes()
+    botodata.share_loader()  # bench/moto_setup.py: what it saves
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers.classify(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This run's TMPDIR (removed at the end; `sluice-*` folders left in it fail the run)."""
+    yield from tempdirs.session_tmp(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _tier_check(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield from tiers.checked(request.node)
+
+
+@pytest.fixture(autouse=True)
+def _leak_check(session_tmp: Path, request: pytest.FixtureRequest) -> Iterator[None]:
+    yield from tempdirs.per_test(session_tmp, request.node.nodeid)
+
+
+@functools.cache
+def _template() -> dict[str, Any]:
+    from sluice.local.infra import load_template
+
+    return load_template()
+
+
+def local_template() -> dict[str, Any]:
+    """template.yaml as create_local takes it, parsed once per test process (a copy each call)."""
+    return copy.deepcopy(_template())
 
 
 def load_event(name: str) -> dict[str, Any]:
@@ -52,7 +93,7 @@ def stack(aws: AwsClients) -> Any:
     from sluice.local.infra import create_local
 
     sluice_aws.reset_clients()
-    return create_local(aws)
+    return create_local(aws, template=local_template())
 
 
 def moto_s3(bucket: str):

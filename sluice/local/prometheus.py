@@ -33,25 +33,26 @@ class LocalPrometheus:
         if not self.binary:
             raise RuntimeError("no prometheus binary on PATH (apt-get install prometheus)")
         self._dir = tempfile.mkdtemp(prefix="sluice-prometheus-")
-        config = Path(self._dir, "prometheus.yml")
-        rules = f"rule_files:\n  - {RULES}\n" if RULES.exists() else ""
-        config.write_text(f"global:\n  evaluation_interval: 15s\n{rules}")
-        self._proc = subprocess.Popen(
-            [
-                self.binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={self._dir}/data",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--web.enable-remote-write-receiver",
-                "--storage.tsdb.retention.time=1d",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # Any failure or interrupt (Ctrl-C while it starts) stops it and removes its folder.
         try:
+            config = Path(self._dir, "prometheus.yml")
+            rules = f"rule_files:\n  - {RULES}\n" if RULES.exists() else ""
+            config.write_text(f"global:\n  evaluation_interval: 15s\n{rules}")
+            self._proc = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self._dir}/data",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--web.enable-remote-write-receiver",
+                    "--storage.tsdb.retention.time=1d",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             wait_until_ready(self._proc, f"{self.url}-/ready", timeout=timeout, name="prometheus", interval=0.2)
-        except RuntimeError:
+        except BaseException:
             self.stop()
             raise
         return self

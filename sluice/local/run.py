@@ -19,8 +19,10 @@ import argparse
 import contextlib
 import importlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -154,6 +156,9 @@ class _Services:
     waiting: bool = False  # the jobs run: a signal stops them gracefully from the wait loop
     runs_table: str = ""  # the emulator's runs table, for the --keep hint
     control_bucket: str = ""  # ... and its control bucket (sluice output sql)
+    # TMPDIR of every worker and prepare process, removed when the run ends: a process killed
+    # by SIGKILL (or stopped mid-way) cannot remove its own sluice-worker-* or spill folders.
+    scratch: str = ""
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def _start_services(args: argparse.Namespace, svc: _Services, note_pid: NotePid) -> None:
     """The emulator (--endpoint-url or a moto server of our own) and, if available, Prometheus."""
+    svc.scratch = tempfile.mkdtemp(prefix="sluice-local-")
     if args.endpoint_url:
         svc.endpoint = args.endpoint_url.rstrip("/")
         with contextlib.suppress(OSError):  # moto: Batch without Docker; others have no such API
@@ -253,8 +259,12 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
             if svc.prom is not None and not keep:
                 svc.prom.stop()
         finally:
-            if svc.server is not None and not keep:
-                svc.server.stop()
+            try:
+                if svc.server is not None and not keep:
+                    svc.server.stop()
+            finally:
+                if svc.scratch:
+                    shutil.rmtree(svc.scratch, ignore_errors=True)
     if interrupted:
         print(
             f"\nsluice: interrupted: stopped {stopped} running worker(s), the emulator and Prometheus", file=sys.stderr
@@ -405,6 +415,7 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
         "SLUICE_WORKER_METRICS_PORT": os.environ.get("SLUICE_WORKER_METRICS_PORT", "0"),
         # Small chunks: progress (read from commit markers) moves every few images, not every 2,048.
         "SLUICE_WORKER_CHUNK_KEYS": os.environ.get("SLUICE_WORKER_CHUNK_KEYS", str(LOCAL_CHUNK_KEYS)),
+        "TMPDIR": svc.scratch,
     }
     if svc.metrics_url:
         env["SLUICE_REMOTE_WRITE_URL"] = svc.metrics_url

@@ -93,7 +93,7 @@ class MotoServer:
                 name="moto server" if self.module == "moto.server" else self.module,
                 hint="is moto[server] installed?",
             )
-        except RuntimeError:
+        except BaseException:  # not ready, or Ctrl-C while it starts: leave no server behind
             self.stop()
             raise
         configure(self.endpoint)

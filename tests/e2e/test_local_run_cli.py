@@ -92,6 +92,7 @@ def test_max_failed_fraction_flag_and_keep_give_a_working_status_command(tmp_pat
         "--pid-file",
         str(pid_file),
         cwd=tmp_path,
+        env={"TMPDIR": str(tmp_path)},  # what --keep keeps (Prometheus's data folder) goes with the test
     )
     pids = [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import threading
 from typing import Any
 
@@ -12,7 +11,7 @@ from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReas
 from sluice.local.lambda_context import LocalContext
 from sluice.paths import RunPaths
 from tests.conftest import load_event
-from tests.integration.helpers import INPUT_BUCKET, invoke_manifest_handler
+from tests.integration.helpers import submit_keys
 
 FUNCTION = "HandleJobStateChangeFunction"
 
@@ -29,15 +28,8 @@ def submit_run(
     name: str = "run",
 ) -> dict[str, Any]:
     """A real run submitted through the manifest handler; returns its outcome dict."""
-    if INPUT_BUCKET not in [b["Name"] for b in aws.s3.list_buckets()["Buckets"]]:
-        aws.s3.create_bucket(Bucket=INPUT_BUCKET)
-    job: dict[str, Any] = {"mode": mode, "keys_per_shard": keys_per_shard, "nodes": nodes}
-    body = {
-        "version": 1,
-        "input": {"keys": [f"img/{i:05d}.jpg" for i in range(n_keys)], "bucket": INPUT_BUCKET},
-        "job": job,
-    }
-    out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps(body), monkeypatch)
+    job = {"mode": mode, "keys_per_shard": keys_per_shard, "nodes": nodes}
+    out = submit_keys(aws, stack, monkeypatch, name, n_keys=n_keys, job=job)
     assert out["status"] == "submitted", out
     return out
 

@@ -17,15 +17,52 @@ from tests.conftest import load_event
 INPUT_BUCKET = "images-in"
 
 
-def invoke_manifest_handler(
-    aws: Any, stack: Any, key: str, body: bytes | str, monkeypatch: Any, extra_env: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """Upload body to manifests/<key> and deliver the real-shaped S3 event to the real handler."""
+def put_manifest(aws: Any, stack: Any, key: str, body: bytes | str) -> dict[str, Any]:
+    """Upload body to `key` (manifests/...) in the control bucket; returns the upload's real-shaped S3 event.
+
+    The one upload helper of the coordinator tests: deliver the event now (invoke_manifest_handler),
+    later, several times, or to a handler set up to fail.
+    """
     control = stack.names["ControlBucket"]
     data = body.encode() if isinstance(body, str) else body
     put = aws.s3.put_object(Bucket=control, Key=key, Body=data)
-    event = object_created_event(control, key, put, len(data))
-    return deliver(stack, event, monkeypatch, extra_env)
+    return object_created_event(control, key, put, len(data))
+
+
+def invoke_manifest_handler(
+    aws: Any, stack: Any, key: str, body: bytes | str, monkeypatch: Any, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Upload body to `key` and deliver the real-shaped S3 event to the real handler."""
+    return deliver(stack, put_manifest(aws, stack, key, body), monkeypatch, extra_env)
+
+
+def keys_manifest(n_keys: int, job: dict[str, Any] | None = None) -> str:
+    """A manifest of n_keys keys img/00000.jpg... in INPUT_BUCKET (with `job` when given)."""
+    body: dict[str, Any] = {
+        "version": 1,
+        "input": {"keys": [f"img/{i:05d}.jpg" for i in range(n_keys)], "bucket": INPUT_BUCKET},
+    }
+    if job is not None:
+        body["job"] = job
+    return json.dumps(body)
+
+
+def submit_keys(
+    aws: Any,
+    stack: Any,
+    monkeypatch: Any,
+    name: str,
+    *,
+    n_keys: int,
+    job: dict[str, Any] | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """keys_manifest(n_keys, job) uploaded as manifests/<name>.json and delivered; the handler's outcome."""
+    if INPUT_BUCKET not in [b["Name"] for b in aws.s3.list_buckets()["Buckets"]]:
+        aws.s3.create_bucket(Bucket=INPUT_BUCKET)
+    return invoke_manifest_handler(
+        aws, stack, f"manifests/{name}.json", keys_manifest(n_keys, job), monkeypatch, extra_env
+    )
 
 
 def object_created_event(bucket: str, key: str, put: dict[str, Any], size: int) -> dict[str, Any]:
@@ -102,8 +139,11 @@ __all__ = [
     "bus_events",
     "deliver",
     "invoke_manifest_handler",
+    "keys_manifest",
     "object_created_event",
+    "put_manifest",
     "run_objects",
     "shard_pairs",
+    "submit_keys",
 ]
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")

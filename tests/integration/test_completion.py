@@ -15,6 +15,7 @@ from sluice.shards import ShardReader
 from tests.conftest import load_event
 from tests.integration.completion_support import Atomic, deliver_job_event, job_event, submit_run, write_result
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events
+from tests.properties import examples
 
 CHILD_OK = [
     "batch-array-child-runnable",
@@ -253,19 +254,19 @@ def _all_events():
     return evs + [(i, s) for i in range(N_SHARDS) for s in CHILD_OK]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.permutations(_all_events()), st.lists(st.integers(0, 4 * N_SHARDS + 1), max_size=6))
 def test_any_order_and_duplicates_give_the_same_state_and_one_outcome(monkeypatch, order, dup_positions):
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
-    from tests.conftest import AwsClients
+    from tests.conftest import AwsClients, local_template
 
     with mock_aws(config={"batch": {"use_docker": False}}):
         sluice_aws.reset_clients()
         aws = AwsClients()
-        stack = create_local(aws)
+        stack = create_local(aws, template=local_template())
         run_id, job_id = _array_run(aws, stack, monkeypatch, n_shards=N_SHARDS, per_shard=4)
         for i in range(N_SHARDS):
             write_result(aws, stack, run_id, i, processed=4)

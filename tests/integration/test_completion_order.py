@@ -12,7 +12,6 @@ SLUICE_PROPERTY_EXAMPLES sets the examples per test (CI: the default; bench runs
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +25,9 @@ from sluice.control.policy import HOST_LOST_REASON
 from sluice.local.events import JobChange, attempt, batch_job_state_change
 from tests.integration.completion_support import Atomic, submit_run, write_result
 from tests.integration.helpers import bus_events
+from tests.properties import examples
 
-EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = examples(8)
 EXITED = "Essential container in task exited"
 OVER = "3 of 5 keys failed for their data (60.00% > 5.00%): corrupt 3"  # the worker's verdict, not its exit
 PER_SHARD = 5
@@ -213,13 +213,13 @@ def _run_example(monkeypatch: Any, sc: Scenario, order: list[int], copies: list[
 
     from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
-    from tests.conftest import AwsClients
+    from tests.conftest import AwsClients, local_template
     from tests.integration.completion_support import deliver_job_event
 
     with mock_aws(config={"batch": {"use_docker": False}}):
         sluice_aws.reset_clients()
         aws = AwsClients()
-        stack = create_local(aws)
+        stack = create_local(aws, template=local_template())
         run_id, _ = _setup(aws, stack, monkeypatch, sc)
         n = len(sc.events)
         seq = [sc.events[order[i % len(order)] % n] for i in range(len(order)) for _ in range(copies[i % len(copies)])]
@@ -288,13 +288,13 @@ def _run_example_fixed(monkeypatch: Any, sc: Scenario, *, parent_first: bool) ->
 
     from sluice.aws import clients as sluice_aws
     from sluice.local.infra import create_local
-    from tests.conftest import AwsClients
+    from tests.conftest import AwsClients, local_template
     from tests.integration.completion_support import deliver_job_event
 
     with mock_aws(config={"batch": {"use_docker": False}}):
         sluice_aws.reset_clients()
         aws = AwsClients()
-        stack = create_local(aws)
+        stack = create_local(aws, template=local_template())
         run_id, job = _setup(aws, stack, monkeypatch, sc)
         jobs = [e for e in sc.events if e["detail"]["jobId"] == job["id"]]
         rest = [e for e in sc.events if e["detail"]["jobId"] != job["id"]]

@@ -11,14 +11,12 @@ from botocore.exceptions import ClientError
 from sluice.aws import clients as sluice_aws
 from sluice.control.ledger import Ledger
 from sluice.errors import RetriableError
-from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, object_created_event
+from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, put_manifest
 
 
 def _upload(aws, stack, key: str) -> dict:
-    control = stack.names["ControlBucket"]
     body = json.dumps({"version": 1, "input": {"keys": ["a.jpg", "b.jpg"], "bucket": INPUT_BUCKET}})
-    put = aws.s3.put_object(Bucket=control, Key=key, Body=body)
-    return object_created_event(control, key, put, len(body))
+    return put_manifest(aws, stack, key, body)
 
 
 def _unavailable(**_: object) -> None:

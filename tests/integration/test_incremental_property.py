@@ -28,6 +28,7 @@ from sluice.prepare.store import PrepareStore
 from sluice.prepare.versions_reduce import place_shards
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import md5, write_chunk
+from tests.properties import examples
 
 CTL, IMAGES = "ctl", "imgs"
 TIMING = {"seconds", "peak_rss_mb"}
@@ -140,7 +141,7 @@ def _objects(s3: Any, prefix: str) -> dict[str, bytes]:
     return {o["Key"]: s3.get_object(Bucket=CTL, Key=o["Key"])["Body"].read() for o in resp.get("Contents", [])}
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cases())
 def test_the_kept_keys_are_exactly_those_the_lineage_lacks_and_retries_write_the_same_bytes(
     s3: Any, case: dict

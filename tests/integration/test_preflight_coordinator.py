@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
-from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler
+from tests.integration.helpers import all_jobs, bus_events, submit_keys
 
 
 def _upload(aws, stack, monkeypatch, name, job, n_keys=20, extra_env=None):
-    if INPUT_BUCKET not in [b["Name"] for b in aws.s3.list_buckets()["Buckets"]]:
-        aws.s3.create_bucket(Bucket=INPUT_BUCKET)
-    body = {"version": 1, "input": {"keys": [f"img/{i:05d}.jpg" for i in range(n_keys)], "bucket": INPUT_BUCKET}}
-    body["job"] = job
-    return invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps(body), monkeypatch, extra_env)
+    return submit_keys(aws, stack, monkeypatch, name, n_keys=n_keys, job=job, extra_env=extra_env)
 
 
 def test_an_mnp_job_that_can_never_start_is_rejected_with_the_limit_and_what_to_do(aws, stack, monkeypatch):

@@ -27,9 +27,10 @@ from sluice.prepare.reducer import run_reduce
 from sluice.prepare.split import estimate_keylist, keylist_tasks
 from sluice.prepare.store import PrepareStore
 from sluice.shards import FileSource, ShardReader, rank_slice
+from tests.properties import examples
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = examples(12)
 
 
 def write_keylist(path: Path, n: int, seed: int = 3) -> list[str]:
@@ -155,7 +156,8 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
         run_reduce(ref, r, PrepareStore())
     spec_path = RunPaths(run.root).prepare_spec
     PrepareStore().put(spec_path, run.model_dump_json().encode())
-    env = {**os.environ, "AWS_BATCH_JOB_ARRAY_INDEX": "1", "PYTHONPATH": str(ROOT)}
+    # TMPDIR: the killed process cannot remove its spill folder; tmp_path goes with the test.
+    env = {**os.environ, "AWS_BATCH_JOB_ARRAY_INDEX": "1", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     cmd = [sys.executable, "-m", "sluice.prepare", "map", "--spec", spec_path]
     parts_dir = Path(run.root) / "prepare" / "map" / "1"
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)

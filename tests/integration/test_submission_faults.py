@@ -16,7 +16,7 @@ import pytest
 
 from sluice.aws import clients as sluice_aws
 from sluice.control.ledger import RUN_SK, Ledger
-from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, object_created_event
+from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, put_manifest
 
 
 class Died(Exception):
@@ -32,11 +32,9 @@ FAULT_POINTS = [
 
 
 def _upload(aws, stack):
-    control = stack.names["ControlBucket"]
     keys = [f"img/{i:03d}.jpg" for i in range(30)]
     body = json.dumps({"version": 1, "input": {"keys": keys, "bucket": INPUT_BUCKET}, "job": {"keys_per_shard": 10}})
-    put = aws.s3.put_object(Bucket=control, Key="manifests/faulty.json", Body=body)
-    return object_created_event(control, "manifests/faulty.json", put, len(body))
+    return put_manifest(aws, stack, "manifests/faulty.json", body)
 
 
 def _die_after(service: str, op: str, nth: int):

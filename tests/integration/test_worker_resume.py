@@ -55,7 +55,7 @@ def _committed(s3, run_id: str) -> int:
     return resp.get("KeyCount", 0)
 
 
-def test_sigkill_mid_shard_then_resume(moto_server, dataset):
+def test_sigkill_mid_shard_then_resume(moto_server, dataset, tmp_path):
     shards = [dataset.keys]
     plan = make_run(moto_server, "crash-resume", shards, batch_size=8)
     s3 = moto_server.client()
@@ -71,6 +71,7 @@ def test_sigkill_mid_shard_then_resume(moto_server, dataset):
         SLUICE_WORKER_LOADERS="1",
         SLUICE_WORKER_FETCH_CONCURRENCY="2",
         SLUICE_WORKER_CHUNK_KEYS=str(chunk),
+        TMPDIR=str(tmp_path),  # the killed node cannot remove its work folder; tmp_path goes with the test
     )
     started = time.time()
     proc = start_worker(env)

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import boto3
-import pytest
-from botocore.exceptions import ClientError
-from moto import mock_aws
-
-from sluice.control.batch import BatchAdapter, job_request
-from sluice.errors import RetriableError, SubmissionError
+from sluice.control.batch import job_request
 from sluice.models import JobLayout, Manifest
 from sluice.plan.layout import Layout, PlanInputs, build_plan
 from sluice.settings import Settings
@@ -59,26 +53,3 @@ def test_single_job_names_its_shard():
     req = job_request(plan, "s3://c/p.json", plan.jobs[0], 0, Settings())
     env = {e["name"]: e["value"] for e in req["containerOverrides"]["environment"]}
     assert env["SLUICE_SHARD_INDEX"] == "7" and "arrayProperties" not in req
-
-
-def _refusing(code: str, status: int):
-    """A real (moto) Batch client whose ListJobs (the look-up before submitting) and SubmitJob fail so."""
-
-    def refuse(**_: object) -> None:
-        raise ClientError(
-            {"Error": {"Code": code, "Message": "nope"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "SubmitJob"
-        )
-
-    client = boto3.client("batch", region_name="us-east-1")
-    for op in ("ListJobs", "SubmitJob"):
-        client.meta.events.register(f"before-call.batch.{op}", refuse)
-    return client
-
-
-def test_throttling_is_retriable_and_a_missing_queue_is_fatal_with_advice():
-    plan = _plan()
-    with mock_aws():
-        with pytest.raises(RetriableError, match=r"TooManyRequestsException.*will retry"):
-            BatchAdapter(_refusing("TooManyRequestsException", 429)).submit(plan, "s3://c/p.json", Settings())
-        with pytest.raises(SubmissionError, match="Check that the queue and job definition exist"):
-            BatchAdapter(_refusing("ClientException", 400)).submit(plan, "s3://c/p.json", Settings())

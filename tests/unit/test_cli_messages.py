@@ -28,16 +28,6 @@ def test_prepare_names_bucket_once_and_leaves_no_prepare_folder(tmp_path, capsys
     assert err.count("bare key") == 1 and not (out / "prepare").exists()
 
 
-def test_prepare_removes_its_prepare_folder_when_a_later_line_is_rejected(tmp_path, capsys):
-    keys = tmp_path / "keys.txt"
-    keys.write_text("".join(f"s3://bucket-a/img/{i}.jpg\n" for i in range(50)) + "s3://b/too-short-bucket.jpg\n")
-    out = tmp_path / "out"
-    (out / "mine").mkdir(parents=True)  # the user's: never touched
-    assert main(["prepare", str(keys), "--out", str(out), "--workers", "1"]) == 1
-    assert "line 51" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["mine"]
-
-
 def test_an_unreachable_endpoint_is_not_promised_a_retry(monkeypatch, capsys):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")

@@ -109,12 +109,3 @@ def test_model_identities(tmp_path):
     assert modelid.object_id({"ETag": '"abc"', "VersionId": "null"}) == "s3etag:abc"
     assert modelid.object_id({"ETag": '"abc"', "VersionId": "v2"}) == "s3etag:abc@v2"
     assert modelid.resolve("builtin:resnet50") == f"builtin:resnet50@{modelid.BUILTIN_WEIGHTS}"
-
-
-def test_an_s3_model_is_identified_by_its_object_version(aws):
-    aws.s3.create_bucket(Bucket="models-bucket")
-    aws.s3.put_object(Bucket="models-bucket", Key="m/clip.pt", Body=b"v1")
-    first = modelid.resolve("s3://models-bucket/m/clip.pt", aws.s3)
-    assert first == modelid.resolve("s3://models-bucket/m/clip.pt", aws.s3)
-    aws.s3.put_object(Bucket="models-bucket", Key="m/clip.pt", Body=b"other weights")
-    assert modelid.resolve("s3://models-bucket/m/clip.pt", aws.s3) != first

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 OBS = Path(__file__).resolve().parents[2] / "observability"
@@ -37,17 +33,6 @@ def test_every_rule_and_alert_has_a_promtool_test():
     assert any("record" in r for r in rules) and any("alert" in r for r in rules)
     assert {r["record"] for r in rules if "record" in r} <= tested_exprs
     assert {r["alert"] for r in rules if "alert" in r} <= tested_alerts
-
-
-def test_promtool_checks_and_tests_the_rules():
-    if shutil.which("promtool") is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool missing in CI: .ci/run installs Debian's prometheus package")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    for args in (["check", "rules", "rules.yml"], ["test", "rules", "rules.test.yml"]):
-        proc = subprocess.run(["promtool", *args], cwd=OBS, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "SUCCESS" in proc.stdout
 
 
 def _raw_families(expr: str) -> set[str]:

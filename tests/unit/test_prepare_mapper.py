@@ -17,8 +17,9 @@ from sluice.prepare.mapparts import Parts, TaskProblems
 from sluice.prepare.router import KeyRouter
 from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
+from tests.properties import examples
 
-EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = examples(12)
 
 
 class AllProblems(Problems):

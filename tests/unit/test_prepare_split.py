@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import tempfile
 from typing import Any
 
-import boto3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from moto import mock_aws
 
 from sluice.errors import Rejection
 from sluice.input.inventory import InventoryReport, read_inventory_manifest
@@ -23,16 +20,15 @@ from sluice.prepare.router import KeyRouter
 from sluice.prepare.split import (
     choose_partitions,
     choose_workers,
-    estimate_inventory,
     estimate_keylist,
-    estimate_prefix,
     inventory_tasks,
     keylist_tasks,
     prefix_tasks,
 )
 from sluice.prepare.store import PrepareStore
+from tests.properties import examples
 
-EXAMPLES = int(os.environ.get("SLUICE_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = examples(12)
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None)
 
 line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=12)
@@ -119,27 +115,6 @@ def test_inventory_manifest_rules():
         read_inventory_manifest(b"{}", "s3://inv/m.json")
 
 
-@mock_aws
-def test_inventory_estimate_heads_unsized_files():
-    s3 = boto3.client("s3", region_name="us-east-1")
-    s3.create_bucket(Bucket="inv")
-    for name, n in (("a.csv.gz", 1000), ("b.csv.gz", 3000)):
-        s3.put_object(Bucket="inv", Key=name, Body=gzip.compress(os.urandom(n)))
-    manifest = {
-        "fileFormat": "CSV",
-        "destinationBucket": "arn:aws:s3:::inv",
-        "files": [{"key": "a.csv.gz"}, {"key": "b.csv.gz"}],
-    }
-    s3.put_object(Bucket="inv", Key="m.json", Body=json.dumps(manifest).encode())
-    est = estimate_inventory(PrepareStore(s3), "s3://inv/m.json")
-    assert est.total_bytes == sum(
-        s3.head_object(Bucket="inv", Key=k)["ContentLength"] for k in ("a.csv.gz", "b.csv.gz")
-    )
-    assert est.keys_estimate == est.total_bytes // 20
-    one_head = estimate_inventory(PrepareStore(s3), "s3://inv/m.json", max_heads=1)
-    assert one_head.total_bytes == 2 * one_head.report.sizes[0]  # the unHEADed file gets the mean
-
-
 # ---- prefixes: a fake S3 lister with ListObjectsV2's semantics -------------------------
 
 
@@ -223,23 +198,3 @@ def test_prefix_fan_out_shapes():
     assert sorted(listed) == sorted(flat)
     biggest = max(len([k for k in flat if (t.start_after or "") < k < (t.stop_at or "\uffff")]) for t in tasks)
     assert biggest < len(flat) / 4  # reasonably even
-
-
-@mock_aws
-def test_prefix_ranges_on_moto_and_estimate():
-    s3 = boto3.client("s3", region_name="us-east-1")
-    s3.create_bucket(Bucket="imgs")
-    keys = [f"cam/{c}/{i:03d}.jpg" for c in ("a", "b", "c") for i in range(40)] + [
-        "cam/top.jpg",
-        "cam/b/",
-        "other/x.jpg",
-    ]
-    for k in keys:
-        s3.put_object(Bucket="imgs", Key=k, Body=b"x")
-    tasks = prefix_tasks(s3, "imgs", "cam/", 3)
-    assert sorted(_listed(PrepareStore(s3), tasks)) == sorted(
-        k for k in keys if k.startswith("cam/") and not k.endswith("/")
-    )
-    assert estimate_prefix(s3, "imgs", "cam/", max_pages=5).keys_estimate == 121
-    partial = estimate_prefix(PrepareStore(FakeLister(set(keys), 10)), "imgs", "cam/", max_pages=2, max_keys=999)
-    assert (partial.listed, partial.exact, partial.keys_estimate) == (20, False, 999)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto import mock_aws
 
 from sluice.aws.errors import AwsFatalError
 from sluice.errors import RetriableError
@@ -62,22 +60,6 @@ def test_local_store(tmp_path):
     assert list(store.stream(path, 1, chunk=4)) == [b"1234", b"5678", b"9"]
     assert list(store.stream(path, 0, 8, chunk=4)) == [b"0123", b"4567"]
     assert os.listdir(tmp_path / "a" / "b") == ["obj"]  # no temporary file left behind
-
-
-@mock_aws
-def test_s3_store_on_moto():
-    s3 = boto3.client("s3", region_name="us-east-1")
-    s3.create_bucket(Bucket="ctl")
-    store = PrepareStore(s3)
-    store.put("s3://ctl/runs/r/shards/0.shard", b"abcdef", scratch=True)
-    tags = s3.get_object_tagging(Bucket="ctl", Key="runs/r/shards/0.shard")["TagSet"]
-    assert tags == [{"Key": "sluice-scratch", "Value": "true"}]
-    assert store.get_range("s3://ctl/runs/r/shards/0.shard", 2, 4) == b"cd"
-    assert store.get_range("s3://ctl/runs/r/shards/0.shard", 10, 20) == b""
-    assert b"".join(store.stream("s3://ctl/runs/r/shards/0.shard", 1, chunk=2)) == b"bcdef"
-    assert store.exists("s3://ctl/runs/r/shards/0.shard") and not store.exists("s3://ctl/nope")
-    with pytest.raises(AwsFatalError, match="NoSuchKey"):
-        store.get("s3://ctl/nope")
 
 
 def test_partition_is_stable_and_spread():

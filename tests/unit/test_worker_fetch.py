@@ -113,17 +113,3 @@ def test_missing_credentials_are_fatal_not_a_key_failure():
     f, _, _, _ = fetcher([NoCredentialsError()])
     with pytest.raises(WorkerError, match="credentials"):
         f.get("b", "k")
-
-
-@pytest.mark.parametrize("versioned", [False, True])
-def test_the_object_version_comes_with_its_bytes(aws, versioned):
-    """On moto's S3: the ETag (unquoted) and, in a versioned bucket, the version id of the bytes read."""
-    s3 = aws.s3
-    s3.create_bucket(Bucket="imgs")
-    if versioned:
-        s3.put_bucket_versioning(Bucket="imgs", VersioningConfiguration={"Status": "Enabled"})
-    s3.put_object(Bucket="imgs", Key="a.jpg", Body=b"old")
-    put = s3.put_object(Bucket="imgs", Key="a.jpg", Body=b"new bytes")
-    got = Fetcher(WorkerConfig(), client=s3).get("imgs", "a.jpg")
-    assert got.data == b"new bytes" and got.etag == put["ETag"].strip('"') and '"' not in got.etag
-    assert got.version_id == (put["VersionId"] if versioned else None)

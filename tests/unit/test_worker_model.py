@@ -11,7 +11,7 @@ from torch import nn
 
 from gpu_worker.errors import ConfigError
 from gpu_worker.infer import Engine, EngineOptions
-from gpu_worker.model import META_NAME, build_builtin, load_model, resolve_uri
+from gpu_worker.model import META_NAME, build_builtin, load_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -137,25 +137,3 @@ def test_garbage_model_file(tmp_path):
     path.write_bytes(b"not a model")
     with pytest.raises(ConfigError, match="cannot load model"):
         load_model(str(path), 16)
-
-
-def test_resolve_uri_downloads_model_and_sidecar(tmp_path):
-    from moto import mock_aws
-
-    from gpu_worker.store import RunStore
-
-    src = tmp_path / "src.pt"
-    torch.jit.save(torch.jit.script(Tiny().eval()), str(src))
-    with mock_aws():
-        import boto3
-
-        s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket="models")
-        s3.put_object(Bucket="models", Key="m/tiny.pt", Body=src.read_bytes())
-        s3.put_object(Bucket="models", Key="m/tiny.pt.json", Body=b'{"output_dim": 12}')
-        local = resolve_uri("s3://models/m/tiny.pt", str(tmp_path / "work"), RunStore(s3))
-        assert resolve_uri("builtin:reference-cnn", str(tmp_path), RunStore(s3)) == "builtin:reference-cnn"
-        with pytest.raises(ConfigError, match="cannot download model"):
-            resolve_uri("s3://models/m/missing.pt", str(tmp_path / "work"), RunStore(s3))
-    _, info = load_model(local, 16)
-    assert info.output_dim == 12

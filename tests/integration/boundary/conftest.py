@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AwsClients
+from tests.conftest import AwsClients, local_template
 
 
 @pytest.fixture(scope="module")
@@ -29,4 +29,4 @@ def stack(aws: AwsClients) -> Any:
     from sluice.local.infra import create_local
 
     sluice_aws.reset_clients()
-    return create_local(aws)
+    return create_local(aws, template=local_template())

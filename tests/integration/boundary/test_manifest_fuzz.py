@@ -19,10 +19,13 @@ from hypothesis import strategies as st
 
 from sluice.control.ledger import Ledger
 from sluice.models import RunPlan
-from tests.integration.helpers import INPUT_BUCKET, bus_events, object_created_event, shard_pairs
+from tests.integration.helpers import INPUT_BUCKET, bus_events, put_manifest, shard_pairs
+from tests.properties import examples
 
 FUZZ = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 _names = itertools.count()
 
@@ -51,9 +54,7 @@ def upload(aws: Any, stack: Any, suffix: str, body: bytes) -> dict[str, Any]:
     from sluice.local.lambda_context import LocalContext
 
     control = stack.names["ControlBucket"]
-    key = f"manifests/fuzz-{next(_names)}{suffix}"
-    put = aws.s3.put_object(Bucket=control, Key=key, Body=body)
-    out = handler(object_created_event(control, key, put, len(body)), LocalContext(function_name="fuzz"))
+    out = handler(put_manifest(aws, stack, f"manifests/fuzz-{next(_names)}{suffix}", body), LocalContext("fuzz"))
     events = [e for e in bus_events(aws, stack) if e["detail"].get("run_id") == out["run_id"]]
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
     assert out["status"] in ("submitted", "rejected"), out
