@@ -1,4 +1,4 @@
-"""`sluice` console script: plan, shard pack/cat, submit, status, output, local."""
+"""`sluice` console script: plan, shard pack/cat, submit, status, output, local, index, search."""
 
 from __future__ import annotations
 
@@ -479,7 +479,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-prometheus", action="store_true", help="do not start a local Prometheus for metrics")
     run.add_argument("--pid-file", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_local_run)
+    _add_index_commands(sub)
     return p
+
+
+def _add_index_commands(sub: Any) -> None:
+    """`sluice index build` and `sluice search` (sluice.ops.index_cli; docs/index.md)."""
+    from sluice.ops.index_cli import add_index_parsers
+
+    add_index_parsers(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,10 @@ standalone workers):
     output/shard=<i>/part-*.parquet             embeddings (the default output prefix)
     output/shard=<i>/_commits/part-*.json       commit markers, written after each Parquet object
     output/model=<name>/shard=<i>/...           the same, per model, when a run embeds with several models
+    index/result.json              the index stage's outcome (sluice.contracts.RunIndexed or IndexFailed)
+
+Search indexes (docs/index.md) live in the control bucket's `indexes/<name>/` unless the
+manifest names another URI: one Lance table per model, `<index>/<model name>.lance`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from dataclasses import dataclass
 MANIFESTS_PREFIX = "manifests/"  # uploads here start runs (the template's rule matches it)
 RUNS_PREFIX = "runs/"
 COMMITS_DIR = "_commits/"
+INDEXES_PREFIX = "indexes/"  # search indexes: indexes/<name>/<model name>.lance
+LANCE_SUFFIX = ".lance"
+# Written into every run folder `sluice local run --out DIR` made: the folder holds committed chunks only.
+LOCAL_COPY_MARKER = ".sluice-run.json"
 
 
 def join(prefix: str, name: str) -> str:
@@ -79,6 +87,11 @@ class RunPaths:
     def prepare_manifest(self) -> str:
         return self.root + "prepare/manifest.json"
 
+    @property
+    def index_result(self) -> str:
+        """The index stage's outcome: a RunIndexed or IndexFailed detail (docs/index.md)."""
+        return self.root + "index/result.json"
+
     def prepare_part(self, worker: int, partition: int) -> str:
         return self.root + f"prepare/map/{worker}/{partition}.part"
 
@@ -126,6 +139,21 @@ def model_output_prefix(output_prefix: str, name: str) -> str:
 def shard_output_dir(output_prefix: str, i: int) -> str:
     """Where shard i's Parquet chunks go: <output prefix>shard=<i>/."""
     return join(output_prefix, f"shard={i}/")
+
+
+def index_uri(bucket: str, name: str) -> str:
+    """The default place of the index `name`: s3://<control bucket>/indexes/<name>/."""
+    return f"s3://{bucket}/{INDEXES_PREFIX}{name}/"
+
+
+def index_table_uri(index: str, model: str) -> str:
+    """One model's Lance table in the index folder `index`: <index>/<model name>.lance."""
+    return join(index, model + LANCE_SUFFIX)
+
+
+def committed_chunk(marker_uri: str, file: str) -> str:
+    """The Parquet chunk a commit marker names: its shard folder (the marker's, less _commits/) + `file`."""
+    return marker_uri.rsplit(COMMITS_DIR, 1)[0] + file
 
 
 def is_commit_marker(key: str) -> bool:
