@@ -47,11 +47,14 @@ class TextSpec:
         try:
             with open(path) as fh:
                 doc = json.load(fh)
-            spec = cls(**{k: (tuple(v) if k == "inputs" else v) for k, v in doc.items() if k in cls.__dataclass_fields__})
+            known: dict[str, Any] = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+            spec = cls(**(known | {"inputs": tuple(known.get("inputs", ("input_ids",)))}))
         except (OSError, ValueError, TypeError) as exc:
             raise ConfigError(f"text tower spec {path} cannot be read: {exc}") from None
         if not set(spec.inputs) <= set(INPUTS) or spec.inputs[:1] != ("input_ids",):
-            raise ConfigError(f"text tower spec {path}: inputs {list(spec.inputs)}: expected input_ids[, attention_mask]")
+            raise ConfigError(
+                f"text tower spec {path}: inputs {list(spec.inputs)}: expected input_ids[, attention_mask]"
+            )
         return spec
 
     def to_json(self) -> str:
@@ -95,5 +98,7 @@ def encode_texts(artifact: str, texts: list[str]) -> np.ndarray:
     if isinstance(y, tuple | list):
         y = y[0]
     if y.shape != (len(texts), spec.output_dim):
-        raise ConfigError(f"text tower {artifact}{TEXT_SUFFIX} returned {tuple(y.shape)}, spec says D={spec.output_dim}")
+        raise ConfigError(
+            f"text tower {artifact}{TEXT_SUFFIX} returned {tuple(y.shape)}, spec says D={spec.output_dim}"
+        )
     return np.asarray(torch.nn.functional.normalize(y.float(), dim=1).numpy(), dtype=np.float32)

@@ -57,6 +57,7 @@ def write_run(
     created_at: str = "2026-01-01T00:00:00+00:00",
     lineage: list[str] | None = None,
     uncommitted: int = 0,
+    model_ids: list[str] | None = None,
 ) -> RunPlan:
     """A run at `base` (<base>/<run>/: plan.json, output/...): `keys` split over shards and chunks.
 
@@ -75,6 +76,9 @@ def write_run(
         lineage=lineage or [],
         output_dtype=dtype,
     )
+    if model_ids:  # the identity a planner resolves (a local file's sha256, an S3 object's ETag)
+        planned = [m.model_copy(update={"model_id": i}) for m, i in zip(plan.models, model_ids)]
+        plan = plan.model_copy(update={"models": planned})
     store = RunStore()
     store.put(plan.output_prefix.rsplit("output/", 1)[0] + "plan.json", plan.model_dump_json().encode())
     bounds = np.linspace(0, len(keys), shards + 1).astype(int)

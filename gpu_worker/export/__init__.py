@@ -103,6 +103,7 @@ def _write(src: Source, fmt: str, path: str) -> tuple[dict[str, Any], Any, Any]:
     meta, result = write_local(src, fmt, path)
     if src.text is None:
         return meta, result, None
-    from gpu_worker.export.text import write_text
+    from gpu_worker.export.text import open_clip_text, write_text
 
-    return meta, result, write_text(src.text, path, meta["weights_sha256"])
+    text = open_clip_text(*src.text)
+    return meta, result, None if text is None else write_text(text, path, meta["weights_sha256"])

@@ -35,7 +35,8 @@ class Source:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     library: str  # the package whose version the spec records
-    text: Any = None  # gpu_worker.export.text.TextSource: the text tower of a CLIP-style model, else None
+    # (whole model, spec, version) of a CLIP-style model: gpu_worker.export.text exports its text tower
+    text: tuple[nn.Module, str, str] | None = None
 
 
 def _rgb(values: Any) -> tuple[float, float, float]:
@@ -132,8 +133,6 @@ def load_open_clip(spec: str, pretrained: bool, image_size: int | None) -> Sourc
     )
     pre = open_clip.get_model_preprocess_cfg(model)
     size = pre.get("size", image_size or 224)
-    from gpu_worker.export.text import open_clip_text
-
     version = f"{name}/{tag}" if pretrained else RANDOM_INIT
     return Source(
         module=model.visual.eval(),
@@ -143,5 +142,5 @@ def load_open_clip(spec: str, pretrained: bool, image_size: int | None) -> Sourc
         mean=_rgb(pcfg.get("mean") or pre["mean"]),
         std=_rgb(pcfg.get("std") or pre["std"]),
         library="open_clip_torch",
-        text=open_clip_text(model.eval(), spec, version),
+        text=(model.eval(), spec, version),
     )

@@ -65,10 +65,8 @@ def bpe_tokenizer(simple: Any) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
-    merges = [" ".join(pair) for pair, _ in sorted(simple.bpe_ranks.items(), key=lambda kv: kv[1])]
-    bpe = BPE(
-        vocab=dict(simple.encoder), merges=[tuple(m.split(" ")) for m in merges], end_of_word_suffix="</w>"
-    )
+    merges: list[tuple[str, str]] = [(a, b) for (a, b), _ in sorted(simple.bpe_ranks.items(), key=lambda kv: kv[1])]
+    bpe = BPE(vocab=dict(simple.encoder), merges=merges, end_of_word_suffix="</w>")
     tok = Tokenizer(bpe)
     tok.normalizer = normalizers.Sequence(
         [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip(), normalizers.Lowercase()]

@@ -64,9 +64,16 @@ class BuildReport:
 
     def indexed(self, run_id: str) -> RunIndexed:
         """The "Run Indexed" detail of this build."""
-        tables = [IndexedTable(model=t.model, model_id=t.model_id, uri=t.uri, rows=t.rows, ann=t.ann) for t in self.tables]
+        tables = [
+            IndexedTable(model=t.model, model_id=t.model_id, uri=t.uri, rows=t.rows, ann=t.ann) for t in self.tables
+        ]
         return RunIndexed(
-            run_id=run_id, index_uri=self.index, rows=self.rows, seconds=round(self.seconds, 3), ann=self.ann, tables=tables
+            run_id=run_id,
+            index_uri=self.index,
+            rows=self.rows,
+            seconds=round(self.seconds, 3),
+            ann=self.ann,
+            tables=tables,
         )
 
     def as_dict(self) -> dict[str, Any]:

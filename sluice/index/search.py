@@ -49,7 +49,9 @@ def open_tables(index: str, files: Files | None = None) -> dict[str, IndexTable]
         if table is not None:
             tables[table.meta.model] = table
     if not tables:
-        raise IndexNotFound(f"{index} is not a Sluice index: it holds no <model>.lance table `sluice index build` wrote")
+        raise IndexNotFound(
+            f"{index} is not a Sluice index: it holds no <model>.lance table `sluice index build` wrote"
+        )
     return tables
 
 

@@ -37,7 +37,13 @@ def test_a_run_is_indexed_without_its_uncommitted_chunk_and_searched_exactly(tmp
     assert set(rows) == set(keys)  # not one of the 25 rows without a commit marker
     assert report.rows == 3000 and report.ann == "none"
     [t] = report.tables
-    assert (t.model, t.model_id, t.dim, t.inserted, t.merged) == ("reference-cnn", "builtin:reference-cnn@1", DIM, 3000, ["r1"])
+    assert (t.model, t.model_id, t.dim, t.inserted, t.merged) == (
+        "reference-cnn",
+        "builtin:reference-cnn@1",
+        DIM,
+        3000,
+        ["r1"],
+    )
     row = rows[keys[7]]
     assert row["run"] == "r1" and row["model"] == "reference-cnn" and row["size"] is not None
     assert row["run_order"] == "2026-01-01T00:00:00+00:00"
@@ -125,13 +131,15 @@ def test_two_builds_committing_at_once_lose_and_double_nothing(tmp_path):
     runs, idx = tmp_path / "runs", str(tmp_path / "idx")
     shared = uris(1500)
     write_run(str(runs), "r1", shared, clustered(1500, DIM, 1), created_at="2026-01-01T00:00:00+00:00")
-    write_run(str(runs), "r2", shared[500:] + uris(300, "x"), clustered(1300, DIM, 2), created_at="2026-01-03T00:00:00+00:00")
+    write_run(
+        str(runs), "r2", shared[500:] + uris(300, "x"), clustered(1300, DIM, 2), created_at="2026-01-03T00:00:00+00:00"
+    )
     errors: list[BaseException] = []
 
     def go(run: str) -> None:
         try:
             build([str(runs / run)], idx)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=go, args=(r,)) for r in ("r1", "r2")]
@@ -159,9 +167,10 @@ def test_mixed_dimensions_or_models_are_refused_naming_both(tmp_path):
         build(a + b, str(tmp_path / "idx"))
     msg = str(exc.value)
     assert b[0] in msg and f"{DIM}-d" in msg and "16-d" in msg and "reference-cnn" in msg
-    assert not (tmp_path / "idx" / "reference-cnn.lance").exists() or lance.dataset(
-        str(tmp_path / "idx" / "reference-cnn.lance")
-    ).count_rows() == 0  # nothing committed
+    assert (
+        not (tmp_path / "idx" / "reference-cnn.lance").exists()
+        or lance.dataset(str(tmp_path / "idx" / "reference-cnn.lance")).count_rows() == 0
+    )  # nothing committed
 
     c = _loose(tmp_path, "c", 50, DIM, ModelSpec(uri="builtin:resnet50", name="reference-cnn"), 3)
     build(a, str(tmp_path / "idx2"))

@@ -1,0 +1,102 @@
+"""The index on S3 (a moto server): a run's output read from s3://, the Lance table written to s3://,
+and the index stage's entry point (`python -m sluice.index build --bucket --run`) with its outcome file.
+
+Lance reaches the server through its own object-store client, configured from AWS_ENDPOINT_URL
+(sluice.index.storage), so the build and the searches run as subprocesses with the server's env.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sluice.contracts import IndexFailed, RunIndexed
+from sluice.models import IndexTarget
+from tests.index_support import clustered, uris, write_run
+from tests.integration.conftest import CONTROL_BUCKET, ROOT
+
+
+def _run(server, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+
+
+@pytest.fixture
+def on_server(moto_server, monkeypatch):
+    """This process's boto3 clients (RunStore, writing the run) pointed at the server too."""
+    from sluice.aws import clients
+
+    for k, v in moto_server.env.items():
+        monkeypatch.setenv(k, v)
+    clients.reset_clients()
+    yield moto_server
+    clients.reset_clients()
+
+
+def test_a_run_on_s3_is_indexed_into_s3_and_searched(on_server, tmp_path):
+    base = f"s3://{CONTROL_BUCKET}/runs/"
+    keys, x = uris(800), clustered(800, 16, 1)
+    target = IndexTarget(uri=f"s3://{CONTROL_BUCKET}/indexes/s3test/", name="s3test")
+    plan = write_run(base, "s3run", keys, x, chunk_keys=150, uncommitted=20)
+    from gpu_worker.store import RunStore
+
+    store = RunStore()  # the plan names its index, as the planner records output.index
+    store.put(base + "s3run/plan.json", plan.model_copy(update={"index": target}).model_dump_json().encode())
+
+    proc = _run(on_server, "-m", "sluice.index", "build", "--bucket", CONTROL_BUCKET, "--run", "s3run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcome = RunIndexed.model_validate_json(store.get(base + "s3run/index/result.json"))
+    assert (outcome.run_id, outcome.index_uri, outcome.rows, outcome.ann) == ("s3run", target.uri, 800, "none")
+    assert outcome.tables[0].uri == target.uri + "reference-cnn.lance" and outcome.seconds > 0
+    assert json.loads(proc.stdout.splitlines()[-1]) == json.loads(outcome.model_dump_json())
+
+    np.save(tmp_path / "q.npy", x[[5, 600]])
+    proc = _run(on_server, "-m", "sluice.cli", "search", target.uri, "--vector-file", str(tmp_path / "q.npy"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout)["results"]
+    assert [r[0]["key"] for r in results] == [keys[5], keys[600]]
+    assert not any(h["key"].startswith("s3://images/uncommitted") for r in results for h in r)
+
+    # The same build by hand, from the output prefix, into another index: the same rows.
+    proc = _run(
+        on_server,
+        "-m",
+        "sluice.cli",
+        "index",
+        "build",
+        base + "s3run/output/",
+        "--out",
+        "s3://" + CONTROL_BUCKET + "/indexes/again",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["rows"] == 800
+
+
+def test_a_failed_index_stage_reports_index_failed_and_leaves_the_run(on_server):
+    base = f"s3://{CONTROL_BUCKET}/runs/"
+    write_run(base, "emptyrun", [], np.zeros((0, 16), np.float32))
+    proc = _run(
+        on_server,
+        "-m",
+        "sluice.index",
+        "build",
+        "--bucket",
+        CONTROL_BUCKET,
+        "--run",
+        "emptyrun",
+        "--out",
+        f"s3://{CONTROL_BUCKET}/indexes/never/",
+    )
+    assert proc.returncode == 1
+    from gpu_worker.store import RunStore
+
+    outcome = IndexFailed.model_validate_json(RunStore().get(base + "emptyrun/index/result.json"))
+    assert "no committed output rows" in outcome.reason and outcome.index_uri == f"s3://{CONTROL_BUCKET}/indexes/never/"
+    assert RunStore().list(f"s3://{CONTROL_BUCKET}/indexes/never/") == []  # no index written
+    assert RunStore().get(base + "emptyrun/plan.json")  # the run's files untouched
