@@ -8,7 +8,7 @@ candidates only. Parameters come from the row count and the dimension:
 
     rows < MIN_ANN_ROWS       no ANN index: a search scans every row (exact)
     num_partitions            ~ sqrt(rows), at least 16 (about sqrt(rows) vectors a list)
-    num_sub_vectors           dim / 16 (16 dims per code byte; dim / 8 or fewer when 16 does not divide it)
+    num_sub_vectors           dim / 8 (8 dims per code byte; fewer codes when 8 does not divide dim)
     nprobes                   max(NPROBES_MIN, NPROBES_FRACTION of the lists)
     refine_factor             REFINE_FACTOR
 
@@ -32,7 +32,9 @@ MIN_ANN_ROWS = 20_000  # an exact scan of 20,000 x 256-d rows takes ~25 ms on on
 MIN_PARTITIONS = 16
 NPROBES_MIN = 20
 NPROBES_FRACTION = 0.04
-REFINE_FACTOR = 10
+# Candidates re-ranked on the full vectors: k * REFINE_FACTOR. Clustered embeddings have many
+# near neighbours whose PQ distances tie; 10 gave recall@10 0.87 at 200,000 x 256-d, 20 gave 1.0.
+REFINE_FACTOR = 30
 RETRAIN_GROWTH = 2.0
 
 
@@ -53,9 +55,7 @@ class AnnParams:
 
 
 def sub_vectors(dim: int) -> int:
-    """PQ codes per vector: dim / 16, else the most codes of at least 8 dims each that divide dim."""
-    if dim % 16 == 0:
-        return dim // 16
+    """PQ codes per vector: the most codes of at least 8 dims each that divide dim (dim / 8 mostly)."""
     for width in range(8, dim + 1):
         if dim % width == 0:
             return dim // width

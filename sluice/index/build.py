@@ -42,6 +42,8 @@ class TableReport:
     updated: int = 0
     ann: str = ann.NONE
     merged: list[str] = field(default_factory=list)  # what was merged: run ids or the SOURCE as given
+    merge_s: float = 0.0  # reading the chunks and committing the merges
+    index_s: float = 0.0  # training / extending the ANN and key indexes
     skipped: list[str] = field(default_factory=list)  # runs the table already held
 
 
@@ -155,6 +157,7 @@ def _merge(files: Files, index: str, out: RunOutput, report: BuildReport) -> Non
         return
     target = table.meta.shape  # the table's dtype wins: a lineage may have changed output.dtype
     reader = pa.RecordBatchReader.from_batches(index_schema(target), rows.batches(target))
+    started = time.perf_counter()
     try:
         stats = table.merge(reader)
     except Exception:
@@ -166,6 +169,7 @@ def _merge(files: Files, index: str, out: RunOutput, report: BuildReport) -> Non
     tr.inserted += stats.get("num_inserted_rows", 0)
     tr.updated += stats.get("num_updated_rows", 0)
     tr.merged.append(out.run_id or out.label)
+    tr.merge_s += time.perf_counter() - started
     logger.info("index: merged", extra={"source": out.label, "table": table.uri, **stats})
 
 
@@ -198,8 +202,10 @@ def build(sources: Sequence[str], index: str, *, model: str | None = None, files
     for t in report.tables:
         table = IndexTable.open(t.uri)
         assert table is not None  # merged into above
+        started = time.perf_counter()
         t.ann = ann.ensure(table.dataset)
         ann.ensure_key_index(table.dataset)
+        t.index_s = time.perf_counter() - started
         t.rows = table.count_rows()
     report.seconds = time.perf_counter() - started
     return report
