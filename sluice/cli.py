@@ -285,6 +285,8 @@ def cmd_model_export(args: argparse.Namespace) -> int:
         f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "
         f"{result.max_abs_diff:.2e}\nspec: {result.uri}.json; {use}"
     )
+    if result.text is not None:  # a CLIP-style model: `sluice search --text` (docs/models.md, "Text tower")
+        print(f"text tower: {result.uri}.text.pt, .text.json, .tokenizer.json ({result.text.output_dim}-d)")
     return EXIT_OK
 
 
