@@ -39,6 +39,11 @@ from tests.index_support import clustered, uris, write_run  # noqa: E402
 
 
 def _rss_mb() -> float:
+    """This process's peak RSS (VmHWM: ru_maxrss would count the parent's, kept across exec)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from sluice.contracts import IndexedTable, RunIndexed
@@ -20,7 +21,7 @@ from sluice.index import ann
 from sluice.index.rows import Shape, index_schema, read_ahead, read_chunk, shape_of, to_index_rows
 from sluice.index.sources import IndexBuildError, RunOutput, resolve
 from sluice.index.storage import Files
-from sluice.index.table import IndexTable, TableMeta
+from sluice.index.table import IndexTable, TableMeta, retry_conflicts
 from sluice.log import logger
 from sluice.paths import index_table_uri
 
@@ -165,7 +166,7 @@ def _merge(files: Files, index: str, out: RunOutput, report: BuildReport) -> Non
             raise rows.error from None
         raise
     if out.run_id:
-        table.record_run(out.run_id)
+        retry_conflicts(lambda: table.record_run(out.run_id or ""), "record the run")
     tr.inserted += stats.get("num_inserted_rows", 0)
     tr.updated += stats.get("num_updated_rows", 0)
     tr.merged.append(out.run_id or out.label)
@@ -182,6 +183,17 @@ def _report_for(report: BuildReport, table: IndexTable) -> TableReport:
     return t
 
 
+def _index(t: TableReport) -> None:
+    """Train or extend the table's ANN and key indexes (each retried when another build commits first)."""
+    table = IndexTable.open(t.uri)
+    assert table is not None  # merged into above
+    started = time.perf_counter()
+    t.ann = retry_conflicts(lambda: ann.ensure(table.dataset), "the ANN index")
+    retry_conflicts(lambda: ann.ensure_key_index(table.dataset), "the key index")
+    t.index_s = time.perf_counter() - started
+    t.rows = table.count_rows()
+
+
 def build(sources: Sequence[str], index: str, *, model: str | None = None, files: Files | None = None) -> BuildReport:
     """Build or update the index at `index` (a folder: local or s3://) from `sources`."""
     started = time.perf_counter()
@@ -191,7 +203,7 @@ def build(sources: Sequence[str], index: str, *, model: str | None = None, files
     outputs = resolve(sources, files, model=model, now=now)
     report = BuildReport(index)
     for out in reversed(outputs):  # oldest first: the lineage, then the run (any order gives the same rows)
-        _merge(files, index, out, report)
+        retry_conflicts(partial(_merge, files, index, out, report), f"merge {out.label}")
     if not report.tables:
         given = ", ".join(sources)
         raise EmptySource(
@@ -200,12 +212,6 @@ def build(sources: Sequence[str], index: str, *, model: str | None = None, files
             + ": nothing to index, no index written (a chunk counts only with its commit marker)"
         )
     for t in report.tables:
-        table = IndexTable.open(t.uri)
-        assert table is not None  # merged into above
-        started = time.perf_counter()
-        t.ann = ann.ensure(table.dataset)
-        ann.ensure_key_index(table.dataset)
-        t.index_s = time.perf_counter() - started
-        t.rows = table.count_rows()
+        _index(t)
     report.seconds = time.perf_counter() - started
     return report

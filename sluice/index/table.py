@@ -14,14 +14,20 @@ than the incoming one, so the order in which merges commit does not matter.
 from __future__ import annotations
 
 import json
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sluice.errors import SluiceError
 from sluice.index.rows import RUN_ORDER, Shape, index_schema
 from sluice.index.sources import IndexBuildError
 from sluice.index.storage import storage_options
+from sluice.log import logger
 
 META_KEY = "sluice.index"
 RUNS_KEY = "sluice.runs"
@@ -29,6 +35,61 @@ FORMAT = 1
 CONFLICT_RETRIES = 20  # merges re-run on the newer version; each retry re-reads the source
 RETRY_TIMEOUT = timedelta(minutes=30)
 MERGE_ON = ["key", "model_id"]
+CREATE_CLAIM = ".create-claim"  # <table>.lance.create-claim: written once, by the build that creates the table
+CREATE_WAIT_S = 300
+COMMIT_ATTEMPTS = 10  # a build's own retries of a commit another build's commit made stale
+T = TypeVar("T")
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Lance's commit conflicts ("Commit conflict for version N ... Please retry")."""
+    text = str(exc).lower()
+    return "conflict" in text or "please retry" in text
+
+
+def retry_conflicts(fn: Callable[[], T], what: str) -> T:
+    """fn() again, on the table's new version, when another build's commit got in first (jittered backoff)."""
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        try:
+            return fn()
+        except (OSError, RuntimeError, ValueError) as exc:
+            if attempt == COMMIT_ATTEMPTS or isinstance(exc, IndexBuildError) or not is_conflict(exc):
+                raise
+            logger.info("index: commit conflict, retrying on the new version", extra={"what": what, "attempt": attempt})
+            time.sleep(min(5.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
+
+
+def creation_claimed(uri: str) -> bool:
+    """Claim the creation of the table at `uri`: a put-if-absent of its claim file; False when taken.
+
+    S3: PutObject with If-None-Match: * (S3's conditional writes: 412 PreconditionFailed when
+    the object exists, 409 ConditionalRequestConflict for a concurrent one); local: O_EXCL.
+    """
+    claim = uri.rstrip("/") + CREATE_CLAIM
+    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}).encode()
+    if not claim.startswith("s3://"):
+        os.makedirs(os.path.dirname(os.path.abspath(claim)), exist_ok=True)
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+        return True
+    from botocore.exceptions import ClientError
+
+    from sluice.aws.clients import client
+    from sluice.aws.s3uri import parse_s3_uri
+
+    bucket, key = parse_s3_uri(claim)
+    try:
+        client("s3").put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return False
+        raise
+    return True
 
 
 class IndexNotFound(SluiceError):
@@ -92,25 +153,36 @@ class IndexTable:
 
     @classmethod
     def open_or_create(cls, uri: str, meta: TableMeta) -> IndexTable:
-        """The table at `uri` (checked to hold `meta`'s model), created empty when missing."""
+        """The table at `uri` (checked to hold `meta`'s model), created empty when missing.
+
+        Only the build that claims the creation (creation_claimed) creates it; the others wait
+        for it. Two creates racing on S3 would both commit, the later as an Overwrite that can
+        replace rows another build merged in between.
+        """
         import lance
 
-        shape = meta.shape
         table = cls.open(uri)
         if table is None:
-            doc = json.dumps(asdict(meta), sort_keys=True)
-            schema = index_schema(shape, {META_KEY: doc})
-            try:
+            if creation_claimed(uri):
+                schema = index_schema(meta.shape, {META_KEY: json.dumps(asdict(meta), sort_keys=True)})
                 lance.write_dataset(
                     schema.empty_table(), uri, schema=schema, mode="create", storage_options=storage_options(uri)
                 )
-            except (OSError, ValueError) as exc:  # another build created it first: use theirs
-                if "exist" not in str(exc).lower():
-                    raise
-            table = cls.open(uri)
-            if table is None:  # pragma: no cover - created above or by the other build
-                raise IndexBuildError(f"{uri}: the table vanished while it was created")
-        table.check(shape, uri)
+            table = cls._wait(uri)
+        table.check(meta.shape, uri)
+        return table
+
+    @classmethod
+    def _wait(cls, uri: str) -> IndexTable:
+        """The table another build is creating, once it exists."""
+        deadline = time.monotonic() + CREATE_WAIT_S
+        while (table := cls.open(uri)) is None:
+            if time.monotonic() > deadline:
+                raise IndexBuildError(
+                    f"{uri}: a build claimed its creation ({uri.rstrip('/')}{CREATE_CLAIM}) but the table did not "
+                    f"appear in {CREATE_WAIT_S} s: if no build is running, delete that file and build again"
+                )
+            time.sleep(0.5)
         return table
 
     def check(self, shape: Shape, what: str) -> None:

@@ -100,3 +100,37 @@ def test_a_failed_index_stage_reports_index_failed_and_leaves_the_run(on_server)
     assert "no committed output rows" in outcome.reason and outcome.index_uri == f"s3://{CONTROL_BUCKET}/indexes/never/"
     assert RunStore().list(f"s3://{CONTROL_BUCKET}/indexes/never/") == []  # no index written
     assert RunStore().get(base + "emptyrun/plan.json")  # the run's files untouched
+
+
+def test_two_builds_into_one_s3_index_at_once(on_server):
+    """Lance commits on S3 with conditional PUTs (If-None-Match): one merge wins, the other retries."""
+    base = f"s3://{CONTROL_BUCKET}/runs/"
+    shared = uris(600, "both")
+    write_run(base, "c1", shared, clustered(600, 16, 1), created_at="2026-03-01T00:00:00+00:00")
+    write_run(base, "c2", shared[200:] + uris(100, "c2"), clustered(500, 16, 2), created_at="2026-03-02T00:00:00+00:00")
+    index = f"s3://{CONTROL_BUCKET}/indexes/together/"
+    env = {**os.environ, **on_server.env, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "index", "build", base + run, "--out", index, "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        for run in ("c1", "c2")
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    check = (
+        "import json, lance; from sluice.index.storage import storage_options as so; "
+        f"u = '{index}reference-cnn.lance'; t = lance.dataset(u, storage_options=so(u)); "
+        "print(json.dumps(t.to_table(columns=['key', 'run']).to_pylist()))"
+    )
+    proc = _run(on_server, "-c", check)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    by_key = {r["key"]: r["run"] for r in rows}
+    assert len(rows) == len(by_key) == 700  # no key twice, none lost
+    assert {by_key[k] for k in shared[:200]} == {"c1"} and {by_key[k] for k in shared[200:]} == {"c2"}
