@@ -35,7 +35,9 @@ FORMAT = 1
 CONFLICT_RETRIES = 20  # merges re-run on the newer version; each retry re-reads the source
 RETRY_TIMEOUT = timedelta(minutes=30)
 MERGE_ON = ["key", "model_id"]
-CREATE_CLAIM = ".create-claim"  # <table>.lance.create-claim: written once, by the build that creates the table
+# <table>.lance/_sluice_create_claim.json: written once, by the build that creates the table (inside the
+# table's folder, so a table deleted to be rebuilt takes its claim along).
+CREATE_CLAIM = "_sluice_create_claim.json"
 CREATE_WAIT_S = 300
 COMMIT_ATTEMPTS = 10  # a build's own retries of a commit another build's commit made stale
 T = TypeVar("T")
@@ -66,7 +68,7 @@ def creation_claimed(uri: str) -> bool:
     S3: PutObject with If-None-Match: * (S3's conditional writes: 412 PreconditionFailed when
     the object exists, 409 ConditionalRequestConflict for a concurrent one); local: O_EXCL.
     """
-    claim = uri.rstrip("/") + CREATE_CLAIM
+    claim = uri.rstrip("/") + "/" + CREATE_CLAIM
     body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}).encode()
     if not claim.startswith("s3://"):
         os.makedirs(os.path.dirname(os.path.abspath(claim)), exist_ok=True)
@@ -179,7 +181,7 @@ class IndexTable:
         while (table := cls.open(uri)) is None:
             if time.monotonic() > deadline:
                 raise IndexBuildError(
-                    f"{uri}: a build claimed its creation ({uri.rstrip('/')}{CREATE_CLAIM}) but the table did not "
+                    f"{uri}: a build claimed its creation ({uri.rstrip('/')}/{CREATE_CLAIM}) but the table did not "
                     f"appear in {CREATE_WAIT_S} s: if no build is running, delete that file and build again"
                 )
             time.sleep(0.5)
