@@ -48,8 +48,10 @@ def _stage(args: argparse.Namespace) -> int:
         if index is None:
             raise SluiceError(f"run {args.run} has no index (output.index is off): pass --out INDEX to build one")
         outcome: RunIndexed | IndexFailed = build([root.root], index, model=args.model, files=files).indexed(args.run)
-    except (SluiceError, OSError, ValueError) as exc:
-        outcome = IndexFailed(run_id=args.run, index_uri=index, reason=f"{type(exc).__name__}: {exc}"[:1000])
+    except Exception as exc:  # any failure is the stage's outcome: reported, the run left as it is
+        logger.exception("index stage failed", extra={"run_id": args.run, "index": index})
+        reason = str(exc) if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
+        outcome = IndexFailed(run_id=args.run, index_uri=index, reason=reason[:1000])
     _write_result(root.index_result, outcome)
     print(outcome.model_dump_json())
     return EXIT_OK if isinstance(outcome, RunIndexed) else EXIT_FAIL
