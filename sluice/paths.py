@@ -19,10 +19,10 @@ standalone workers):
     output/shard=<i>/part-*.parquet             embeddings (the default output prefix)
     output/shard=<i>/_commits/part-*.json       commit markers, written after each Parquet object
     output/model=<name>/shard=<i>/...           the same, per model, when a run embeds with several models
-    index/result.json              the index stage's outcome (sluice.contracts.RunIndexed or IndexFailed)
 
 Search indexes (docs/index.md) live in the control bucket's `indexes/<name>/` unless the
-manifest names another URI: one Lance table per model, `<index>/<model name>.lance`.
+manifest names another URI: one Lance table per model, `<index>/<model name>.lance`, and the
+index stage's outcome for each run, `<index>/_results/<run>.json`.
 """
 
 from __future__ import annotations
@@ -87,11 +87,6 @@ class RunPaths:
     def prepare_manifest(self) -> str:
         return self.root + "prepare/manifest.json"
 
-    @property
-    def index_result(self) -> str:
-        """The index stage's outcome: a RunIndexed or IndexFailed detail (docs/index.md)."""
-        return self.root + "index/result.json"
-
     def prepare_part(self, worker: int, partition: int) -> str:
         return self.root + f"prepare/map/{worker}/{partition}.part"
 
@@ -149,6 +144,11 @@ def index_uri(bucket: str, name: str) -> str:
 def index_table_uri(index: str, model: str) -> str:
     """One model's Lance table in the index folder `index`: <index>/<model name>.lance."""
     return join(index, model + LANCE_SUFFIX)
+
+
+def index_result(index: str, run_id: str) -> str:
+    """The index stage's outcome for a run: a RunIndexed or IndexFailed detail (sluice.contracts)."""
+    return join(index, f"_results/{run_id}.json")
 
 
 def committed_chunk(marker_uri: str, file: str) -> str:

@@ -5,8 +5,9 @@
 
 With --bucket/--run the run's root in the control bucket is the SOURCE, the index is the
 plan's (`RunPlan.index`, from the manifest's output.index) unless --out names one, and the
-outcome, a RunIndexed or IndexFailed detail (sluice.contracts), is written to the run's
-index/result.json for the control plane to publish. Exit 0 when indexed, 1 when the build
+outcome, a RunIndexed or IndexFailed detail (sluice.contracts), is written beside the index,
+<index>/_results/<run>.json (paths.index_result), for the control plane to publish: the stage
+reads the run's plan and output and writes under the index only. Exit 0 when indexed, 1 when the build
 failed (the index is left as it was), 2 for bad arguments.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +23,7 @@ from sluice.contracts import IndexFailed, RunIndexed
 from sluice.errors import SluiceError
 from sluice.log import logger
 from sluice.models import RunPlan
-from sluice.paths import RunPaths
+from sluice.paths import RunPaths, index_result
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -35,7 +37,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    """The index stage of a run in the control bucket: build, then write its outcome to index/result.json."""
+    """The index stage of a run in the control bucket: build, then write its outcome beside the index."""
     from sluice.index.build import build
     from sluice.index.storage import Files
 
@@ -52,16 +54,23 @@ def _stage(args: argparse.Namespace) -> int:
         logger.exception("index stage failed", extra={"run_id": args.run, "index": index})
         reason = str(exc) if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
         outcome = IndexFailed(run_id=args.run, index_uri=index, reason=reason[:1000])
-    _write_result(root.index_result, outcome)
+    if index is not None:
+        _write_result(index_result(index, args.run), outcome)
     print(outcome.model_dump_json())
     return EXIT_OK if isinstance(outcome, RunIndexed) else EXIT_FAIL
 
 
 def _write_result(uri: str, outcome: RunIndexed | IndexFailed) -> None:
-    from sluice.aws.clients import client
-    from sluice.aws.s3io import put_object
+    data = outcome.model_dump_json().encode()
+    if uri.startswith("s3://"):
+        from sluice.aws.clients import client
+        from sluice.aws.s3io import put_object
 
-    put_object(client("s3"), uri, outcome.model_dump_json().encode(), "application/json")
+        put_object(client("s3"), uri, data, "application/json")
+    else:  # a local index (local mode's index step)
+        os.makedirs(os.path.dirname(uri), exist_ok=True)
+        with open(uri, "wb") as fh:
+            fh.write(data)
     logger.info("index stage", extra={"result": uri, "outcome": outcome.detail_type})
 
 

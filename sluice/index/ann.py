@@ -9,6 +9,7 @@ candidates only. Parameters come from the row count and the dimension:
     rows < MIN_ANN_ROWS       no ANN index: a search scans every row (exact)
     num_partitions            ~ sqrt(rows), at least 16 (about sqrt(rows) vectors a list)
     num_sub_vectors           dim / 8 (8 dims per code byte; fewer codes when 8 does not divide dim)
+    k-means                   KMEANS_ITERS iterations on SAMPLE_RATE vectors a list
     nprobes                   max(NPROBES_MIN, NPROBES_FRACTION of the lists)
     refine_factor             REFINE_FACTOR
 
@@ -36,6 +37,11 @@ NPROBES_FRACTION = 0.04
 # near neighbours whose PQ distances tie; 10 gave recall@10 0.87 at 200,000 x 256-d, 20 gave 1.0.
 REFINE_FACTOR = 30
 RETRAIN_GROWTH = 2.0
+# k-means: 10 iterations on 64 sampled vectors a list (Lance's defaults: 50 and 256). Measured at
+# 200,000 x 256-d float16 on 2 busy CPUs: 157 s and recall@10 0.995 against 373 s and 0.995 with 20
+# iterations on the default sample.
+KMEANS_ITERS = 10
+SAMPLE_RATE = 64
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ def ensure(ds: Any) -> str:
         replace=True,
         num_partitions=params.num_partitions,
         num_sub_vectors=params.num_sub_vectors,
+        max_iters=KMEANS_ITERS,
+        sample_rate=SAMPLE_RATE,
     )
     ds.update_config({ANN_KEY: json.dumps({**asdict(params), "rows": rows, "kind": KIND})})
     return KIND

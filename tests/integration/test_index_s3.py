@@ -1,5 +1,6 @@
 """The index on S3 (a moto server): a run's output read from s3://, the Lance table written to s3://,
-and the index stage's entry point (`python -m sluice.index build --bucket --run`) with its outcome file.
+and the index stage's entry point (`python -m sluice.index build --bucket --run`) with its outcome
+file (<index>/_results/<run>.json).
 
 Lance reaches the server through its own object-store client, configured from AWS_ENDPOINT_URL
 (sluice.index.storage), so the build and the searches run as subprocesses with the server's env.
@@ -50,7 +51,7 @@ def test_a_run_on_s3_is_indexed_into_s3_and_searched(on_server, tmp_path):
 
     proc = _run(on_server, "-m", "sluice.index", "build", "--bucket", CONTROL_BUCKET, "--run", "s3run")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    outcome = RunIndexed.model_validate_json(store.get(base + "s3run/index/result.json"))
+    outcome = RunIndexed.model_validate_json(store.get(target.uri + "_results/s3run.json"))
     assert (outcome.run_id, outcome.index_uri, outcome.rows, outcome.ann) == ("s3run", target.uri, 800, "none")
     assert outcome.tables[0].uri == target.uri + "reference-cnn.lance" and outcome.seconds > 0
     assert json.loads(proc.stdout.splitlines()[-1]) == json.loads(outcome.model_dump_json())
@@ -96,9 +97,10 @@ def test_a_failed_index_stage_reports_index_failed_and_leaves_the_run(on_server)
     assert proc.returncode == 1
     from gpu_worker.store import RunStore
 
-    outcome = IndexFailed.model_validate_json(RunStore().get(base + "emptyrun/index/result.json"))
-    assert "no committed output rows" in outcome.reason and outcome.index_uri == f"s3://{CONTROL_BUCKET}/indexes/never/"
-    assert RunStore().list(f"s3://{CONTROL_BUCKET}/indexes/never/") == []  # no index written
+    never = f"s3://{CONTROL_BUCKET}/indexes/never/"
+    outcome = IndexFailed.model_validate_json(RunStore().get(never + "_results/emptyrun.json"))
+    assert "no committed output rows" in outcome.reason and outcome.index_uri == never
+    assert RunStore().list(never) == [never + "_results/emptyrun.json"]  # no table written, only the outcome
     assert RunStore().get(base + "emptyrun/plan.json")  # the run's files untouched
 
 
