@@ -18,7 +18,7 @@ from typing import Any
 
 from sluice.contracts import IndexedTable, RunIndexed
 from sluice.index import ann
-from sluice.index.rows import Shape, index_schema, read_ahead, read_chunk, shape_of, to_index_rows
+from sluice.index.rows import Shape, duplicate_key, index_schema, read_ahead, read_chunk, shape_of, to_index_rows
 from sluice.index.sources import IndexBuildError, RunOutput, resolve
 from sluice.index.storage import Files
 from sluice.index.table import IndexTable, TableMeta, retry_conflicts
@@ -145,6 +145,13 @@ def _merge(files: Files, index: str, out: RunOutput, report: BuildReport) -> Non
     """Merge one RunOutput into its model's table (created on its first rows)."""
     import pyarrow as pa
 
+    if out.run_id is None:  # Parquet files as they are: no plan vouches for one row a key
+        twice = duplicate_key(files, out.files)
+        if twice is not None:
+            raise IndexBuildError(
+                f"{out.label} hold the key {twice} twice: give each key once, or build the sets one after "
+                "another, oldest first (a later build replaces a key's row)"
+            )
     rows = _Rows(files, out)
     shape = rows.peek()
     if shape is None:

@@ -117,3 +117,39 @@ def read_ahead(fn: Callable[[str], Any], uris: Iterable[str], window: int = READ
             if i + window < len(todo):
                 pending.append(pool.submit(fn, todo[i + window]))
             yield uri, result
+
+
+def duplicate_key(files: Files, uris: Iterable[str]) -> str | None:
+    """A key that two rows of `uris` hold, or None: what a set of Parquet files without a plan is checked for.
+
+    A run's rows are unique by construction (its plan dedups the keys, commit markers settle
+    each position once); files given as they are may overlap, and Lance inserts both rows of a
+    key that the table does not hold yet. 64-bit hashes first, the strings only on a hash match.
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    def keys(uri: str) -> list[str]:
+        try:
+            with files.open(uri) as fh:
+                return [str(k) for k in pq.read_table(fh, columns=[outputs.KEY])[outputs.KEY].to_pylist()]
+        except Exception:  # read_chunk names the file when the merge reads it
+            return []
+
+    todo = list(uris)
+    hashes = np.concatenate(
+        [np.fromiter((hash(k) for k in ks), np.int64, len(ks)) for _, ks in read_ahead(keys, todo)]
+        or [np.zeros(0, np.int64)]
+    )
+    ordered = np.sort(hashes)
+    suspects = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+    if not suspects:
+        return None
+    seen: set[str] = set()
+    for _, ks in read_ahead(keys, todo):
+        for k in ks:
+            if hash(k) in suspects:
+                if k in seen:
+                    return k
+                seen.add(k)
+    return None  # 64-bit hash collisions of different keys only

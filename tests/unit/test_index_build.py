@@ -6,6 +6,7 @@ Tables here stay under MIN_ANN_ROWS (exact search); the ANN path is in test_inde
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -211,3 +212,12 @@ def test_several_models_get_a_table_each_and_model_picks_one(tmp_path):
     with pytest.raises(IndexBuildError, match="no model 'nope'"):
         build([str(tmp_path / "runs" / "r1")], str(tmp_path / "one"), model="nope")
     assert pq.read_schema(sorted((tmp_path / "runs").rglob("part-*.parquet"))[0]).metadata  # worker-written files
+
+
+def test_parquet_files_holding_a_key_twice_are_refused(tmp_path):
+    files = _loose(tmp_path, "a", 40, DIM, ModelSpec(), 1)
+    copy = tmp_path / "copy.parquet"
+    copy.write_bytes(Path(files[0]).read_bytes())
+    with pytest.raises(IndexBuildError, match=re.escape("hold the key s3://images/a-0000000.jpg twice")):
+        build([files[0], str(copy)], str(tmp_path / "idx"))
+    assert not (tmp_path / "idx").exists()  # nothing written
