@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from sluice import outputs
 from sluice.contracts import IndexedTable, RunIndexed
 from sluice.index import ann
 from sluice.index.rows import Shape, duplicate_key, index_schema, read_ahead, read_chunk, shape_of, to_index_rows
@@ -102,7 +103,7 @@ class _Rows:
         import pyarrow.compute as pc
 
         if self.out.model is not None:
-            table = table.filter(pc.equal(table["model"].cast(pa.string()), self.out.model))
+            table = table.filter(pc.equal(table[outputs.MODEL].cast(pa.string()), self.out.model))
         return table if table.num_rows else None
 
     def peek(self) -> Shape | None:

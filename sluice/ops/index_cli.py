@@ -1,6 +1,7 @@
 """`sluice index build` and `sluice search` (docs/index.md).
 
     sluice index build SOURCE... --out INDEX [--model NAME] [--json]
+    sluice index show INDEX [--json]
     sluice search INDEX (--image FILE | --key S3URI | --vector-file FILE.npy | --text "...") [-k 10] [--json]
 
 --image and --text embed the query with the index's own model: the artifact the table records
@@ -33,6 +34,10 @@ def add_index_parsers(sub: Any) -> None:
     b = index.add_parser("build", help="build or update an index (Lance, one table per model) from runs' output")
     add_build_arguments(b)
     b.set_defaults(func=cmd_index_build)
+    show = index.add_parser("show", help="an index's tables: model, model_id, dim, dtype, rows, ANN kind")
+    show.add_argument("index", metavar="INDEX")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_index_show)
 
     s = sub.add_parser("search", help="the nearest keys in an index to an image, a key, vectors or a text")
     s.add_argument("index", metavar="INDEX", help="the index folder (local or s3://) or one of its <model>.lance")
@@ -52,6 +57,24 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     from sluice.index.__main__ import run_build
 
     return run_build(args)
+
+
+def cmd_index_show(args: argparse.Namespace) -> int:
+    """Print the index metadata of every table in the index."""
+    from sluice.index.search import Searcher, open_tables
+
+    try:
+        tables = [Searcher(t).describe() for t in open_tables(args.index).values()]
+    except SluiceError as exc:
+        print(f"sluice: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps({"index": args.index, "tables": tables}, indent=2))
+        return EXIT_OK
+    for t in tables:
+        shape = f"{t['dim']}-d {t['dtype']}, {t['model_id']}"
+        print(f"{t['table']}: {t['rows']:,} rows of {t['model']} ({shape}), ANN {t['ann']}")
+    return EXIT_OK
 
 
 def _vector_file(path: str) -> Any:

@@ -86,6 +86,20 @@ def test_bad_searches_are_one_line_and_exit_2(tmp_path, built, args, message):
     assert proc.stdout == ""
 
 
+def test_show_prints_the_index_metadata(built, capsys):
+    assert main(["index", "show", str(built[0]), "--json"]) == 0
+    [table] = json.loads(capsys.readouterr().out)["tables"]
+    assert {k: table[k] for k in ("model", "model_id", "dim", "dtype", "rows", "ann")} == {
+        "model": "reference-cnn",
+        "model_id": "builtin:reference-cnn@1",
+        "dim": 24,
+        "dtype": "float16",
+        "rows": 600,
+        "ann": "none",
+    }
+    assert main(["index", "show", str(built[0]) + "-missing"]) == 2
+
+
 def test_build_errors_exit_1_with_the_reason(tmp_path, capsys):
     assert main(["index", "build", str(tmp_path / "nothing"), "--out", str(tmp_path / "idx")]) == 1
     assert "nothing there" in capsys.readouterr().err
