@@ -39,7 +39,7 @@ FLOORS: list[set[str]] = [
     },
     {"sluice.input", "sluice.preflight"},
     {"sluice.plan"},
-    {"sluice.prepare"},
+    {"sluice.prepare", "sluice.index"},  # the stages' CPU jobs: prepare, and the search index
     {"sluice.control", "gpu_worker"},
     {"sluice.ops", "functions"},
     {"sluice.local"},

@@ -1,4 +1,4 @@
-"""`sluice` console script: plan, shard pack/cat, submit, status, output, local."""
+"""`sluice` console script: plan, shard pack/cat, submit, status, output, local, index, search."""
 
 from __future__ import annotations
 
@@ -351,6 +351,8 @@ def cmd_model_export(args: argparse.Namespace) -> int:
         f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "
         f"{result.max_abs_diff:.2e}\nspec: {result.uri}.json; {use}"
     )
+    if result.text is not None:  # a CLIP-style model: `sluice search --text` (docs/models.md, "Text tower")
+        print(f"text tower: {result.uri}.text.pt, .text.json, .tokenizer.json ({result.text.output_dim}-d)")
     return EXIT_OK
 
 
@@ -613,7 +615,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-prometheus", action="store_true", help="do not start a local Prometheus for metrics")
     run.add_argument("--pid-file", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_local_run)
+    _add_index_commands(sub)
     return p
+
+
+def _add_index_commands(sub: Any) -> None:
+    """`sluice index build` and `sluice search` (sluice.ops.index_cli; docs/index.md)."""
+    from sluice.ops.index_cli import add_index_parsers
+
+    add_index_parsers(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

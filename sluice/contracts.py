@@ -457,6 +457,35 @@ class RunFailed(EventDetail):
     )
 
 
+class IndexedTable(BaseModel):
+    """One model's table in the index after the index stage."""
+
+    model: str
+    model_id: str
+    uri: str = Field(description="The Lance table: <index>/<model name>.lance.")
+    rows: int
+    ann: str = Field(description='"IVF_PQ", or "none" for a table small enough to scan exactly.')
+
+
+class RunIndexed(EventDetail):
+    """The run's embeddings are in its search index (after "Run Succeeded"; docs/index.md)."""
+
+    detail_type: ClassVar[str] = "Run Indexed"
+    index_uri: str = Field(description="The index folder: one Lance table per model.")
+    rows: int = Field(description="Rows the index holds now, every model's table together.")
+    seconds: float = Field(description="The index stage's wall time.")
+    ann: str = Field(description='The ANN index kind: "IVF_PQ", or "none" when every table is small enough to scan.')
+    tables: list[IndexedTable] = Field(default_factory=list)
+
+
+class IndexFailed(EventDetail):
+    """The index stage failed; the run's outcome and its embeddings are untouched, the index as it was."""
+
+    detail_type: ClassVar[str] = "Index Failed"
+    index_uri: str | None = Field(description="The index the stage was to update.")
+    reason: str = Field(description="What went wrong (the file, model or field) and what to do.")
+
+
 EVENT_DETAILS: tuple[type[EventDetail], ...] = (
     RunPreparing,
     RunSubmitted,
@@ -464,6 +493,8 @@ EVENT_DETAILS: tuple[type[EventDetail], ...] = (
     RunProgress,
     RunSucceeded,
     RunFailed,
+    RunIndexed,
+    IndexFailed,
 )
 
 

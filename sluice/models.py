@@ -170,11 +170,68 @@ class JobSpec(_ManifestPart):
     )
 
 
+INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class IndexTarget(_Strict):
+    """Where a run's search index goes (docs/index.md): a folder of one Lance table per model."""
+
+    uri: str  # s3://bucket/prefix/ ending in "/"
+    name: str
+
+
+class IndexSpec(_ManifestPart):
+    """`output.index`: the run's search index; on by default (`false` or `"enabled": false` turns it off)."""
+
+    uri: str | None = Field(
+        default=None, description="s3:// folder of the index; default s3://<control bucket>/indexes/<name>/."
+    )
+    name: Annotated[str, Field(pattern=INDEX_NAME)] | None = Field(
+        default=None,
+        description="The index's name; default: the manifest's name, else its file name without the extension. "
+        "An incremental run (input.since_run) without its own index updates the earlier run's.",
+    )
+    enabled: bool = True
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.startswith("s3://"):
+            raise ValueError(f"{v[:80]!r} is not an s3:// URI: the index job writes to S3 only (s3://bucket/prefix/)")
+        _s3_uri(v, allow_empty_key=True)
+        return v if v.endswith("/") else v + "/"
+
+    def target(self, control_bucket: str, default_name: str) -> IndexTarget | None:
+        """Where the index goes, or None when it is off; `default_name` is index_name(...)'s."""
+        if not self.enabled:
+            return None
+        name = self.name or default_name
+        return IndexTarget(uri=self.uri or paths.index_uri(control_bucket, name), name=name)
+
+
+def index_name(manifest_name: str | None, manifest_key: str) -> str:
+    """The default index name: the manifest's `name`, else its object's name less the extension."""
+    if manifest_name:
+        return manifest_name
+    stem = manifest_key.rsplit("/", 1)[-1]
+    stem = stem.rsplit(".", 1)[0] if "." in stem[1:] else stem
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", stem).lstrip("._-")[:64] or "index"
+
+
 class OutputSpec(_ManifestPart):
     """Where embeddings go; default s3://<control bucket>/runs/<run>/output/."""
 
     prefix: str | None = None
     dtype: Literal["float16", "float32"] = "float16"
+    index: IndexSpec = Field(default=IndexSpec(), description="The search index the run's output goes into.")
+
+    @field_validator("index", mode="before")
+    @classmethod
+    def _index_flag(cls, v: object) -> object:
+        """`"index": false` is `{"enabled": false}`; `true` is the default index."""
+        return {"enabled": v} if isinstance(v, bool) else v
 
     @field_validator("prefix")
     @classmethod
@@ -307,6 +364,7 @@ class RunPlan(_Strict):
     # and the runs it was itself incremental on), and the keys left out because they already have output.
     lineage: list[str] = []
     skipped: dict[str, int] = {}  # reason -> keys (unchanged: same object version, same model artifact)
+    index: IndexTarget | None = None  # the search index the index stage updates (output.index); None: off
 
     @model_validator(mode="before")
     @classmethod

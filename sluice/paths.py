@@ -20,6 +20,10 @@ standalone workers):
     output/shard=<i>/_commits/part-*.json       commit markers, written after each Parquet object
     output/model_name=<name>/shard=<i>/...      the same, per model, when a run embeds with several models
                                    (not model=: Parquet readers would take the folder for the `model` column)
+
+Search indexes (docs/index.md) live in the control bucket's `indexes/<name>/` unless the
+manifest names another URI: one Lance table per model, `<index>/<model name>.lance`, and the
+index stage's outcome for each run, `<index>/_results/<run>.json`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ COMMITS_DIR = "_commits/"
 # The folder key of each model's output in a run with several models. Not "model": hive-partitioned
 # readers (pyarrow.dataset, duckdb) add a folder key as a column, and `model` is a column already.
 MODEL_DIR_KEY = "model_name"
+INDEXES_PREFIX = "indexes/"  # search indexes: indexes/<name>/<model name>.lance
+LANCE_SUFFIX = ".lance"
+# Written into every run folder `sluice local run --out DIR` made: the folder holds committed chunks only.
+LOCAL_COPY_MARKER = ".sluice-run.json"
 
 
 def join(prefix: str, name: str) -> str:
@@ -130,6 +138,26 @@ def model_output_prefix(output_prefix: str, name: str) -> str:
 def shard_output_dir(output_prefix: str, i: int) -> str:
     """Where shard i's Parquet chunks go: <output prefix>shard=<i>/."""
     return join(output_prefix, f"shard={i}/")
+
+
+def index_uri(bucket: str, name: str) -> str:
+    """The default place of the index `name`: s3://<control bucket>/indexes/<name>/."""
+    return f"s3://{bucket}/{INDEXES_PREFIX}{name}/"
+
+
+def index_table_uri(index: str, model: str) -> str:
+    """One model's Lance table in the index folder `index`: <index>/<model name>.lance."""
+    return join(index, model + LANCE_SUFFIX)
+
+
+def index_result(index: str, run_id: str) -> str:
+    """The index stage's outcome for a run: a RunIndexed or IndexFailed detail (sluice.contracts)."""
+    return join(index, f"_results/{run_id}.json")
+
+
+def committed_chunk(marker_uri: str, file: str) -> str:
+    """The Parquet chunk a commit marker names: its shard folder (the marker's, less _commits/) + `file`."""
+    return marker_uri.rsplit(COMMITS_DIR, 1)[0] + file
 
 
 def is_commit_marker(key: str) -> bool:

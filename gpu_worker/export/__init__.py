@@ -2,7 +2,8 @@
 
     torchvision:NAME          e.g. torchvision:resnet50 (the DEFAULT weights)
     timm:NAME                 e.g. timm:vit_small_patch16_224
-    open_clip:MODEL/TAG       e.g. open_clip:ViT-B-32/laion2b_s34b_b79k (the image tower)
+    open_clip:MODEL/TAG       e.g. open_clip:ViT-B-32/laion2b_s34b_b79k (the image tower, and the text
+                              tower and tokenizer beside it: gpu_worker.texttower)
     hf:REPO                   e.g. hf:openai/clip-vit-base-patch32, hf:google/siglip-base-patch16-224
 
 The artifact is a TorchScript (`torch.jit.save`) or torch.export (`*.pt2`) file plus its spec
@@ -33,6 +34,7 @@ class ExportResult:
     spec: dict[str, Any]
     max_abs_diff: float
     max_abs_diff_normalized: float
+    text: Any = None  # gpu_worker.texttower.TextSpec when the text tower was written beside it (CLIP-style)
 
 
 def load_source(spec: str, *, pretrained: bool = True, image_size: int | None = None) -> Source:
@@ -71,23 +73,37 @@ def export(
     spec: str, out: str, *, pretrained: bool = True, fmt: str | None = None, image_size: int | None = None
 ) -> ExportResult:
     """Export `spec` to `out` (a path, an s3:// URI, or either ending in / for a folder)."""
-    from gpu_worker.export.artifact import FORMATS, write_local
+    from gpu_worker.export.artifact import FORMATS
 
     if fmt is not None and fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     uri, fmt = _target(spec, out, fmt)
     src = load_source(spec, pretrained=pretrained, image_size=image_size)
     if not uri.startswith("s3://"):
-        meta, result = write_local(src, fmt, uri)
+        meta, result, text = _write(src, fmt, uri)
     else:
         from gpu_worker.store import RunStore
+        from gpu_worker.texttower import SIDECARS
 
         with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
             local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
-            meta, result = write_local(src, fmt, local)
+            meta, result, text = _write(src, fmt, local)
             store = RunStore()
-            with open(local, "rb") as fh:
-                store.put(uri, fh.read())
-            with open(local + ".json", "rb") as fh:
-                store.put(uri + ".json", fh.read(), content_type="application/json")
-    return ExportResult(uri, meta, result.max_abs_diff, result.max_abs_diff_normalized)
+            for suffix in ("", ".json", *(SIDECARS if text else ())):
+                with open(local + suffix, "rb") as fh:
+                    kind = "application/json" if suffix.endswith(".json") else "application/octet-stream"
+                    store.put(uri + suffix, fh.read(), content_type=kind)
+    return ExportResult(uri, meta, result.max_abs_diff, result.max_abs_diff_normalized, text)
+
+
+def _write(src: Source, fmt: str, path: str) -> tuple[dict[str, Any], Any, Any]:
+    """The image tower to `path` (+ its spec), and a CLIP-style model's text tower beside it."""
+    from gpu_worker.export.artifact import write_local
+
+    meta, result = write_local(src, fmt, path)
+    if src.text is None:
+        return meta, result, None
+    from gpu_worker.export.text import open_clip_text, write_text
+
+    text = open_clip_text(*src.text)
+    return meta, result, None if text is None else write_text(text, path, meta["weights_sha256"])

@@ -35,6 +35,8 @@ class Source:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     library: str  # the package whose version the spec records
+    # (whole model, spec, version) of a CLIP-style model: gpu_worker.export.text exports its text tower
+    text: tuple[nn.Module, str, str] | None = None
 
 
 def _rgb(values: Any) -> tuple[float, float, float]:
@@ -131,12 +133,14 @@ def load_open_clip(spec: str, pretrained: bool, image_size: int | None) -> Sourc
     )
     pre = open_clip.get_model_preprocess_cfg(model)
     size = pre.get("size", image_size or 224)
+    version = f"{name}/{tag}" if pretrained else RANDOM_INIT
     return Source(
         module=model.visual.eval(),
         name=f"open_clip:{spec}",
-        version=f"{name}/{tag}" if pretrained else RANDOM_INIT,
+        version=version,
         image_size=int(size[0] if isinstance(size, tuple | list) else size),
         mean=_rgb(pcfg.get("mean") or pre["mean"]),
         std=_rgb(pcfg.get("std") or pre["std"]),
         library="open_clip_torch",
+        text=(model.eval(), spec, version),
     )

@@ -8,7 +8,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-MARKER = ".sluice-run.json"  # in every run folder Sluice wrote
+from sluice.paths import LOCAL_COPY_MARKER
+
+MARKER = LOCAL_COPY_MARKER  # in every run folder Sluice wrote (the index reads it too)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,34 @@
+"""Query embeddings for `sluice search`: image files through the worker's own decode and model step.
+
+The same path a run's images take (gpu_worker.decode: shorter side to the model's input size,
+centre crop; gpu_worker.infer.Engine: normalisation, the model, L2 normalisation), so an
+image embedded here lands where its run put it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_worker.config import WorkerConfig
+from gpu_worker.decode import decode_image
+from gpu_worker.errors import ConfigError, ObjectFailure
+
+
+def embed_images(model_path: str, image_size: int, images: list[tuple[str, bytes]]) -> np.ndarray:
+    """(len(images), D) unit vectors of (name, bytes) images with the model at `model_path` (builtin:NAME or a file)."""
+    import torch
+
+    from gpu_worker.infer import Engine
+    from gpu_worker.model import load_model
+
+    model, info = load_model(model_path, image_size)
+    max_pixels = WorkerConfig.model_fields["max_image_pixels"].default
+    arrays = []
+    for name, data in images:
+        try:
+            arrays.append(decode_image(data, info.image_size, max_pixels))
+        except ObjectFailure as exc:
+            raise ConfigError(f"{name}: cannot be embedded ({exc.reason.value}: {exc.detail})") from None
+    engine = Engine(model, info, "cpu", len(arrays))
+    [(_, out)] = engine.submit(torch.from_numpy(np.stack(arrays)), None)
+    return np.asarray(out, dtype=np.float32)

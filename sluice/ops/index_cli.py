@@ -1,0 +1,183 @@
+"""`sluice index build` and `sluice search` (docs/index.md).
+
+    sluice index build SOURCE... --out INDEX [--model NAME] [--json]
+    sluice index show INDEX [--json]
+    sluice search INDEX (--image FILE | --key S3URI | --vector-file FILE.npy | --text "...") [-k 10] [--json]
+
+--image and --text embed the query with the index's own model: the artifact the table records
+(or --artifact URI), whose identity (sluice.modelid) must be the table's model_id; torch and the
+worker's code are imported for them only. A missing or foreign index, or a query it cannot
+answer, is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+from sluice.errors import SluiceError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def add_index_parsers(sub: Any) -> None:
+    """`sluice index build` and `sluice search` on the CLI's subparsers."""
+    from sluice.index.__main__ import add_build_arguments
+
+    index = sub.add_parser("index", help="the search index of a run's embeddings").add_subparsers(
+        dest="index_cmd", required=True
+    )
+    b = index.add_parser("build", help="build or update an index (Lance, one table per model) from runs' output")
+    add_build_arguments(b)
+    b.set_defaults(func=cmd_index_build)
+    show = index.add_parser("show", help="an index's tables: model, model_id, dim, dtype, rows, ANN kind")
+    show.add_argument("index", metavar="INDEX")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_index_show)
+
+    s = sub.add_parser("search", help="the nearest keys in an index to an image, a key, vectors or a text")
+    s.add_argument("index", metavar="INDEX", help="the index folder (local or s3://) or one of its <model>.lance")
+    q = s.add_mutually_exclusive_group(required=True)
+    q.add_argument("--image", metavar="FILE", help="embed this image with the index's own model")
+    q.add_argument("--key", metavar="S3URI", help="the embedding the index holds for this key")
+    q.add_argument("--vector-file", metavar="FILE.npy", help="a (dim,) or (Q, dim) array: Q queries")
+    q.add_argument("--text", metavar="TEXT", help="embed this text with the model's text tower (CLIP-style models)")
+    s.add_argument("-k", type=int, default=10, help="results per query (default 10)")
+    s.add_argument("--model", metavar="NAME", help="the model's table, when the index holds several")
+    s.add_argument("--artifact", metavar="URI", help="the model file for --image/--text (default: the one recorded)")
+    s.add_argument("--json", action="store_true", help='print {"results": [[{"key", "score"}, ...], ...]}')
+    s.set_defaults(func=cmd_search)
+
+
+def cmd_index_build(args: argparse.Namespace) -> int:
+    from sluice.index.__main__ import run_build
+
+    return run_build(args)
+
+
+def cmd_index_show(args: argparse.Namespace) -> int:
+    """Print the index metadata of every table in the index."""
+    from sluice.index.search import Searcher, open_tables
+
+    try:
+        tables = [Searcher(t).describe() for t in open_tables(args.index).values()]
+    except SluiceError as exc:
+        print(f"sluice: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps({"index": args.index, "tables": tables}, indent=2))
+        return EXIT_OK
+    for t in tables:
+        shape = f"{t['dim']}-d {t['dtype']}, {t['model_id']}"
+        print(f"{t['table']}: {t['rows']:,} rows of {t['model']} ({shape}), ANN {t['ann']}")
+    return EXIT_OK
+
+
+def _vector_file(path: str) -> Any:
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SearchInputError(f"--vector-file {path}: not a .npy array ({exc})") from None
+
+
+class SearchInputError(SluiceError):
+    """A query file or artifact that cannot be used; the message says which and why."""
+
+
+def _artifact(meta: Any, override: str | None, work: str) -> str:
+    """A local path (or builtin:NAME) of the index's model artifact, its identity checked."""
+    from sluice.modelid import resolve
+
+    uri = override or meta.model_uri
+    if not uri:
+        raise SearchInputError(f"the index does not record where model {meta.model!r} is: pass --artifact URI")
+    s3 = None
+    if uri.startswith("s3://"):
+        from sluice.aws.clients import client
+
+        s3 = client("s3")
+    got = resolve(uri, s3)
+    if got != meta.model_id:
+        raise SearchInputError(
+            f"{uri} is model_id {got}; the index holds {meta.model!r} embedded with model_id {meta.model_id}: "
+            "embed queries with the artifact the index was built with (--artifact URI)"
+        )
+    return _download(uri, work) if s3 is not None else uri
+
+
+def _download(uri: str, work: str) -> str:
+    """The model file and its sidecars (spec, text tower) in `work`."""
+    from gpu_worker.store import RunStore
+    from gpu_worker.texttower import SIDECARS
+
+    store = RunStore()
+    local = os.path.join(work, uri.rsplit("/", 1)[-1] or "model")
+    for suffix in ("", ".json", *SIDECARS):
+        try:
+            data = store.get(uri + suffix)
+        except Exception:
+            if not suffix:
+                raise
+            continue
+        with open(local + suffix, "wb") as fh:
+            fh.write(data)
+    return local
+
+
+def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
+    """The query vectors (Q, dim) the arguments name."""
+    import numpy as np
+
+    if args.vector_file:
+        return _vector_file(args.vector_file)
+    if args.key:
+        v = searcher.vector_of(args.key)
+        if v is None:
+            raise SearchInputError(f"--key {args.key}: the index holds no such key")
+        return v[None, :]
+    artifact = _artifact(searcher.meta, args.artifact, work)
+    if args.text is not None:
+        from gpu_worker.texttower import encode_texts
+
+        return encode_texts(artifact, [args.text])
+    from gpu_worker.query import embed_images
+
+    try:
+        with open(args.image, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise SearchInputError(f"--image {args.image}: {exc.strerror}") from None
+    return np.asarray(embed_images(artifact, searcher.meta.image_size or 224, [(args.image, data)]))
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Print the k nearest keys of each query."""
+    from gpu_worker.errors import ConfigError  # the worker's code says what is wrong with an artifact or image
+    from sluice.index.search import Searcher
+
+    if args.k < 1:
+        print("sluice: error: -k must be 1 or more", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        searcher = Searcher.open(args.index, model=args.model)
+        with tempfile.TemporaryDirectory(prefix="sluice-search-") as work:
+            queries = _queries(args, searcher, work)
+        results = searcher.search(queries, args.k)
+    except (SluiceError, ConfigError) as exc:
+        print(f"sluice: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps({"results": [[{"key": h.key, "score": h.score} for h in hits] for hits in results]}))
+        return EXIT_OK
+    for i, hits in enumerate(results):
+        if len(results) > 1:
+            print(f"query {i}")
+        for rank, h in enumerate(hits, 1):
+            print(f"{rank:>4}  {h.score:.4f}  {h.key}")
+    return EXIT_OK
