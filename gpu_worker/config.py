@@ -90,6 +90,9 @@ class WorkerConfig(WorkerSettings):
     log_level: str = Field("INFO", description="logging level")
     metrics_port: int = Field(9400, description="/metrics port of local rank 0 (rank r serves port + r); 0: off")
     push_interval_s: float = Field(30.0, description="remote-write push interval (SLUICE_REMOTE_WRITE_URL)")
+    beat_interval_s: float = Field(
+        30.0, gt=0, description="progress beats: checked this often, written only when the count moved"
+    )
     push_metrics: str = Field(
         "", description="metric families pushed to AMP, comma list; empty: the critical ones; all"
     )

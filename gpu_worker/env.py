@@ -4,7 +4,8 @@ Array child:   shard = SLUICE_SHARD_OFFSET (default 0) + AWS_BATCH_JOB_ARRAY_IND
 Single job:    shard = SLUICE_SHARD_INDEX (a run with one shard is submitted as a plain job)
 Multi-node:    shard = SLUICE_SHARD_OFFSET + AWS_BATCH_JOB_NODE_INDEX, and
                AWS_BATCH_JOB_NUM_NODES must equal the plan's n_shards
-Attempt:       AWS_BATCH_JOB_ATTEMPT (1-based, default 1)
+Attempt:       SLUICE_ATTEMPT_BASE (0 unless Sluice re-submitted a stalled shard) + AWS_BATCH_JOB_ATTEMPT
+               (1-based, default 1)
 
 Every variable the worker reads besides its SLUICE_WORKER_* settings (gpu_worker.config) is
 a field of ContainerEnv (set by the job definition or the local executor) or BatchEnv (set
@@ -37,6 +38,9 @@ class ContainerEnv(WorkerSettings):
     shard_index: int | None = Field(None, ge=0, description="the shard of a single (non-array) job")
     remote_write_url: str = Field("", description="AMP remote-write URL; wins over the plan's")
     instance_type: str = Field("", description="the instance type label when DMI does not say")
+    beats_table: str = Field("", description="DynamoDB table of progress beats (gpu_worker.watchdog); empty: none")
+    stall_after_s: float | None = Field(None, gt=0, description="no progress this long ends the attempt; wins over the plan's")
+    attempt_base: int = Field(0, ge=0, description="attempts before this job (a stalled shard re-submitted by Sluice)")
 
 
 class BatchEnv(WorkerSettings):
@@ -94,7 +98,8 @@ def select(plan: RunPlan, env: Mapping[str, str] | None = None) -> Assignment:
         kind, node_label, n_nodes = "array", shard, plan.n_shards
     if shard >= plan.n_shards:
         raise ConfigError(f"shard {shard} is outside the plan's {plan.n_shards} shards (0..{plan.n_shards - 1})")
-    return Assignment(shard=shard, node=node_label, num_nodes=n_nodes, attempt=batch.attempt, kind=kind)
+    attempt = box.attempt_base + batch.attempt
+    return Assignment(shard=shard, node=node_label, num_nodes=n_nodes, attempt=attempt, kind=kind)
 
 
 def _mnp_node(plan: RunPlan, batch: BatchEnv) -> tuple[int, int]:

@@ -24,6 +24,10 @@ class Terminated(Exception):
     """SIGTERM (AWS Batch timeout or job termination)."""
 
 
+class Stalled(WorkerError):
+    """A rank made no progress for stall_after_s (gpu_worker.watchdog); the retry strategy retries it."""
+
+
 class ObjectFailure(Exception):
     """One object failed; `transient` ones are retried, then deferred to the final pass.
 
@@ -39,18 +43,21 @@ class ObjectFailure(Exception):
 
 
 OK, FAILED, CONFIG, TERMINATED = 0, 1, 2, 143
+STALLED = 75  # sluice.control.policy.STALLED_EXIT: the retry strategy retries it (EX_TEMPFAIL)
 
 
 def exit_code(exc: BaseException) -> tuple[int, str]:
     """The exit code of a worker process that `exc` ended, and its one-line reason.
 
     1: a runtime failure (WorkerError) or a crash (anything else); 2: a configuration error;
-    143: SIGTERM. The node and each rank process both use this.
+    75: a rank stalled; 143: SIGTERM. The node and each rank process both use this.
     """
     if isinstance(exc, ConfigError):
         return CONFIG, f"configuration error: {exc}"
     if isinstance(exc, Terminated):
         return TERMINATED, "terminated (SIGTERM); committed chunks are kept for the next attempt"
+    if isinstance(exc, Stalled):
+        return STALLED, f"stalled: {exc}; committed chunks are kept for the next attempt"
     if isinstance(exc, WorkerError):
         return FAILED, f"failed: {exc}"
     return FAILED, f"crashed: {type(exc).__name__}: {exc}"

@@ -5,7 +5,7 @@ rank per GPU (or SLUICE_WORKER_CPU_RANKS CPU ranks) over contiguous slices of th
 then checks every key was settled exactly once and writes failures/<i>.jsonl and
 shards/<i>.result.json with its verdict (gpu_worker.verdict). Exit codes: 0 done and failed
 fraction <= threshold; 1 over the threshold or a runtime failure (one-line reason on stderr);
-2 configuration error; 143 terminated (SIGTERM).
+2 configuration error; 75 a rank stalled (gpu_worker.watchdog; retried); 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from gpu_worker import env as envmod
 from gpu_worker import intervals
 from gpu_worker.commits import Paths, ShardState, load_state, remove_orphans
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import OK, ConfigError, RankFailed, Terminated, WorkerError, report
+from gpu_worker.errors import OK, STALLED, ConfigError, RankFailed, Stalled, Terminated, WorkerError, report
 from gpu_worker.loader import FetcherLike
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.rank import RankSpec, run_rank, spec_json
@@ -229,6 +229,8 @@ def _run_ranks(
             bad = [(s, c) for s, c in zip(specs, codes) if c not in (None, 0)]
             if bad:
                 spec, code = bad[0]
+                if code == STALLED:
+                    raise Stalled(f"rank {spec.global_rank} made no progress")
                 raise RankFailed(f"rank {spec.global_rank} exited with code {code}")
             if all(c == 0 for c in codes):
                 break

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpu_worker import intervals
+from gpu_worker import intervals, watchdog
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.commits import Paths, ShardState
 from gpu_worker.config import WorkerConfig
@@ -260,8 +260,21 @@ def run_rank(
         summary.update(seconds=0.0, stats={}, chunks=0)
         return summary
     stats = rank.stats
-    reader_factory = lambda: ShardReader(rank.store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
-    pipe = _build_pipeline(rank, _Work(reader_factory, remaining, retry, todos), fetcher)
+    # Progress: keys embedded or failed. The watchdog ends a rank whose count stops (model load included).
+    ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
+    dog = watchdog.for_rank(ids, plan.stall_after_s, lambda: stats.get("images") + stats.get("failed"), cfg.beat_interval_s)
+    try:
+        return _pipeline(rank, _Work(lambda: ShardReader(rank.store.range_source(plan.shard_uri(spec.shard))), remaining, retry, todos), summary, started, fetcher)
+    finally:
+        dog.stop()
+
+
+def _pipeline(
+    rank: _Rank, work: _Work, summary: dict[str, Any], started: float, fetcher: FetcherLike | None
+) -> dict[str, Any]:
+    """Build the rank's pipeline (loaders, models) and stream its keys; the rank's summary."""
+    stats = rank.stats
+    pipe = _build_pipeline(rank, work, fetcher)
     stats.incr("model_ready_seconds", time.perf_counter() - started)
     metrics = _start_metrics(rank, pipe)
     t_pipe, window_start = time.perf_counter(), time.time()

@@ -168,6 +168,12 @@ class JobSpec(_ManifestPart):
     queue: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
         default=None, description="Job queue (one of Sluice's); default from settings."
     )
+    stall_after_s: Annotated[int, Field(ge=10, le=14 * 24 * 3600)] | None = Field(
+        default=None,
+        description="A rank whose processed count has not moved this long is stalled: its attempt is ended and "
+        "retried. Default: model load plus a few batch times (sluice.preflight.checks.derived_stall_after_s); "
+        "SLUICE_STALL_AFTER_S on the worker wins.",
+    )
 
 
 INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -355,6 +361,7 @@ class RunPlan(_Strict):
     output_dtype: Literal["float16", "float32"]
     attempts: int
     timeout_s: int
+    stall_after_s: int | None = None  # no progress this long: stalled (None: a plan from before; the worker's default)
     max_failed_fraction: float
     retry_failed: int
     jobs: list[JobLayout]

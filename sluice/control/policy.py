@@ -1,4 +1,4 @@
-"""The Batch retry rule, defined once: retry a lost host (Spot reclaim), exit on anything else.
+"""The Batch retry rule, defined once: retry a lost host (Spot reclaim) or a stall, exit on anything else.
 
 template.yaml's job definitions, every SubmitJob request (`retry_strategy`), the local
 executor and its real-shaped events all follow `EVALUATE_ON_EXIT`; a unit test checks the
@@ -15,9 +15,16 @@ from typing import Any, Literal
 HOST_LOST_PATTERN = "Host EC2*"
 HOST_LOST_REASON = "Host EC2 (instance {instance}) terminated."
 
+# The worker's exit code when a rank made no progress for stall_after_s (gpu_worker.watchdog):
+# the attempt is retried and resumes from its committed chunks.
+STALLED_EXIT = 75
+# The sweep's TerminateJob reason for a stalled attempt (sluice.control.stall).
+STALLED_REASON = "sluice: stalled"
+
 # First matching rule wins (AWS Batch API reference, EvaluateOnExit); at most 5 rules.
 EVALUATE_ON_EXIT: tuple[dict[str, str], ...] = (
     {"onStatusReason": HOST_LOST_PATTERN, "action": "RETRY"},
+    {"onExitCode": str(STALLED_EXIT), "action": "RETRY"},
     {"onReason": "*", "action": "EXIT"},
 )
 

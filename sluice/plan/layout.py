@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan
 from sluice.paths import RunPaths
-from sluice.preflight.checks import derived_timeout_s
+from sluice.preflight.checks import derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity
 
 
@@ -68,6 +68,8 @@ def build_plan(i: PlanInputs) -> RunPlan:
     gpus = max(1, manifest.job.gpus_per_node)
     rate = (i.images_per_gpu_s or Capacity().rate) / len(manifest.models)  # each image goes through every model
     timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
+    batch = max(m.batch_size for m in manifest.models)
+    stall_after_s = manifest.job.stall_after_s or derived_stall_after_s(batch, rate, timeout_s)
     return RunPlan(
         run_id=i.run_id,
         manifest_uri=i.manifest_uri,
@@ -89,6 +91,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
         output_dtype=manifest.output.dtype,
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,
+        stall_after_s=stall_after_s,
         max_failed_fraction=manifest.max_failed_fraction,
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,

@@ -15,6 +15,8 @@ SERIES_PER_RANK = 13  # a GPU rank's default push list (bench/metrics_cost.py, "
 TIMEOUT_MARGIN = 2.0  # derived job timeout: twice the estimated shard time ...
 TIMEOUT_SLACK_S = 900  # ... plus start-up (image pull, model load)
 TIMEOUT_FLOOR_S = 6 * 3600  # and never below Batch's usual 6 h
+STALL_LOAD_S = 600  # a rank's progress may not move while its models download and load ...
+STALL_BATCHES = 10  # ... nor for a few batch times after (a slow batch is not a stall)
 # What a child pays before its first image: placement, container start, model load. An assumption
 # for a warm compute environment (not measured here: no GPU); a cold image pull adds minutes.
 CHILD_STARTUP_S = 60
@@ -68,6 +70,15 @@ def derived_timeout_s(keys_per_shard: int, gpus: int, rate: float) -> int:
     """
     est = shard_seconds(keys_per_shard, gpus, rate) * TIMEOUT_MARGIN + TIMEOUT_SLACK_S
     return int(min(L.BATCH_MAX_TIMEOUT_S, max(TIMEOUT_FLOOR_S, math.ceil(est / 60) * 60)))
+
+
+def derived_stall_after_s(batch_size: int, rate: float, timeout_s: int) -> int:
+    """No progress this long ends an attempt: model load plus STALL_BATCHES batch times, well under the timeout.
+
+    `rate` is images/s of one GPU (one rank); at most a quarter of the job timeout.
+    """
+    est = STALL_LOAD_S + STALL_BATCHES * batch_size / max(rate, 1e-9)
+    return int(max(60, min(timeout_s // 4, math.ceil(est / 60) * 60)))
 
 
 @dataclass

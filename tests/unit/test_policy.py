@@ -78,3 +78,10 @@ def test_retry_strategy_carries_the_rule_and_attempts() -> None:
     assert len(strategy["evaluateOnExit"]) == 2
     strategy["evaluateOnExit"][0]["action"] = "EXIT"  # a copy: the shared rule is unchanged
     assert EVALUATE_ON_EXIT[0]["action"] == "RETRY"
+
+
+def test_a_stalled_attempt_is_retried_and_a_plain_failure_is_not() -> None:
+    from sluice.control.policy import STALLED_EXIT
+
+    assert evaluate_on_exit(EVALUATE_ON_EXIT, status_reason=EXITED, reason=None, exit_code=STALLED_EXIT) == "RETRY"
+    assert evaluate_on_exit(EVALUATE_ON_EXIT, status_reason=EXITED, reason=None, exit_code=STALLED_EXIT + 1) == "EXIT"

@@ -79,6 +79,7 @@ FUNCTION_ACTIONS = {
         "events:PutEvents",
         "batch:ListJobs",  # the reconciliation sweep
         "batch:DescribeJobs",  # the reconciliation sweep
+        "batch:TerminateJob",  # the sweep ends stalled attempts
         "batch:SubmitJob",
         "batch:TagResource",
         *KMS,
@@ -233,7 +234,10 @@ def test_job_state_role_reads_for_the_sweep() -> None:
     reads = {r for a, r, _ in grants if a == "s3:GetObject"}
     assert reads == {f"{CONTROL}/runs/*"}, reads
     query = {r for a, r, _ in grants if a == "dynamodb:Query"}
-    assert query == {"${RunsTable.Arn}", "${RunsTable.Arn}/index/*"}, query
+    # The beats table too: the sweep reads a run's progress beats to find stalled attempts.
+    assert query == {"${RunsTable.Arn}", "${RunsTable.Arn}/index/*", "${BeatsTable.Arn}"}, query
+    terminate = {r for a, r, _ in grants if a == "batch:TerminateJob"}
+    assert terminate == {"arn:${AWS::Partition}:batch:${AWS::Region}:${AWS::AccountId}:job/*"}, terminate
 
 
 def test_one_role_per_function_and_one_for_the_worker() -> None:
@@ -273,6 +277,9 @@ def test_worker_writes_only_under_runs_and_to_its_amp_workspace() -> None:
     for action, resource in writes:
         if action.startswith("s3:"):
             assert resource == f"{CONTROL}/runs/*", f"worker {action} on {resource}"
+        elif action.startswith("dynamodb:"):
+            # Progress beats: PutItem on the beats table only, never the ledger.
+            assert (action, resource) == ("dynamodb:PutItem", "${BeatsTable.Arn}"), (action, resource)
         else:
             assert action == "aps:RemoteWrite"
             assert resource in (
@@ -285,6 +292,7 @@ def test_worker_writes_only_under_runs_and_to_its_amp_workspace() -> None:
         "s3:PutObject",
         "s3:AbortMultipartUpload",
         "aps:RemoteWrite",
+        "dynamodb:PutItem",
         "kms:Decrypt",
         "kms:GenerateDataKey",
     }
@@ -535,7 +543,8 @@ def test_job_definitions(jd: str) -> None:
         assert {r["Type"] for r in c["ResourceRequirements"]} == {"VCPU", "MEMORY", "GPU"}
         assert c["LinuxParameters"]["SharedMemorySize"] > 0
         assert c["LogConfiguration"]["LogDriver"] == "awslogs"
-        assert [e["Name"] for e in c["Environment"]] == ["SLUICE_REMOTE_WRITE_URL"]
+        assert [e["Name"] for e in c["Environment"]] == ["SLUICE_REMOTE_WRITE_URL", "SLUICE_BEATS_TABLE"]
+        assert c["Environment"][1]["Value"] == {"Ref": "BeatsTable"}
 
 
 def test_queues_order_spot_then_on_demand_and_mnp_never_on_spot() -> None:

@@ -1,0 +1,150 @@
+"""A rank's progress beat and its stall watchdog (guard 1 of docs/architecture.md "Stalls").
+
+One daemon thread per rank reads the rank's processed count (images embedded + keys failed)
+every `interval_s`. When the count moved, it writes a beat to the beats table (at most once an
+interval, only on a change: a rank that makes no progress writes nothing, so a stopped or
+frozen container's beat simply ages and the control plane's sweep sees it). When the count
+has not moved for `stall_after_s`, it ends the process with STALLED_EXIT through os._exit,
+which needs neither the stuck thread nor its locks: Batch's retry strategy retries that exit
+code (sluice.control.policy) and the next attempt resumes from the committed chunks.
+
+The thread needs the interpreter: a native call that hangs while holding the GIL starves it
+too, as does a stopped or frozen container. The sweep's guard (sluice.control.stall) covers
+those, from the beats this thread wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_worker.env import ContainerEnv
+from gpu_worker.errors import STALLED
+from gpu_worker.log import logger
+
+LEGACY_STALL_AFTER_S = 1800.0  # a plan written before plans carried stall_after_s
+BEAT_TTL_S = 15 * 86400  # beats expire with the sweep's lookback (sluice.control.reconcile.LOOKBACK_S)
+
+
+def beat_key(shard: int, attempt: int, rank: int) -> str:
+    """The beats table's sort key of one rank's attempt (sluice.control.stall reads it back)."""
+    return f"{shard:06d}#{attempt:03d}#{rank:03d}"
+
+
+@dataclass(frozen=True)
+class BeatTarget:
+    """Where a rank's beats go and what they name."""
+
+    table: str  # the beats table (SLUICE_BEATS_TABLE); empty: no beats (the watchdog still runs)
+    run_id: str
+    job_id: str  # AWS_BATCH_JOB_ID: the child, node or plain job the sweep would terminate
+    shard: int
+    attempt: int
+    rank: int
+
+
+class Beats:
+    """Writes one rank's beats (PutItem, the only action the worker role has on the table)."""
+
+    def __init__(self, target: BeatTarget, stall_after_s: float, client: Any = None) -> None:
+        self._t = target
+        self._stall = stall_after_s
+        self._client = client
+
+    def write(self, processed: int, moved_at: float) -> None:
+        """Record that the rank had processed `processed` keys at `moved_at` (epoch seconds)."""
+        if not self._t.table:
+            return
+        if self._client is None:
+            from sluice.aws.clients import client
+
+            self._client = client("dynamodb", name="worker-beats")
+        t = self._t
+        item = {
+            "pk": {"S": t.run_id},
+            "sk": {"S": beat_key(t.shard, t.attempt, t.rank)},
+            "job_id": {"S": t.job_id},
+            "shard": {"N": str(t.shard)},
+            "attempt": {"N": str(t.attempt)},
+            "rank": {"N": str(t.rank)},
+            "processed": {"N": str(processed)},
+            "moved_at": {"N": f"{moved_at:.3f}"},
+            "stall_after_s": {"N": f"{self._stall:g}"},
+            "expires_at": {"N": str(int(moved_at) + BEAT_TTL_S)},
+        }
+        try:
+            self._client.put_item(TableName=t.table, Item=item)
+        except Exception as exc:  # a lost beat only makes the sweep's view older; never fail the rank for it
+            logger.warning("progress beat not written", extra={"error": f"{type(exc).__name__}: {exc}"[:300]})
+
+
+class Watchdog:
+    """Beats on progress; ends the process with STALLED_EXIT when progress stops for stall_after_s."""
+
+    def __init__(
+        self,
+        progress: Callable[[], float],
+        stall_after_s: float,
+        beats: Beats,
+        *,
+        interval_s: float = 10.0,
+        exit_fn: Callable[[int], Any] = os._exit,
+    ) -> None:
+        self._progress = progress
+        self.stall_after_s = stall_after_s
+        self._beats = beats
+        self._interval = max(0.05, min(interval_s, stall_after_s / 4))
+        self._exit = exit_fn
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sluice-watchdog", daemon=True)
+        self.fired = False
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        last = self._progress()
+        moved_at = time.time()
+        self._beats.write(int(last), moved_at)  # the attempt is alive from here (model load included)
+        while not self._stop.wait(self._interval):
+            now, seen = time.time(), self._progress()
+            if seen != last:
+                last, moved_at = seen, now
+                self._beats.write(int(seen), now)
+            elif now - moved_at >= self.stall_after_s:
+                self.fired = True
+                # os.write, not the logger: the stuck thread may hold the logging lock.
+                msg = f"sluice-worker: stalled: no progress for {now - moved_at:.0f} s at {int(seen)} keys\n"
+                os.write(2, msg.encode())
+                self._exit(STALLED)
+                return
+
+
+def stall_after_s(plan_value: float | None, env: Mapping[str, str] | None = None) -> float:
+    """SLUICE_STALL_AFTER_S when set, else the plan's (derived, or the manifest's job.stall_after_s)."""
+    box = ContainerEnv.from_env(env)
+    if box.stall_after_s is not None:
+        return box.stall_after_s
+    return float(plan_value) if plan_value else LEGACY_STALL_AFTER_S
+
+
+def for_rank(ids: BeatTarget, plan_value: float | None, progress: Callable[[], float], interval_s: float) -> Watchdog:
+    """A started watchdog for one rank (the beats table from SLUICE_BEATS_TABLE)."""
+    limit = stall_after_s(plan_value)
+    return Watchdog(progress, limit, Beats(ids, limit), interval_s=interval_s).start()
+
+
+def target(run_id: str, shard: int, attempt: int, rank: int, env: Mapping[str, str] | None = None) -> BeatTarget:
+    """The beat target of a rank of this container (table and job id from its environment)."""
+    environ = os.environ if env is None else env
+    box = ContainerEnv.from_env(env)
+    return BeatTarget(box.beats_table, run_id, environ.get("AWS_BATCH_JOB_ID", ""), shard, attempt, rank)
