@@ -39,7 +39,9 @@ class ContainerEnv(WorkerSettings):
     remote_write_url: str = Field("", description="AMP remote-write URL; wins over the plan's")
     instance_type: str = Field("", description="the instance type label when DMI does not say")
     beats_table: str = Field("", description="DynamoDB table of progress beats (gpu_worker.watchdog); empty: none")
-    stall_after_s: float | None = Field(None, gt=0, description="no progress this long ends the attempt; wins over the plan's")
+    stall_after_s: float | None = Field(
+        None, gt=0, description="no progress this long ends the attempt; wins over the plan's"
+    )
     attempt_base: int = Field(0, ge=0, description="attempts before this job (a stalled shard re-submitted by Sluice)")
 
 

@@ -262,9 +262,17 @@ def run_rank(
     stats = rank.stats
     # Progress: keys embedded or failed. The watchdog ends a rank whose count stops (model load included).
     ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
-    dog = watchdog.for_rank(ids, plan.stall_after_s, lambda: stats.get("images") + stats.get("failed"), cfg.beat_interval_s)
+    dog = watchdog.for_rank(
+        ids, plan.stall_after_s, lambda: stats.get("images") + stats.get("failed"), cfg.beat_interval_s
+    )
     try:
-        return _pipeline(rank, _Work(lambda: ShardReader(rank.store.range_source(plan.shard_uri(spec.shard))), remaining, retry, todos), summary, started, fetcher)
+        return _pipeline(
+            rank,
+            _Work(lambda: ShardReader(rank.store.range_source(plan.shard_uri(spec.shard))), remaining, retry, todos),
+            summary,
+            started,
+            fetcher,
+        )
     finally:
         dog.stop()
 

@@ -162,6 +162,10 @@ class JobLayoutItem(_Written):
     kind: Literal["array", "single", "multinode"]
     shard_offset: int
     shard_count: int
+    # A job Sluice re-submitted for a stalled attempt (sluice.control.stall): its attempts follow
+    # `attempt_base` earlier ones, and the job it replaces failed by Sluice's TerminateJob.
+    attempt_base: int | None = None
+    replaces: str | None = None
 
 
 class PassItem(_Written):
@@ -267,6 +271,16 @@ class ShardItem(_Written):
     failed_transient: int = 0
     failed_by_reason: dict[FailureReason, int] = Field(default_factory=dict)
     gpu_seconds: int = Field(default=0, description="The worker's wall seconds x its GPUs (result.json; 0 on CPU).")
+
+
+class StalledAttempt(_Written):
+    """An attempt whose progress stopped for its stall_after_s: ended by the sweep (a STALL# item, counted once)."""
+
+    shard: int
+    attempt: int
+    after_s: float = Field(description="Seconds without progress when the sweep ended it.")
+    job_id: str | None = Field(default=None, description="The child, node or plain job terminated.")
+    redo_job_id: str | None = Field(default=None, description="The job Sluice submitted to resume the shard.")
 
 
 def reason_counter(reason: FailureReason) -> str:
@@ -421,6 +435,25 @@ class RunProgress(EventDetail):
     retry_pass: int | None = Field(default=None, description="Set when a retry pass starts: its number.")
     retry_keys: int | None = None
     retry_shards: int | None = None
+    stalled: list[StalledAttempt] | None = Field(
+        default=None, description="Set when the sweep ended stalled attempts: the ones it ended this time."
+    )
+
+
+class WaitingCause(_Written):
+    """Jobs left RUNNABLE for one reason Batch gives (statusReason)."""
+
+    reason: str = Field(description="Batch's statusReason, e.g. capacity, MaxVcpus or no matching instance type.")
+    jobs: int = Field(description="Jobs or children RUNNABLE for this reason when the sweep looked.")
+    waiting_s: float = Field(description="How long the oldest of them has been RUNNABLE.")
+    job_ids: list[str] = Field(default_factory=list, description="Up to 10 of them.")
+
+
+class RunWaiting(EventDetail):
+    """Jobs of the run have been RUNNABLE longer than SLUICE_RUNNABLE_AFTER_S: once per cause, not per child."""
+
+    detail_type: ClassVar[str] = "Run Waiting"
+    causes: list[WaitingCause]
 
 
 class RunSucceeded(EventDetail):
@@ -491,6 +524,7 @@ EVENT_DETAILS: tuple[type[EventDetail], ...] = (
     RunSubmitted,
     ManifestRejected,
     RunProgress,
+    RunWaiting,
     RunSucceeded,
     RunFailed,
     RunIndexed,

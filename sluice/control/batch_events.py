@@ -42,6 +42,9 @@ class BatchJobStateChangeDetail(_Open):
     node_details: NodeDetails | None = Field(default=None, alias="nodeDetails")
     node_properties: dict[str, Any] | None = Field(default=None, alias="nodeProperties")
     created_at: int | None = Field(default=None, alias="createdAt")
+    # Not in Batch's event: the attempts before this job when Sluice re-submitted a stalled shard
+    # (JobLayoutItem.attempt_base), so its attempts outrank the terminated one's.
+    attempt_base: int = Field(default=0, alias="sluiceAttemptBase")
 
     @property
     def run_id(self) -> str | None:
@@ -76,10 +79,11 @@ class BatchJobStateChangeDetail(_Open):
         """1-based attempt this event describes (attempts[] lists finished and running attempts)."""
         n = len(self.attempts)
         if self.status.terminal:
-            return max(n, 1)
+            return self.attempt_base + max(n, 1)
         if n and "stoppedAt" not in self.attempts[-1]:
-            return n
-        return n + 1 if self.status in (JobStatus.RUNNABLE, JobStatus.STARTING, JobStatus.RUNNING) else max(n, 1)
+            return self.attempt_base + n
+        waiting = self.status in (JobStatus.RUNNABLE, JobStatus.STARTING, JobStatus.RUNNING)
+        return self.attempt_base + (n + 1 if waiting else max(n, 1))
 
     @property
     def seq(self) -> int:

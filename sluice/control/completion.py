@@ -114,6 +114,8 @@ def _record(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail) -> Jo
     job = next((j for j in run.jobs or [] if j.id == detail.parent_id), None)
     if job is None:
         return JobEventOutcome("ignored", run.run_id, reason=f"job {detail.parent_id} is not one of the run's jobs")
+    if job.attempt_base:  # re-submitted for a stalled attempt (sluice.control.stall): after the earlier attempts
+        detail = detail.model_copy(update={"attempt_base": job.attempt_base})
     out = JobEventOutcome("recorded", run.run_id)
     counts: Counts | None = None
     is_shard_event = detail.child_index is not None or job.kind == "single"

@@ -18,6 +18,7 @@ from sluice.contracts import Counts, PassItem, RunFailed, RunItem, RunStatus, Ru
 from sluice.control import retry
 from sluice.control.context import Context
 from sluice.control.records import FAIL, RETRY
+from sluice.control.stall import live_jobs
 from sluice.control.verdict import RunFigures, figures_from_counts, figures_from_items
 from sluice.log import logger
 from sluice.models import RunPlan, load_plan
@@ -92,10 +93,11 @@ def _run_figures(ctx: Context, run: RunItem, n_total: int, retries_left: bool) -
         fails = ctx.records.marks(run.run_id, FAIL) if counts.shards_failed else []
         marked = ctx.records.marks(run.run_id, RETRY) if want_retry else []
         if len(fails) == counts.shards_failed and (marked or not want_retry):
-            jobs = ctx.records.job_items(run.run_id) if run.jobs_failed and not fails else []
+            jobs = live_jobs(run, ctx.records.job_items(run.run_id)) if run.jobs_failed and not fails else []
             failed = [(m.shard, m.why or "failed") for m in fails]
             return figures_from_counts(n_total, counts, failed, [m.shard for m in marked], jobs)
-    return figures_from_items(n_total, ctx.records.shard_items(run.run_id), ctx.records.job_items(run.run_id))
+    jobs = live_jobs(run, ctx.records.job_items(run.run_id))  # less those Sluice ended to re-submit a stall
+    return figures_from_items(n_total, ctx.records.shard_items(run.run_id), jobs)
 
 
 def _record_success(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, *, retry_passes: int) -> str:

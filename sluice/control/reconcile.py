@@ -26,6 +26,7 @@ from sluice.contracts import JobLayoutItem, JobStatus, RunItem, RunStatus
 from sluice.control import prepared
 from sluice.control.completion import decide, read_result
 from sluice.control.context import Context, run_paths
+from sluice.control.stall import sweep_stalls
 from sluice.control.verdict import settle_shard
 from sluice.log import logger
 
@@ -83,6 +84,7 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
     expired = run.status == RunStatus.FINALIZING and (run.lease_until or 0) < now
     if not (run.status.active or expired) or not run.jobs:
         return out
+    out.actions += sweep_stalls(ctx, run, now=now)  # sluice.control.stall: end stalled attempts, re-submit
     out.actions += _settle_missing(ctx, run, now=now, grace_s=grace_s)
     fresh = ctx.ledger.get(run.run_id)  # read again: the sweep's own writes (jobs_done) changed it
     concluded = decide(ctx, fresh, now=now).decided if fresh is not None else None
@@ -162,7 +164,7 @@ def _settle_from_batch(ctx: Context, run: RunItem, job: JobLayoutItem, desc: dic
             continue
         exit_code = (src.get("container") or {}).get("exitCode")
         reason = src.get("statusReason")
-        attempt = max(1, len(src.get("attempts") or []))
+        attempt = (job.attempt_base or 0) + max(1, len(src.get("attempts") or []))
         settlement = settle_shard(status, exit_code, reason, read_result(ctx.clients.s3, paths, shard), "batch")
         state = {"status": status, "attempt": attempt, "exit_code": exit_code, "reason": reason}
         if ctx.records.record_shard(

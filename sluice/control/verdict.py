@@ -23,8 +23,10 @@ from sluice.contracts import (
     ShardResult,
     over_threshold,
 )
+from sluice.control.policy import STALLED_EXIT
 
 NO_RESULT = "no result.json: the worker did not finish"
+STALLED_WHY = "stalled: no progress for stall_after_s on every attempt (the worker's watchdog)"
 MAX_NAMED = 10  # failed shards named in a run's reason
 
 
@@ -73,7 +75,7 @@ def settle_shard(
             {str(r): n for r, n in result.failed_by_reason.items() if r not in TRANSIENT_FAILURE_REASONS},
         )
     elif status == JobStatus.FAILED:
-        text = reason or "the job failed"
+        text = STALLED_WHY if exit_code == STALLED_EXIT else reason or "the job failed"
         why = f"exit code {exit_code}: {text}" if exit_code is not None else text
     elif result is None:
         why = NO_RESULT

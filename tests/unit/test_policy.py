@@ -75,7 +75,7 @@ def test_retry_strategy_carries_the_rule_and_attempts() -> None:
     strategy = retry_strategy(5)
     assert strategy["attempts"] == 5
     assert strategy["evaluateOnExit"] == [dict(r) for r in EVALUATE_ON_EXIT]
-    assert len(strategy["evaluateOnExit"]) == 2
+    assert len(strategy["evaluateOnExit"]) == 3  # lost host, stall (exit 75), then exit on anything else
     strategy["evaluateOnExit"][0]["action"] = "EXIT"  # a copy: the shared rule is unchanged
     assert EVALUATE_ON_EXIT[0]["action"] == "RETRY"
 

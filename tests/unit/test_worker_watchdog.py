@@ -1,0 +1,96 @@
+"""gpu_worker.watchdog: a rank whose count stops is ended with STALLED; a slow but moving one is not."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gpu_worker.errors import STALLED
+from gpu_worker.watchdog import Beats, BeatTarget, Watchdog, beat_key, stall_after_s
+from sluice.control.policy import STALLED_EXIT
+
+TARGET = BeatTarget("beats", "run-1", "job:3", shard=3, attempt=2, rank=0)
+
+
+class Table:
+    """Stands in for DynamoDB's PutItem (what the worker role may call), keeping the items."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+
+    def put_item(self, **kw: Any) -> None:
+        self.items.append(kw["Item"])
+
+
+class Exits:
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.fired = threading.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.fired.set()
+
+
+def test_worker_and_retry_strategy_agree_on_the_stalled_exit_code() -> None:
+    assert STALLED == STALLED_EXIT
+
+
+def test_a_hung_pipeline_thread_is_ended_with_the_stalled_code() -> None:
+    """The pipeline thread sleeps holding no progress; the watchdog thread ends the attempt on its own."""
+    processed = [5]
+    hung = threading.Thread(target=time.sleep, args=(30,), daemon=True)  # a deadlocked loader, a hung collective
+    hung.start()
+    table, exits = Table(), Exits()
+    t0 = time.monotonic()
+    dog = Watchdog(lambda: processed[0], 0.4, Beats(TARGET, 0.4, table), interval_s=0.05, exit_fn=exits).start()
+    assert exits.fired.wait(5)
+    took = time.monotonic() - t0
+    dog.stop()
+    assert exits.codes == [STALLED]
+    assert 0.4 <= took < 2.0, took
+    assert hung.is_alive()  # it did not need the stuck thread
+    # One beat at the start (processed 5), none after: a count that does not move writes nothing.
+    assert [int(i["processed"]["N"]) for i in table.items] == [5]
+    item = table.items[0]
+    assert item["pk"] == {"S": "run-1"} and item["sk"] == {"S": beat_key(3, 2, 0)} == {"S": "000003#002#000"}
+    assert item["job_id"] == {"S": "job:3"} and float(item["stall_after_s"]["N"]) == 0.4
+
+
+def test_slow_but_moving_is_never_ended() -> None:
+    processed = [0]
+    table, exits = Table(), Exits()
+    dog = Watchdog(lambda: processed[0], 0.5, Beats(TARGET, 0.5, table), interval_s=0.05, exit_fn=exits).start()
+    for _ in range(12):  # 1.2 s in all, more than twice stall_after_s, one key every 0.1 s
+        time.sleep(0.1)
+        processed[0] += 1
+    dog.stop()
+    assert exits.codes == []
+    counts = [int(i["processed"]["N"]) for i in table.items]
+    assert counts == sorted(counts) and counts[-1] >= 10  # beats follow the count
+
+
+def test_no_table_no_beats_and_the_watchdog_still_ends_a_stall() -> None:
+    exits = Exits()
+    dog = Watchdog(lambda: 0, 0.2, Beats(BeatTarget("", "r", "j", 0, 1, 0), 0.2), interval_s=0.05, exit_fn=exits)
+    dog.start()
+    assert exits.fired.wait(5)
+    dog.stop()
+    assert exits.codes == [STALLED]
+
+
+def test_a_failing_beat_write_does_not_stop_the_watchdog() -> None:
+    class Broken:
+        def put_item(self, **kw: Any) -> None:
+            raise RuntimeError("throttled")
+
+    exits = Exits()
+    Watchdog(lambda: 1, 0.2, Beats(TARGET, 0.2, Broken()), interval_s=0.05, exit_fn=exits).start()
+    assert exits.fired.wait(5)
+
+
+def test_stall_after_s_setting_wins_over_the_plan() -> None:
+    assert stall_after_s(600, {}) == 600
+    assert stall_after_s(600, {"SLUICE_STALL_AFTER_S": "10"}) == 10
+    assert stall_after_s(None, {}) == 1800  # a plan from before stall_after_s
