@@ -243,10 +243,10 @@ def live_jobs(run: RunItem, jobs: list[JobItem]) -> list[JobItem]:
     return [j for j in jobs if j.job_id not in replaced]
 
 
-def stalled_attempts(ctx: Context, run_id: str) -> list[StalledAttempt]:
+def stalled_attempts(dynamodb: Any, table: str, run_id: str) -> list[StalledAttempt]:
     """The run's recorded stalls (STALL# items), in shard and attempt order."""
-    resp = ctx.clients.dynamodb.query(
-        TableName=ctx.settings.runs_table,
+    resp = dynamodb.query(
+        TableName=table,
         KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
         ExpressionAttributeValues={":pk": {"S": run_id}, ":p": {"S": STALL_PREFIX}},
         ConsistentRead=True,

@@ -60,6 +60,7 @@ class Task:
     started_ms: int = 0
     status: JobStatus = JobStatus.PENDING
     log_path: str = ""
+    terminated: str | None = None  # TerminateJob's reason: the attempt fails with it, and is not retried
 
     @property
     def job_id(self) -> str:
@@ -355,6 +356,9 @@ class LocalExecutor:
         pid = task.proc.pid
         task.proc = None
         now = int(time.time() * 1000)
+        if task.terminated is not None:
+            self._reap_terminated(task, now)
+            return
         if rc < 0 and not self._stopping:
             # A worker killed by a signal we did not send looks, from the job's side, like a lost
             # host (Spot reclaim): Batch reports HOST_LOST_REASON, and the retry strategy decides.
@@ -375,6 +379,37 @@ class LocalExecutor:
             tail = Path(task.log_path).read_text(errors="replace").strip().splitlines()[-3:]
             for line in tail:
                 self._out.write(f"    {line[:300]}\n")
+
+    def _reap_terminated(self, task: Task, now: int) -> None:
+        """A worker TerminateJob killed: FAILED with the reason, never retried (as Batch does)."""
+        reason = task.terminated or "terminated"
+        task.attempts[-1] = attempt_entry(task.started_ms, now, None, reason)
+        task.status = JobStatus.FAILED
+        self._emit(task.job, task, JobStatus.FAILED, reason=reason)
+
+    def terminate(self, job_id: str, reason: str) -> int:
+        """TerminateJob: SIGKILL the job's running workers (a stopped one too); cancel what has not started.
+
+        `job_id` names an array child, an MNP node, a plain job, or a whole array or MNP job.
+        A job already finished is left as it is. Returns the workers killed.
+        """
+        parent = job_id.split(":", 1)[0].split("#", 1)[0]
+        job = self.jobs.get(parent)
+        if job is None or job.done:
+            return 0
+        tasks = [t for t in job.tasks if job_id == parent or t.job_id == job_id]
+        killed = 0
+        for t in tasks:
+            if t.status.terminal:
+                continue
+            t.terminated = reason
+            if t.proc is not None:
+                _signal_group(t.proc, signal.SIGKILL)  # SIGKILL ends a SIGSTOPped process too
+                killed += 1
+            else:
+                t.status = JobStatus.FAILED
+                self._emit(job, t, JobStatus.FAILED, reason=reason)
+        return killed
 
     def _finish(self, job: LocalJob) -> None:
         job.done = True
@@ -420,6 +455,7 @@ class LocalExecutor:
         procs = [t.proc for j in self.jobs.values() for t in j.tasks if t.proc is not None]
         for p in procs:
             _signal_group(p, signal.SIGTERM)
+            _signal_group(p, signal.SIGCONT)  # a stopped worker gets its SIGTERM only once continued
         deadline = time.monotonic() + grace_s
         for p in procs:
             try:

@@ -156,6 +156,7 @@ class _Services:
     waiting: bool = False  # the jobs run: a signal stops them gracefully from the wait loop
     runs_table: str = ""  # the emulator's runs table, for the --keep hint
     control_bucket: str = ""  # ... and its control bucket (sluice output sql)
+    beats_table: str = ""  # the workers' progress beats (gpu_worker.watchdog)
     # TMPDIR of every worker and prepare process, removed when the run ends: a process killed
     # by SIGKILL (or stopped mid-way) cannot remove its own sluice-worker-* or spill folders.
     scratch: str = ""
@@ -315,6 +316,7 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     c = Clients()
     stack = create_local(c)
     svc.runs_table, svc.control_bucket = stack.names["RunsTable"], stack.names["ControlBucket"]
+    svc.beats_table = stack.names["BeatsTable"]
     forced = getattr(args, "prepare_workers", None)
     # Local mode: the workers run here, so a manifest's model.uri may be a local path.
     router = Router(stack, {"SLUICE_LOCAL_MODE": "1", **({"SLUICE_PREPARE_WORKERS": str(forced)} if forced else {})})
@@ -337,16 +339,20 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     )
     executor = LocalExecutor(c.batch, ledger, router, config)
     svc.executors.append(executor)
+    from sluice.local.sweep import LocalSweep
+
+    sweep = LocalSweep(c, stack, executor, run_id)  # ends a hung worker by the control plane's path
     progress = Progress(c, stack.names["RunsTable"], enabled=not args.json)
     if not args.json:
         _say_started(args, outcome, svc.endpoint)
     svc.waiting = True
-    row = _wait(executor, ledger, run_id, progress, interrupted)
+    row = _wait(executor, ledger, run_id, progress, interrupted, sweep)
     progress.end()
     if row is None:
         return 130
     summary = summarize(c, stack, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
     summary.update(skipped_files=len(uploaded.skipped), metrics=_metrics_note(args, svc))
+    summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s"}) for s in sweep.stalled()]
     summary["input_prefix"] = uploaded.uri if uploaded.count else None
     save(run_dir, summary)
     report(summary, args.json)
@@ -416,6 +422,9 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
         # Small chunks: progress (read from commit markers) moves every few images, not every 2,048.
         "SLUICE_WORKER_CHUNK_KEYS": os.environ.get("SLUICE_WORKER_CHUNK_KEYS", str(LOCAL_CHUNK_KEYS)),
         "TMPDIR": svc.scratch,
+        "SLUICE_BEATS_TABLE": svc.beats_table,
+        # Beats every second: the sweep (every couple of seconds here) sees a stall within SLUICE_STALL_AFTER_S.
+        "SLUICE_WORKER_BEAT_INTERVAL_S": os.environ.get("SLUICE_WORKER_BEAT_INTERVAL_S", "1"),
     }
     if svc.metrics_url:
         env["SLUICE_REMOTE_WRITE_URL"] = svc.metrics_url
@@ -423,11 +432,14 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
     return env
 
 
-def _wait(executor: Any, ledger: Any, run_id: str, progress: Progress, interrupted: threading.Event) -> RunItem | None:
+def _wait(
+    executor: Any, ledger: Any, run_id: str, progress: Progress, interrupted: threading.Event, sweep: Any
+) -> RunItem | None:
     """Run the jobs until the run is final and no worker is left; None when interrupted."""
     while not interrupted.is_set():
         executor.discover()
         executor.step()
+        sweep()
         row: RunItem | None = ledger.get(run_id)
         progress.show(row, executor.running())
         final = row is not None and row.status.final
