@@ -260,11 +260,9 @@ def run_rank(
         summary.update(seconds=0.0, stats={}, chunks=0)
         return summary
     stats = rank.stats
-    # Progress: keys embedded or failed. The watchdog ends a rank whose count stops (model load included).
+    # Progress beats, and the watchdog that ends this rank when its count stops (gpu_worker.watchdog).
     ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
-    dog = watchdog.for_rank(
-        ids, plan.stall_after_s, lambda: stats.get("images") + stats.get("failed"), cfg.beat_interval_s
-    )
+    dog = watchdog.for_rank(ids, plan.stall_after_s, stats, cfg.beat_interval_s)
     try:
         return _pipeline(
             rank,

@@ -25,8 +25,10 @@ from typing import Any
 from gpu_worker.env import ContainerEnv
 from gpu_worker.errors import STALLED
 from gpu_worker.log import logger
+from gpu_worker.stats import Stats
 
 LEGACY_STALL_AFTER_S = 1800.0  # a plan written before plans carried stall_after_s
+LOAD_GRACE_S = 120.0  # added to stall_after_s until the rank's models are ready (loading moves no count)
 BEAT_TTL_S = 15 * 86400  # beats expire with the sweep's lookback (sluice.control.reconcile.LOOKBACK_S)
 
 
@@ -55,8 +57,11 @@ class Beats:
         self._stall = stall_after_s
         self._client = client
 
-    def write(self, processed: int, moved_at: float) -> None:
-        """Record that the rank had processed `processed` keys at `moved_at` (epoch seconds)."""
+    def write(self, processed: int, moved_at: float, limit_s: float | None = None) -> None:
+        """Record that the rank had processed `processed` keys at `moved_at` (epoch seconds).
+
+        `limit_s`: how long it may stay still from there (stall_after_s, plus LOAD_GRACE_S while loading).
+        """
         if not self._t.table:
             return
         if self._client is None:
@@ -73,7 +78,7 @@ class Beats:
             "rank": {"N": str(t.rank)},
             "processed": {"N": str(processed)},
             "moved_at": {"N": f"{moved_at:.3f}"},
-            "stall_after_s": {"N": f"{self._stall:g}"},
+            "stall_after_s": {"N": f"{self._stall if limit_s is None else limit_s:g}"},
             "expires_at": {"N": str(int(moved_at) + BEAT_TTL_S)},
         }
         try:
@@ -93,8 +98,10 @@ class Watchdog:
         *,
         interval_s: float = 10.0,
         exit_fn: Callable[[int], Any] = os._exit,
+        loading: Callable[[], bool] = lambda: False,
     ) -> None:
         self._progress = progress
+        self._loading = loading
         self.stall_after_s = stall_after_s
         self._beats = beats
         self._interval = max(0.05, min(interval_s, stall_after_s / 4))
@@ -111,19 +118,23 @@ class Watchdog:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def limit_s(self, loading: bool) -> float:
+        """How long the rank may stay still: stall_after_s, plus LOAD_GRACE_S while its models load."""
+        return self.stall_after_s + (LOAD_GRACE_S if loading else 0.0)
+
     def _loop(self) -> None:
-        last = self._progress()
+        last = (self._progress(), self._loading())
         moved_at = time.time()
-        self._beats.write(int(last), moved_at)  # the attempt is alive from here (model load included)
+        self._beats.write(int(last[0]), moved_at, self.limit_s(last[1]))  # the attempt is alive from here
         while not self._stop.wait(self._interval):
-            now, seen = time.time(), self._progress()
-            if seen != last:
+            now, seen = time.time(), (self._progress(), self._loading())
+            if seen != last:  # a key done, or the models ready
                 last, moved_at = seen, now
-                self._beats.write(int(seen), now)
-            elif now - moved_at >= self.stall_after_s:
+                self._beats.write(int(seen[0]), now, self.limit_s(seen[1]))
+            elif now - moved_at >= self.limit_s(seen[1]):
                 self.fired = True
                 # os.write, not the logger: the stuck thread may hold the logging lock.
-                msg = f"sluice-worker: stalled: no progress for {now - moved_at:.0f} s at {int(seen)} keys\n"
+                msg = f"sluice-worker: stalled: no progress for {now - moved_at:.0f} s at {int(seen[0])} keys\n"
                 os.write(2, msg.encode())
                 self._exit(STALLED)
                 return
@@ -137,10 +148,12 @@ def stall_after_s(plan_value: float | None, env: Mapping[str, str] | None = None
     return float(plan_value) if plan_value else LEGACY_STALL_AFTER_S
 
 
-def for_rank(ids: BeatTarget, plan_value: float | None, progress: Callable[[], float], interval_s: float) -> Watchdog:
-    """A started watchdog for one rank (the beats table from SLUICE_BEATS_TABLE)."""
+def for_rank(ids: BeatTarget, plan_value: float | None, stats: Stats, interval_s: float) -> Watchdog:
+    """A started watchdog for one rank: its progress is keys embedded or failed, its models ready or not."""
     limit = stall_after_s(plan_value)
-    return Watchdog(progress, limit, Beats(ids, limit), interval_s=interval_s).start()
+    progress = lambda: stats.get("images") + stats.get("failed")  # noqa: E731
+    loading = lambda: not stats.get("model_ready_seconds")  # noqa: E731
+    return Watchdog(progress, limit, Beats(ids, limit), interval_s=interval_s, loading=loading).start()
 
 
 def target(run_id: str, shard: int, attempt: int, rank: int, env: Mapping[str, str] | None = None) -> BeatTarget:

@@ -94,3 +94,23 @@ def test_stall_after_s_setting_wins_over_the_plan() -> None:
     assert stall_after_s(600, {}) == 600
     assert stall_after_s(600, {"SLUICE_STALL_AFTER_S": "10"}) == 10
     assert stall_after_s(None, {}) == 1800  # a plan from before stall_after_s
+
+
+def test_loading_models_gets_the_load_grace_and_readiness_counts_as_progress() -> None:
+    """A rank still loading its models may stay still for stall_after_s + LOAD_GRACE_S; once ready, stall_after_s."""
+    from gpu_worker.watchdog import LOAD_GRACE_S
+
+    loading = [True]
+    table, exits = Table(), Exits()
+    dog = Watchdog(
+        lambda: 0, 0.3, Beats(TARGET, 0.3, table), interval_s=0.05, exit_fn=exits, loading=lambda: loading[0]
+    )
+    assert dog.limit_s(True) == 0.3 + LOAD_GRACE_S and dog.limit_s(False) == 0.3
+    dog.start()
+    time.sleep(0.6)  # twice stall_after_s, but loading
+    assert exits.codes == []
+    loading[0] = False  # the models are ready: that moved, and from now on the plain limit applies
+    assert exits.fired.wait(5)
+    dog.stop()
+    limits = [float(i["stall_after_s"]["N"]) for i in table.items]
+    assert limits == [0.3 + LOAD_GRACE_S, 0.3]
