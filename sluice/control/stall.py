@@ -141,7 +141,11 @@ def _end(ctx: Context, run: RunItem, beat: Beat, now: float) -> StalledAttempt |
     try:
         ctx.clients.dynamodb.put_item(
             TableName=ctx.settings.runs_table,
-            Item=item({**key, **stalled.model_dump(mode="json", exclude_none=True), "at": int(now)}),
+            # DynamoDB's serializer takes no float: after_s goes as a number string.
+            Item=item(
+                {**key, **stalled.model_dump(mode="json", exclude_none=True, exclude={"after_s"}), "at": int(now)}
+            )
+            | {"after_s": {"N": str(stalled.after_s)}},
             ConditionExpression="attribute_not_exists(sk)",
         )
     except ctx.clients.dynamodb.exceptions.ConditionalCheckFailedException:
@@ -240,7 +244,7 @@ def _append_job(ctx: Context, run_id: str, entry: JobLayoutItem) -> None:
 def live_jobs(run: RunItem, jobs: list[JobItem]) -> list[JobItem]:
     """JOB items without those a re-submission replaced: Sluice's own TerminateJob failed them, not the work."""
     replaced = {j.replaces for j in run.jobs or [] if j.replaces}
-    return [j for j in jobs if j.job_id not in replaced]
+    return [j for j in jobs if j.sk.removeprefix("JOB#") not in replaced]
 
 
 def stalled_attempts(dynamodb: Any, table: str, run_id: str) -> list[StalledAttempt]:

@@ -10,7 +10,7 @@ not run here: moto marks every job SUCCEEDED at once, so its job states say noth
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sluice.aws.clients import Clients
 from sluice.contracts import StalledAttempt
@@ -18,6 +18,9 @@ from sluice.control.context import Context
 from sluice.control.stall import stalled_attempts, sweep_stalls
 from sluice.local.executor import LocalExecutor
 from sluice.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_batch import BatchClient
 
 SWEEP_EVERY_S = 2.0
 JOB_STATE_FUNCTION = "HandleJobStateChangeFunction"
@@ -42,7 +45,9 @@ class LocalSweep:
     """Runs the stall sweep for one run when it is due; call it from the wait loop."""
 
     def __init__(self, c: Clients, stack: Any, executor: LocalExecutor, run_id: str, every_s: float = SWEEP_EVERY_S):
-        clients = Clients(s3=c.s3, dynamodb=c.dynamodb, batch=LocalBatch(c.batch, executor), events=c.events)
+        clients = Clients(
+            s3=c.s3, dynamodb=c.dynamodb, batch=cast("BatchClient", LocalBatch(c.batch, executor)), events=c.events
+        )
         self.ctx = Context.build(Settings.from_env(stack.env_for(JOB_STATE_FUNCTION)), clients)
         self._run_id = run_id
         self._every = every_s

@@ -1,0 +1,81 @@
+"""A worker that hangs mid-shard (SIGSTOP) is ended by the sweep and its shard resumed: the run still succeeds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+STALL_AFTER_S = 10
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter (R, S, T stopped, Z zombie), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _array_index(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (FileNotFoundError, PermissionError):
+        return None
+    found = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"AWS_BATCH_JOB_ARRAY_INDEX=")]
+    return found[0] if found else None
+
+
+def _stop_a_worker_once_its_model_is_ready(out: Path, pid_file: Path, proc: subprocess.Popen[str]) -> tuple[int, float]:
+    """SIGSTOP the first worker whose log says its model is ready (mid-shard: none of its keys are done yet)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        for log in out.glob("*/logs/*-attempt1.log"):
+            if "model ready" not in log.read_text(errors="replace"):
+                continue
+            index = log.name.rsplit("-attempt", 1)[0].rsplit("_", 1)[1]
+            for pid in (int(p) for p in pid_file.read_text().split()):
+                if _array_index(pid) == index and _state(pid) not in (None, "Z"):
+                    os.kill(pid, signal.SIGSTOP)
+                    return pid, time.monotonic()
+        time.sleep(0.05)
+    raise AssertionError("no worker got to its model in time")
+
+
+def test_a_stopped_worker_is_ended_and_its_shard_resumed(tmp_path: Path) -> None:
+    out, pid_file = tmp_path / "out", tmp_path / "pids"
+    cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "64", "--shards", "2", "--slots", "2"]
+    cmd += ["--json", "--no-prometheus", "--out", str(out), "--pid-file", str(pid_file)]
+    env = {**os.environ, "SLUICE_STALL_AFTER_S": str(STALL_AFTER_S)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stopped, at = _stop_a_worker_once_its_model_is_ready(out, pid_file, proc)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    recovered_s = time.monotonic() - at
+    assert proc.returncode == 0, stderr[-3000:]
+    s = json.loads(stdout)
+    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 64, 0)
+    # The summary names the stalled attempt: which shard, its first attempt, ended after stall_after_s.
+    assert len(s["stalled"]) == 1, s["stalled"]
+    stalled = s["stalled"][0]
+    assert stalled["attempt"] == 1 and stalled["shard"] in (0, 1)
+    assert STALL_AFTER_S <= stalled["after_s"] < STALL_AFTER_S + 15
+    assert "Run Progress" in s["events"] and s["events"].count("Run Succeeded") == 1
+    # Every image embedded exactly once, the resumed shard's included.
+    files = sorted(Path(s["output_dir"], "output").rglob("*.parquet"))
+    keys = [r["key"] for f in files for r in pq.read_table(f, columns=["key"]).to_pylist()]
+    assert len(keys) == 64 == len(set(keys))
+    assert recovered_s < 90, recovered_s  # about a minute after the hang, start-up of the new attempt included
+    # The stopped worker was killed (SIGKILL ends a stopped process), and no worker is left stopped.
+    assert _state(stopped) in (None, "Z")
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert [p for p in pids if _state(p) == "T"] == []
