@@ -62,6 +62,8 @@ class Beats:
 
         `limit_s`: how long it may stay still from there (stall_after_s, plus LOAD_GRACE_S while loading).
         """
+        limit = self._stall if limit_s is None else limit_s
+        logger.debug("progress beat", extra={"processed": processed, "limit_s": limit})
         if not self._t.table:
             return
         if self._client is None:
@@ -78,7 +80,7 @@ class Beats:
             "rank": {"N": str(t.rank)},
             "processed": {"N": str(processed)},
             "moved_at": {"N": f"{moved_at:.3f}"},
-            "stall_after_s": {"N": f"{self._stall if limit_s is None else limit_s:g}"},
+            "stall_after_s": {"N": f"{limit:g}"},
             "expires_at": {"N": str(int(moved_at) + BEAT_TTL_S)},
         }
         try:

@@ -32,12 +32,20 @@ def _array_index(pid: int) -> str | None:
     return found[0] if found else None
 
 
-def _stop_a_worker_once_its_model_is_ready(out: Path, pid_file: Path, proc: subprocess.Popen[str]) -> tuple[int, float]:
-    """SIGSTOP the first worker whose log says its model is ready (mid-shard: none of its keys are done yet)."""
+def _ready(log: Path) -> bool:
+    """The worker's watchdog saw its model ready (a beat with the plain limit: no load grace left)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if '"progress beat"' in line and json.loads(line).get("limit_s") == STALL_AFTER_S:
+            return True
+    return False
+
+
+def _stop_a_ready_worker(out: Path, pid_file: Path, proc: subprocess.Popen[str]) -> tuple[int, float]:
+    """SIGSTOP the first worker whose model is ready: mid-shard, with none or some of its keys done."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         for log in out.glob("*/logs/*-attempt1.log"):
-            if "model ready" not in log.read_text(errors="replace"):
+            if not _ready(log):
                 continue
             index = log.name.rsplit("-attempt", 1)[0].rsplit("_", 1)[1]
             for pid in (int(p) for p in pid_file.read_text().split()):
@@ -50,12 +58,13 @@ def _stop_a_worker_once_its_model_is_ready(out: Path, pid_file: Path, proc: subp
 
 def test_a_stopped_worker_is_ended_and_its_shard_resumed(tmp_path: Path) -> None:
     out, pid_file = tmp_path / "out", tmp_path / "pids"
-    cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "64", "--shards", "2", "--slots", "2"]
+    cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "128", "--shards", "2", "--slots", "2"]
     cmd += ["--json", "--no-prometheus", "--out", str(out), "--pid-file", str(pid_file)]
-    env = {**os.environ, "SLUICE_STALL_AFTER_S": str(STALL_AFTER_S)}
+    env = {**os.environ, "SLUICE_STALL_AFTER_S": str(STALL_AFTER_S), "SLUICE_WORKER_LOG_LEVEL": "DEBUG"}
+    env["SLUICE_WORKER_BEAT_INTERVAL_S"] = "0.25"  # the test sees the model ready soon after it is
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stopped, at = _stop_a_worker_once_its_model_is_ready(out, pid_file, proc)
+        stopped, at = _stop_a_ready_worker(out, pid_file, proc)
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -63,7 +72,7 @@ def test_a_stopped_worker_is_ended_and_its_shard_resumed(tmp_path: Path) -> None
     recovered_s = time.monotonic() - at
     assert proc.returncode == 0, stderr[-3000:]
     s = json.loads(stdout)
-    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 64, 0)
+    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 128, 0)
     # The summary names the stalled attempt: which shard, its first attempt, ended after stall_after_s.
     assert len(s["stalled"]) == 1, s["stalled"]
     stalled = s["stalled"][0]
@@ -73,7 +82,7 @@ def test_a_stopped_worker_is_ended_and_its_shard_resumed(tmp_path: Path) -> None
     # Every image embedded exactly once, the resumed shard's included.
     files = sorted(Path(s["output_dir"], "output").rglob("*.parquet"))
     keys = [r["key"] for f in files for r in pq.read_table(f, columns=["key"]).to_pylist()]
-    assert len(keys) == 64 == len(set(keys))
+    assert len(keys) == 128 == len(set(keys))
     assert recovered_s < 90, recovered_s  # about a minute after the hang, start-up of the new attempt included
     # The stopped worker was killed (SIGKILL ends a stopped process), and no worker is left stopped.
     assert _state(stopped) in (None, "Z")
