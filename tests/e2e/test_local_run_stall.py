@@ -70,6 +70,7 @@ def test_a_stopped_worker_is_ended_and_its_shard_resumed(tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
     recovered_s = time.monotonic() - at
+    print(f"stopped pid {stopped}; the run ended {recovered_s:.1f} s after the hang")
     assert proc.returncode == 0, stderr[-3000:]
     s = json.loads(stdout)
     assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 128, 0)
