@@ -76,6 +76,9 @@ class Settings(EnvSettings):
     control_bucket: str | None = Field(None, description="SLUICE_CONTROL_BUCKET; default: the event's bucket.")
     runs_table: str = Field("sluice-runs", description="SLUICE_RUNS_TABLE: the run ledger table.")
     beats_table: str = Field("sluice-beats", description="SLUICE_BEATS_TABLE: the workers' progress beats.")
+    runnable_after_s: int = Field(
+        1800, ge=0, description="SLUICE_RUNNABLE_AFTER_S: jobs RUNNABLE this long are reported (Run Waiting)."
+    )
     event_bus: str = Field("sluice", description="SLUICE_EVENT_BUS: where run events are published.")
     job_queue: str = Field("sluice-gpu", description="SLUICE_JOB_QUEUE: queue for array jobs.")
     mnp_job_queue: str = Field("sluice-gpu-mnp", description="SLUICE_MNP_JOB_QUEUE: On-Demand queue for MNP.")

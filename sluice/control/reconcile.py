@@ -28,6 +28,7 @@ from sluice.control.completion import decide, read_result
 from sluice.control.context import Context, run_paths
 from sluice.control.stall import sweep_stalls
 from sluice.control.verdict import settle_shard
+from sluice.control.waiting import sweep_waiting
 from sluice.log import logger
 
 GRACE_S = 900  # a job terminal this long whose shards lack terminal events: settle them from Batch
@@ -85,6 +86,7 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
     if not (run.status.active or expired) or not run.jobs:
         return out
     out.actions += sweep_stalls(ctx, run, now=now)  # sluice.control.stall: end stalled attempts, re-submit
+    out.actions += sweep_waiting(ctx, run, now=now)  # sluice.control.waiting: why jobs stay RUNNABLE, once a cause
     out.actions += _settle_missing(ctx, run, now=now, grace_s=grace_s)
     fresh = ctx.ledger.get(run.run_id)  # read again: the sweep's own writes (jobs_done) changed it
     concluded = decide(ctx, fresh, now=now).decided if fresh is not None else None

@@ -356,10 +356,9 @@ class LocalExecutor:
         pid = task.proc.pid
         task.proc = None
         now = int(time.time() * 1000)
-        if task.terminated is not None:
-            self._reap_terminated(task, now)
-            return
-        if rc < 0 and not self._stopping:
+        if task.terminated is not None:  # TerminateJob killed it: FAILED with its reason, never retried (as Batch)
+            reason, exit_code = task.terminated, None
+        elif rc < 0 and not self._stopping:
             # A worker killed by a signal we did not send looks, from the job's side, like a lost
             # host (Spot reclaim): Batch reports HOST_LOST_REASON, and the retry strategy decides.
             reason, exit_code = HOST_LOST_REASON.format(instance=f"local-{pid}"), None
@@ -369,7 +368,7 @@ class LocalExecutor:
         if rc == 0:
             task.status = JobStatus.SUCCEEDED
             self._emit(task.job, task, JobStatus.SUCCEEDED, exit_code=0, reason=reason)
-        elif task.job.action(task, status_reason=reason, exit_code=exit_code) == "RETRY":
+        elif task.terminated is None and task.job.action(task, status_reason=reason, exit_code=exit_code) == "RETRY":
             task.status = JobStatus.RUNNABLE  # back to the queue for the next attempt
             self._emit(task.job, task, JobStatus.RUNNABLE, reason=reason)
         else:
@@ -379,37 +378,6 @@ class LocalExecutor:
             tail = Path(task.log_path).read_text(errors="replace").strip().splitlines()[-3:]
             for line in tail:
                 self._out.write(f"    {line[:300]}\n")
-
-    def _reap_terminated(self, task: Task, now: int) -> None:
-        """A worker TerminateJob killed: FAILED with the reason, never retried (as Batch does)."""
-        reason = task.terminated or "terminated"
-        task.attempts[-1] = attempt_entry(task.started_ms, now, None, reason)
-        task.status = JobStatus.FAILED
-        self._emit(task.job, task, JobStatus.FAILED, reason=reason)
-
-    def terminate(self, job_id: str, reason: str) -> int:
-        """TerminateJob: SIGKILL the job's running workers (a stopped one too); cancel what has not started.
-
-        `job_id` names an array child, an MNP node, a plain job, or a whole array or MNP job.
-        A job already finished is left as it is. Returns the workers killed.
-        """
-        parent = job_id.split(":", 1)[0].split("#", 1)[0]
-        job = self.jobs.get(parent)
-        if job is None or job.done:
-            return 0
-        tasks = [t for t in job.tasks if job_id == parent or t.job_id == job_id]
-        killed = 0
-        for t in tasks:
-            if t.status.terminal:
-                continue
-            t.terminated = reason
-            if t.proc is not None:
-                _signal_group(t.proc, signal.SIGKILL)  # SIGKILL ends a SIGSTOPped process too
-                killed += 1
-            else:
-                t.status = JobStatus.FAILED
-                self._emit(job, t, JobStatus.FAILED, reason=reason)
-        return killed
 
     def _finish(self, job: LocalJob) -> None:
         job.done = True
@@ -464,6 +432,30 @@ class LocalExecutor:
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
         return len(procs)
+
+
+def terminate(jobs: Mapping[str, LocalJob], job_id: str, reason: str, emit: Callable[..., None]) -> int:
+    """TerminateJob: SIGKILL the job's running workers (a stopped one too); cancel what has not started.
+
+    `job_id` names an array child, an MNP node, a plain job, or a whole array or MNP job. A job
+    already finished is left as it is. Returns the workers killed; their end is reaped as FAILED.
+    """
+    parent = job_id.split(":", 1)[0].split("#", 1)[0]
+    job = jobs.get(parent)
+    if job is None or job.done:
+        return 0
+    killed = 0
+    for t in job.tasks:
+        if t.status.terminal or not (job_id == parent or t.job_id == job_id):
+            continue
+        t.terminated = reason
+        if t.proc is not None:
+            _signal_group(t.proc, signal.SIGKILL)  # SIGKILL ends a SIGSTOPped process too
+            killed += 1
+        else:
+            t.status = JobStatus.FAILED
+            emit(job, t, JobStatus.FAILED, reason=reason)
+    return killed
 
 
 def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:

@@ -16,7 +16,7 @@ from sluice.aws.clients import Clients
 from sluice.contracts import StalledAttempt
 from sluice.control.context import Context
 from sluice.control.stall import stalled_attempts, sweep_stalls
-from sluice.local.executor import LocalExecutor
+from sluice.local.executor import LocalExecutor, terminate
 from sluice.settings import Settings
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class LocalBatch:
         self._executor = executor
 
     def terminate_job(self, *, jobId: str, reason: str) -> dict[str, Any]:
-        self._executor.terminate(jobId, reason)
+        terminate(self._executor.jobs, jobId, reason, self._executor._emit)  # the events Batch would send
         return {}
 
     def __getattr__(self, name: str) -> Any:

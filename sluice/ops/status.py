@@ -11,6 +11,8 @@ from typing import Any, TextIO
 from sluice.contracts import RunStatus
 from sluice.control.ledger import Ledger
 from sluice.control.records import ShardRecords
+from sluice.control.stall import stalled_attempts
+from sluice.control.waiting import waiting_causes
 
 SHOWN = (
     "run_id",
@@ -48,6 +50,10 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
         created_at=_iso(row.created_at),
         finished_at=_iso(row.finished_at),
     )
+    stalled = stalled_attempts(ledger.client, ledger.table, run_id)
+    waiting = waiting_causes(ledger.client, ledger.table, run_id)
+    plain["stalled"] = [s.model_dump(mode="json", exclude_none=True) for s in stalled]
+    plain["waiting"] = [w.model_dump(mode="json") for w in waiting]
     return plain
 
 
@@ -82,6 +88,13 @@ def render(s: dict[str, Any], out: TextIO) -> None:
         out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
         keys_done = s["keys_processed"] + s["keys_failed"]
         out.write(f"keys      {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed)\n")
+    for st in s.get("stalled", []):
+        redo = f", resumed by job {st['redo_job_id']}" if st.get("redo_job_id") else ", no attempt left"
+        out.write(
+            f"stalled   shard {st['shard']} attempt {st['attempt']}: no progress for {st['after_s']:.0f} s{redo}\n"
+        )
+    for w in s.get("waiting", []):
+        out.write(f"waiting   {w['jobs']} job(s) RUNNABLE for {w['waiting_s']:.0f} s: {w['reason']}\n")
     if s.get("gpu_hours"):
         from sluice.preflight.spent import describe
 
