@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import time
 
 from sluice.contracts import RunStatus
@@ -11,6 +12,7 @@ from sluice.control.ledger import Ledger
 from sluice.control.policy import STALLED_REASON
 from sluice.control.reconcile import reconcile
 from sluice.control.stall import stalled_attempts, sweep_stalls
+from sluice.ops.status import render, run_status
 from sluice.settings import Settings
 from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result
 from tests.integration.helpers import all_jobs, bus_events
@@ -86,6 +88,9 @@ def test_a_stalled_child_is_ended_once_resubmitted_and_the_run_still_succeeds(aw
         1,
         job_id,
     )
+    text = io.StringIO()
+    render(run_status(ctx.ledger, run_id), text)  # sluice status
+    assert f"stalled   shard 0 attempt 1: no progress for 100 s, resumed by job {redo['jobId']}" in text.getvalue()
     (progress,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Run Progress"]
     assert progress["detail"]["stalled"][0]["shard"] == 0 and progress["detail"]["shards_done"] == 1
 

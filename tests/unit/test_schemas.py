@@ -17,8 +17,9 @@ def test_committed_schemas_are_current():
 def test_every_event_detail_has_a_schema_file():
     names = sorted(schemas.file_name(c) for c in EVENT_DETAILS)
     assert names == sorted(p.name for p in schemas.SCHEMA_DIR.glob("*.json"))
-    assert len(names) == 8  # Run Preparing, Run Submitted, Manifest Rejected, Run Progress, Run Succeeded, Run Failed,
+    # Run Preparing, Run Submitted, Manifest Rejected, Run Progress, Run Waiting, Run Succeeded, Run Failed,
     # Run Indexed, Index Failed
+    assert len(names) == 9
 
 
 def test_check_detects_a_stale_or_extra_schema(tmp_path):
