@@ -34,7 +34,11 @@ def test_array_request_has_plan_uri_tag_timeout_and_spot_retry():
     assert req["timeout"] == {"attemptDurationSeconds": plan.timeout_s}
     assert req["retryStrategy"] == {
         "attempts": 3,
-        "evaluateOnExit": [{"onStatusReason": "Host EC2*", "action": "RETRY"}, {"onReason": "*", "action": "EXIT"}],
+        "evaluateOnExit": [
+            {"onStatusReason": "Host EC2*", "action": "RETRY"},
+            {"onExitCode": "75", "action": "RETRY"},  # a stalled rank (gpu_worker.watchdog)
+            {"onReason": "*", "action": "EXIT"},
+        ],
     }
     assert req["jobName"] == "sluice-r-1-0" and req["jobQueue"] == Settings().job_queue
 
