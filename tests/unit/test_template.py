@@ -76,6 +76,7 @@ FUNCTION_ACTIONS = {
         "dynamodb:UpdateItem",
         "dynamodb:Query",
         "dynamodb:BatchGetItem",
+        "dynamodb:DeleteItem",  # a replaced shard state's marks (in its transaction), a stall claim rolled back
         "events:PutEvents",
         "batch:ListJobs",  # the reconciliation sweep
         "batch:DescribeJobs",  # the reconciliation sweep
