@@ -51,7 +51,7 @@ class Contended:
     Each transaction holds its items for `hold_s`, so concurrent handlers do contend.
     """
 
-    def __init__(self, client: Any, hold_s: float = float(__import__("os").environ.get("HOLD", "0.002"))) -> None:
+    def __init__(self, client: Any, hold_s: float = 0.002) -> None:
         self._client, self._lock, self._hold = client, threading.Lock(), hold_s
         self._held: dict[tuple[str, str], int] = {}
         self._meta = threading.Lock()

@@ -59,6 +59,7 @@ FUNCTION_ACTIONS = {
         "batch:ListJobs",  # finds a job it already submitted before submitting again
         "batch:SubmitJob",
         "batch:TagResource",
+        "batch:TerminateJob",  # withdraws its extra jobs when another invocation submitted the run first
         *KMS,
     },
     "HandleJobStateChangeRole": {
@@ -81,6 +82,8 @@ FUNCTION_ACTIONS = {
         "batch:DescribeJobs",  # the reconciliation sweep
         "batch:SubmitJob",
         "batch:TagResource",
+        "batch:TerminateJob",  # withdraws its extra jobs (the prepare stage's submit step)
+        "lambda:InvokeFunction",  # the sweep redrives an upload stranded in planning
         *KMS,
     },
 }
