@@ -27,6 +27,7 @@ from sluice.control.batch_events import BatchJobStateChangeEvent
 from sluice.control.completion import handle_job_event
 from sluice.control.ledger import Ledger
 from sluice.control.records import ShardRecords
+from sluice.errors import RetriableError
 from sluice.settings import Settings
 from tests.integration.helpers import bus_events
 from tests.integration.test_completion_order import Scenario, _setup
@@ -34,6 +35,8 @@ from tests.properties import examples
 
 EXAMPLES = examples(3)
 THREADS = 4
+LAMBDA_TRIES = 10  # a handler error is retried by Lambda (2 retries) and EventBridge (8): the event is redelivered
+WRITES = frozenset({"put_item", "update_item", "delete_item"})
 SHAPES = {
     "array": Scenario("array", ["ok", "spot_then_ok", "ok", "ok", "spot_then_ok", "ok", "ok"]),
     "array-failed": Scenario("array", ["ok", "spot_then_ok", "ok", "over_threshold", "spot_then_ok", "ok", "ok"]),
@@ -47,7 +50,8 @@ class Contended:
     """moto's DynamoDB, atomic per request, with TransactionConflict under contention as DynamoDB raises it.
 
     A transaction that arrives while another one touching one of its items is in flight is
-    cancelled (CancellationReasons: TransactionConflict on that item, None on the others).
+    cancelled (CancellationReasons: TransactionConflict on that item, None on the others), and a
+    PutItem / UpdateItem / DeleteItem on such an item fails with TransactionConflictException.
     Each transaction holds its items for `hold_s`, so concurrent handlers do contend.
     """
 
@@ -65,6 +69,11 @@ class Contended:
             return self._transact
 
         def call(*a: Any, **kw: Any) -> Any:
+            if name in WRITES and _key(kw) in self._held:  # a write to an item a transaction holds
+                self.conflicts += 1
+                raise ClientError(
+                    {"Error": {"Code": "TransactionConflictException", "Message": "Transaction is ongoing"}}, name
+                )
             with self._lock:
                 return fn(*a, **kw)
 
@@ -93,6 +102,7 @@ class Contended:
 
 
 def _key(op: dict[str, Any]) -> tuple[str, str]:
+    """The item a write names (its Key, or its Item's key attributes)."""
     raw = op.get("Key") or op["Item"]
     return raw["pk"]["S"], raw["sk"]["S"]
 
@@ -147,7 +157,7 @@ def _deliver(stack: Any, seq: list[dict[str, Any]], threads: int, monkeypatch: A
     def work(part: list[Any]) -> None:
         try:
             for d in part:
-                handle_job_event(d, settings=cfg, clients=clients)
+                _with_retries(lambda d=d: handle_job_event(d, settings=cfg, clients=clients))
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -157,6 +167,18 @@ def _deliver(stack: Any, seq: list[dict[str, Any]], threads: int, monkeypatch: A
     for t in pool:
         t.join()
     assert errors == []
+
+
+def _with_retries(deliver: Any) -> None:
+    """One event delivered, and delivered again while its handler raises RetriableError, as Lambda does."""
+    for attempt in range(LAMBDA_TRIES):
+        try:
+            deliver()
+            return
+        except RetriableError:
+            if attempt == LAMBDA_TRIES - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))  # Lambda retries after a delay, not at once
 
 
 def _run(monkeypatch: Any, shape: str, order: list[int] | None, copies: list[int]) -> dict[str, Any]:
@@ -222,3 +244,36 @@ def test_contention_raises_transaction_conflicts_and_they_are_retried(monkeypatc
     got = _run(monkeypatch, "array", list(range(64)), [3])
     assert got["db"].conflicts > 0
     assert got["view"] == ref["view"] and got["outcome"] == ref["outcome"]
+
+
+def test_a_write_to_an_item_in_a_transaction_is_retried_in_the_process(aws, stack, monkeypatch):
+    # DynamoDB rejects an UpdateItem on an item another transaction holds (TransactionConflictException,
+    # nothing written; botocore does not retry it): the decision is written on a later try, not dropped.
+    from sluice.contracts import RunStatus
+    from sluice.control import ddb
+
+    monkeypatch.setattr(ddb.time, "sleep", lambda s: None)
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    assert ledger.claim("r7", "s3://b/manifests/z.json")
+    left = {"n": 3}
+
+    def conflict(**_: object) -> None:
+        if left["n"] > 0:
+            left["n"] -= 1
+            raise ClientError(
+                {
+                    "Error": {"Code": "TransactionConflictException", "Message": "Transaction is ongoing"},
+                    "ResponseMetadata": {"HTTPStatusCode": 400},
+                },
+                "UpdateItem",
+            )
+
+    aws.dynamodb.meta.events.register("before-call.dynamodb.UpdateItem", conflict, unique_id="conflict-r7")
+    ddb.STATS.clear()
+    ledger.mark_running("r7")  # PLANNING: its condition fails quietly, after the conflicts
+    assert ddb.STATS["writes_retried"] == 3 and ledger.get("r7").status is RunStatus.PLANNING
+    left["n"] = ddb.TRANSACT_TRIES
+    with pytest.raises(RetriableError, match="TransactionConflictException"):
+        ledger.release("r7", "boom")
+    assert ledger.get("r7").status is RunStatus.PLANNING  # nothing half-applied
+    aws.dynamodb.meta.events.unregister("before-call.dynamodb.UpdateItem", unique_id="conflict-r7")
