@@ -9,9 +9,10 @@ would, then every event Batch sends (each child RUNNABLE, STARTING, RUNNING, SUC
 parent PENDING, RUNNING, SUCCEEDED) in a random order from several threads to
 sluice.control.completion.handle_job_event, against in-process moto (each DynamoDB request atomic,
 as DynamoDB is). It prints events/s, DynamoDB and S3 calls per event, transactions retried,
-and the seconds the concluding invocation took, against the previous design's finalize,
-which read every result.json and failures file (2N+1 sequential GETs), timed on the same
-emulator in the same run.
+and the seconds the concluding invocation took, against two earlier designs' finalize timed on
+the same emulator in the same run: the tally from every SHARD item (a paginated Query of all
+of them, the design before the counters and marks decided) and, earlier, every result.json
+and failures file (2N+1 sequential GETs).
 
 Emulator note: moto deep-copies every table a TransactWriteItems touches (for its rollback),
 which makes each transaction O(table size) there and a 30,000-shard run O(N^2) in time and,
@@ -166,6 +167,17 @@ def _baseline_finalize(s3: Any, run_id: str, control: str, n: int) -> float:
             with contextlib.suppress(ClientError):  # no failures file: a 404, as on S3
                 s3.get_object(Bucket=control, Key=parse_s3_uri(uri)[1])["Body"].read()
     return time.perf_counter() - t
+
+
+def _items_finalize(dynamodb: Any, table: str, run_id: str, n: int) -> tuple[float, int]:
+    """The finalize before the counters decided: every SHARD (and JOB) item read and tallied; (seconds, processed)."""
+    from sluice.control.records import ShardRecords
+    from sluice.control.verdict import figures_from_items
+
+    records = ShardRecords(dynamodb, table)
+    t = time.perf_counter()
+    figures = figures_from_items(n, records.shard_items(run_id), records.job_items(run_id))
+    return time.perf_counter() - t, figures.processed
 
 
 def _settle_in_bulk(dynamodb: Any, table: str, run_id: str, jobs: list[Any], failing: set[int]) -> None:
@@ -338,6 +350,7 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False, fail: i
             t.join()
         wall = time.perf_counter() - t1
         final = Ledger(base.dynamodb, settings.runs_table).get(run_id)
+        items_s, items_processed = _items_finalize(base.dynamodb, settings.runs_table, run_id, n_shards)
         baseline = _baseline_finalize(base.s3, run_id, control, n_shards)
     n_ev = len(parsed)
     ddb_calls = sum(v for k, v in calls.items() if k.startswith("dynamodb."))
@@ -360,6 +373,8 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False, fail: i
         "finalize_s": round(finalize[0], 2) if finalize else None,
         "finalizers": len(finalize),
         "baseline_finalize_s": round(baseline, 2),
+        "items_finalize_s": round(items_s, 2),
+        "items_agree": final is not None and items_processed == final.processed,
         "calls": dict(sorted(calls.items())),
     }
 
@@ -400,6 +415,16 @@ def main() -> None:
             f"{r['finalizers']} finalizer, {r['errors']} errors) | {r['events_per_s']:,} | {r['dynamodb_per_event']} | "
             f"{r['s3_per_event']} | {r['transactions_retried']} | {r['finalize_s']} | {r['baseline_finalize_s']} | "
             f"{ratio_text} |"
+        )
+    print()
+    print("| shards | outcome | finalize s (ours: counters) | finalize s (before: every SHARD item) | ours / before |")
+    print("|---:|---|---:|---:|---:|")
+    for r in rows:
+        ratio = (r["finalize_s"] / r["items_finalize_s"]) if r["finalize_s"] and r["items_finalize_s"] else None
+        agree = "same processed" if r["items_agree"] else "PROCESSED DIFFERS"
+        print(
+            f"| {r['shards']:,} | {r['status']} ({agree}) | {r['finalize_s']} | {r['items_finalize_s']} | "
+            f"{f'{ratio:.3f}' if ratio is not None else 'n/a'} |"
         )
     for r in rows:
         print(f"calls at {r['shards']:,} shards: {r['calls']}")

@@ -134,6 +134,10 @@ class Settings(EnvSettings):
     )
     prepare_job_queue: str = Field("sluice-prepare", description="SLUICE_PREPARE_JOB_QUEUE: the CPU queue.")
     prepare_job_definition: str = Field("sluice-prepare", description="SLUICE_PREPARE_JOB_DEFINITION.")
+    manifest_function: str = Field(
+        "",
+        description="SLUICE_MANIFEST_FUNCTION: the function the sweep re-invokes for an upload stranded in planning.",
+    )
     # The deployed capacity the preflight checks runs against (sluice.preflight; template.yaml
     # parameters of the same names), and the GPU family GPU-hours are priced on.
     max_vcpus: int = Field(256, ge=1, description="SLUICE_MAX_VCPUS: MaxVcpus of each GPU compute environment.")

@@ -72,6 +72,11 @@ class Clients:
             if v is not None
         }
 
+    def inject(self, service: str, client: Any) -> Clients:
+        """Inject a client for a service the constructor does not name (e.g. "lambda"); returns self."""
+        self._injected[service] = client
+        return self
+
     def _get(self, service: str) -> Any:
         return self._injected.get(service) or client(service)
 
@@ -100,3 +105,8 @@ class Clients:
     def iam(self) -> Any:
         """Local mode's emulated roles."""
         return self._get("iam")
+
+    @property
+    def lambda_(self) -> Any:
+        """Lambda: the sweep re-invokes the manifest function for an upload stranded in planning."""
+        return self._get("lambda")

@@ -119,6 +119,10 @@ def _decide(ctx: Context, upload: UploadItem, run_id: str, manifest_uri: str) ->
             run_id, exc.reasons, ManifestRejected(run_id=run_id, manifest=manifest_uri, reasons=exc.reasons)
         )
         return Outcome("rejected", run_id, reasons=exc.reasons)
+    except submit.Superseded:
+        # A redrive (or the original invocation) recorded the submission first: nothing left to do.
+        logger.info("another invocation submitted the run first", extra={"manifest": manifest_uri})
+        return Outcome("duplicate", run_id)
     except (SubmissionError, AwsFatalError) as exc:
         # A retry will not help: fail the run with what to check (a missing permission, bucket,
         # queue ...). The user fixes it and uploads the manifest again.

@@ -89,13 +89,23 @@ class Table:
         return self._client
 
     def call(self, op: str, **kwargs: Any) -> Any:
-        """One DynamoDB call; a lost condition stays a ClientError, anything else is translated once."""
-        try:
-            return getattr(self._client, op)(TableName=self._table, **kwargs)
-        except (ClientError, BotoCoreError) as exc:
-            if classify(exc).kind is Kind.CONDITION:
-                raise
-            raise translate(exc, f"DynamoDB {op} on table {self._table!r}") from exc
+        """One DynamoDB call; a lost condition stays a ClientError, anything else is translated once.
+
+        A write to an item another transaction holds fails with TransactionConflictException
+        (nothing written; botocore does not retry it): retried here, as a cancelled transaction is,
+        so a decision already taken (FINALIZING -> SUCCEEDED) is not dropped for the event's retry.
+        """
+        for i in range(TRANSACT_TRIES):
+            try:
+                return getattr(self._client, op)(TableName=self._table, **kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                if classify(exc).kind is Kind.CONDITION:
+                    raise
+                if not (_in_conflict(exc) and i < TRANSACT_TRIES - 1):
+                    raise translate(exc, f"DynamoDB {op} on table {self._table!r}") from exc
+            _count("writes_retried")
+            _backoff(i)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def transact(self, items: list[dict[str, Any]]) -> bool:
         """TransactWriteItems, retried in the process while cancelled for a transient reason.
@@ -113,7 +123,7 @@ class Table:
                 return False
             if i < TRANSACT_TRIES - 1:
                 _count("transactions_retried")
-                time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**i)))
+                _backoff(i)
         _count("transactions_given_up")
         raise RetriableError(
             f"DynamoDB transaction on table {self._table!r} still cancelled ({transient}) after "
@@ -145,6 +155,15 @@ class Table:
             if failure.retriable:
                 return failure.code
             raise translate(exc, f"DynamoDB TransactWriteItems on table {self._table!r}") from exc
+
+
+def _backoff(i: int) -> None:
+    """Full jitter before try i + 2: sleep U(0, min(max, base * 2**i))."""
+    time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**i)))
+
+
+def _in_conflict(exc: ClientError | BotoCoreError) -> bool:
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "TransactionConflictException"
 
 
 def _cancelled(code: str) -> ClientError:

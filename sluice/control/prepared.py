@@ -148,7 +148,7 @@ def submit_step(ctx: Context, run: RunItem, prep: PrepareItem) -> str | None:
         raise
 
 
-def _submit(ctx: Context, run: RunItem, prep: PrepareItem) -> str:
+def _submit(ctx: Context, run: RunItem, prep: PrepareItem) -> str | None:
     read = functools.partial(read_uri, ctx.clients.s3)
     spec = PrepareSpec.model_validate_json(read(prep.spec_uri))
     manifest = Manifest.model_validate_json(read(run_paths(run).prepare_manifest))
@@ -161,6 +161,8 @@ def _submit(ctx: Context, run: RunItem, prep: PrepareItem) -> str:
         submit.submit(ctx, req, plan, expect=RunStatus.PREPARING, warnings=_version_warnings(got.versions))
     except Rejection as exc:  # the preflight: a limit the prepared run cannot pass
         return _reject(ctx, req, exc.reasons, "manifest rejected by the preflight")
+    except submit.Superseded:  # another delivery recorded the submission first
+        return None
     extra: dict[str, Any] = {"total_keys": plan.total_keys, "duplicates": plan.duplicates, "shards": plan.n_shards}
     if spec.incremental:
         extra.update(lineage=plan.lineage, skipped=plan.skipped, versions=got.versions)

@@ -9,7 +9,8 @@ and their result.json, exactly as their events would have settled them; a pendin
 announcement is published; a run whose jobs are all terminal and shards all settled is
 concluded. The grace keeps the sweep from racing events that are merely late, so event
 order alone still decides every run whose events all arrive. A PREPARING run whose
-prepare jobs ended is submitted, rejected or failed as their events would have done. The
+prepare jobs ended is submitted, rejected or failed as their events would have done; an upload
+stranded in PLANNING is handed to the manifest function again (sluice.control.redrive). The
 sweep decides and publishes where the events do (sluice.control.completion.decide).
 """
 
@@ -26,10 +27,10 @@ from sluice.contracts import JobLayoutItem, JobStatus, RunItem, RunStatus
 from sluice.control import prepared
 from sluice.control.completion import decide, read_result
 from sluice.control.context import Context, run_paths
+from sluice.control.redrive import redrive_planning
 from sluice.control.stall import sweep_stalls
 from sluice.control.verdict import settle_shard
 from sluice.control.waiting import sweep_waiting
-from sluice.log import logger
 
 GRACE_S = 900  # a job terminal this long whose shards lack terminal events: settle them from Batch
 LOOKBACK_S = 15 * 86400  # runs created this recently are swept (job timeouts are at most 14 days)
@@ -70,12 +71,9 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
     published = decide(ctx, run, ends=()).published  # no ends: only what was pending goes out, first
     if published:
         out.actions.append(f"published {published}")
-    if run.status in (RunStatus.PLANNING, RunStatus.RELEASED) and (run.lease_until or 0) < now:
-        logger.warning(
-            "upload stranded in planning: redrive the manifest rule's dead-letter queue",
-            extra={"run_id": run.run_id, "upload": run.upload.model_dump() if run.upload else None},
-        )
-        out.actions.append("stranded in planning (redrive the manifest dead-letter queue)")
+    redriven = redrive_planning(ctx, run, now=now)  # an upload stranded in PLANNING: plan it again
+    if redriven:
+        out.actions.append(redriven)
     if run.status == RunStatus.PREPARING:
         # Safe without a grace: the submit step is leased and every transition conditional.
         decided = decide(ctx, run, prepared.ends(run, lambda ids: _describe(ctx, ids))).decided

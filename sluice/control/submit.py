@@ -6,7 +6,10 @@ preflight error (a limit the run cannot pass: sluice.preflight) raises Rejection
 anything is submitted; its warnings and the GPU-hour and cost estimate go out with "Run
 Submitted". SubmitJob has no idempotency token, so each job is adopted by its deterministic name
 when a delivery that died before recording it already submitted it (sluice.control.batch); the
-transition is conditional on the status the run had (sluice.control.ledger).
+transition is conditional on the status the run had (sluice.control.ledger). Two invocations
+that both planned one run (a redrive racing the original, sluice.control.redrive) can both
+reach SubmitJob before either's job is listed: the one whose transition loses withdraws the
+jobs the recorded submission does not name, so the run keeps one set of jobs.
 """
 
 from __future__ import annotations
@@ -15,12 +18,21 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from sluice.contracts import JobLayoutItem, PassItem, RunStatus, RunSubmitted
 from sluice.control.context import Context, RunRequest
 from sluice.errors import Rejection
+from sluice.log import logger
 from sluice.models import RunPlan
 from sluice.preflight import Capacity, RunFacts, preflight
 from sluice.preflight.spent import spent
+
+WITHDRAWN = "sluice: superseded: another invocation recorded this run's submission"
+
+
+class Superseded(Exception):
+    """Another invocation recorded the run's submission first (its jobs stand; this one's extra jobs are withdrawn)."""
 
 
 def submit(
@@ -60,8 +72,28 @@ def submit(
         lineage=plan.lineage,
         skipped=plan.skipped,
     )
-    ctx.ledger.mark_submitted(req.run_id, submitted_fields(plan, job_ids, plan_uri), submitted, expect=expect)
+    try:
+        ctx.ledger.mark_submitted(req.run_id, submitted_fields(plan, job_ids, plan_uri), submitted, expect=expect)
+    except ClientError as exc:  # only a lost condition stays a ClientError: the run is no longer `expect`
+        _withdraw(ctx, req.run_id, job_ids)
+        raise Superseded(req.run_id) from exc
     return submitted
+
+
+def _withdraw(ctx: Context, run_id: str, job_ids: Sequence[str]) -> None:
+    """Terminate this invocation's jobs that the run's recorded submission does not name.
+
+    Nothing is withdrawn while no submission is recorded: the next claimant adopts the jobs by name.
+    """
+    run = ctx.ledger.get(run_id)
+    kept = set(run.job_ids or []) if run is not None else set()
+    for job_id in [j for j in job_ids if kept and j not in kept]:
+        try:
+            ctx.clients.batch.terminate_job(jobId=job_id, reason=WITHDRAWN)
+        except (ClientError, BotoCoreError) as exc:  # its events are ignored: not one of the run's jobs
+            logger.error("could not withdraw a duplicate job", extra={"job_id": job_id, "error": str(exc)[:300]})
+        else:
+            logger.warning("duplicate job withdrawn", extra={"run_id": run_id, "job_id": job_id})
 
 
 def submitted_fields(plan: RunPlan, job_ids: list[str], plan_uri: str) -> dict[str, Any]:
@@ -81,4 +113,4 @@ def submitted_fields(plan: RunPlan, job_ids: list[str], plan_uri: str) -> dict[s
     }
 
 
-__all__ = ["submit", "submitted_fields"]
+__all__ = ["WITHDRAWN", "Superseded", "submit", "submitted_fields"]

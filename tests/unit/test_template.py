@@ -59,6 +59,7 @@ FUNCTION_ACTIONS = {
         "batch:ListJobs",  # finds a job it already submitted before submitting again
         "batch:SubmitJob",
         "batch:TagResource",
+        "batch:TerminateJob",  # withdraws its extra jobs when another invocation submitted the run first
         *KMS,
     },
     "HandleJobStateChangeRole": {
@@ -80,9 +81,10 @@ FUNCTION_ACTIONS = {
         "events:PutEvents",
         "batch:ListJobs",  # the reconciliation sweep
         "batch:DescribeJobs",  # the reconciliation sweep
-        "batch:TerminateJob",  # the sweep ends stalled attempts
+        "batch:TerminateJob",  # the sweep ends stalled attempts; the prepare stage withdraws extra jobs
         "batch:SubmitJob",
         "batch:TagResource",
+        "lambda:InvokeFunction",  # the sweep redrives an upload stranded in planning
         *KMS,
     },
 }
