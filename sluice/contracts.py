@@ -213,6 +213,7 @@ class RunItem(_Written):
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)
     prepare: PrepareItem | None = None  # PREPARING: the prepare stage's jobs
+    index: IndexItem | None = None  # SUCCEEDED with output.index on: the index stage (sluice.control.indexing)
     finalize_from: RunStatus | None = None
     retried_keys: int = 0
     processed: int | None = None  # the outcome's counts
@@ -680,6 +681,22 @@ class PrepareItem(_Written):
     @property
     def job_ids(self) -> tuple[str, str]:
         return (self.map_job_id, self.reduce_job_id)
+
+
+IndexState = Literal["claimed", "submitted", "indexed", "failed"]
+
+
+class IndexItem(_Written):
+    """The RUN item's record of its index stage: claimed with "Run Succeeded", then its job and its end."""
+
+    uri: str
+    state: IndexState
+    job_id: str | None = None
+    lease_until: int | None = None  # a submitter holds the claim until then (epoch s)
+    rows: int | None = None
+    ann: str | None = None
+    reason: str | None = None
+    finished_at: int | None = None
 
 
 RunItem.model_rebuild()

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan
+from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan, index_name
 from sluice.paths import RunPaths
 from sluice.preflight.checks import derived_timeout_s
 from sluice.preflight.facts import Capacity
@@ -92,5 +92,6 @@ def build_plan(i: PlanInputs) -> RunPlan:
         max_failed_fraction=manifest.max_failed_fraction,
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,
+        index=manifest.output.index.target(i.control_bucket, index_name(manifest.name, i.manifest_uri)),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
