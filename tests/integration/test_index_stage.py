@@ -8,6 +8,7 @@ injected boto3 client, as a throttled or lost request would, between two side ef
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from sluice.control.context import Context
 from sluice.control.ledger import Ledger
 from sluice.control.reconcile import reconcile
 from sluice.local.events import JobChange, batch_job_state_change
+from sluice.ops.status import cmd_status
 from sluice.paths import index_result
 from sluice.settings import Settings
 from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result
@@ -131,6 +133,16 @@ def test_a_succeeded_run_submits_its_index_job_once_and_publishes_run_indexed_on
     assert deliver_job_event(stack, late, monkeypatch)["status"] == "stale"
     assert bus_events(aws, stack) == []
     assert reconcile(ctx, now=time.time() + 3600) == []  # nothing pending: the sweep skips it
+    # `sluice status` shows it.
+    buf = io.StringIO()
+    assert cmd_status(ledger, run_id, watch=False, as_json=True, out=buf) == 0
+    assert json.loads(buf.getvalue())["index"] == {
+        "uri": row.index.uri, "state": "indexed", "job_id": job_id, "rows": 20, "ann": "none",
+        "finished_at": done.index.finished_at,
+    }  # fmt: skip
+    buf = io.StringIO()
+    cmd_status(ledger, run_id, watch=False, as_json=False, out=buf)
+    assert f"index     {row.index.uri}  indexed: 20 rows, ANN none\n" in buf.getvalue()
 
 
 def test_a_failed_index_job_publishes_index_failed_with_its_reason(aws, stack, monkeypatch):
@@ -147,6 +159,9 @@ def test_a_failed_index_job_publishes_index_failed_with_its_reason(aws, stack, m
     done = ledger.get(run_id)
     assert (done.index.state, done.index.reason) == ("failed", why)
     assert done.status is RunStatus.SUCCEEDED and done.processed == 20
+    buf = io.StringIO()
+    assert cmd_status(ledger, run_id, watch=False, as_json=False, out=buf) == 0  # the run itself succeeded
+    assert f"index     {row.index.uri}  failed: {why}\n" in buf.getvalue()
 
 
 def test_a_failed_index_job_without_an_outcome_names_the_job_and_batchs_reason(aws, stack, monkeypatch):
