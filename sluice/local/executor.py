@@ -4,7 +4,8 @@ moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits n
 This executor reads each new job of its run (tag sluice:run-id; an emulator kept running
 holds earlier runs' jobs too, which it never runs) back from the Batch API, runs its array children or MNP
 nodes as `python -m gpu_worker` processes (a prepare job's as `python -m sluice.prepare
-STAGE`, after the jobs it depends on; the index stage's as `python -m sluice.index build`) with the AWS_BATCH_* variables Batch would set,
+STAGE`, after the jobs it depends on; the index stage's as `python -m sluice.index build`)
+with the AWS_BATCH_* variables Batch would set,
 applies the job's retry strategy to each failed attempt as Batch does
 (sluice.control.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
 remain, EXIT fails it), honours a concurrency limit, and emits the same "Batch Job State

@@ -440,7 +440,9 @@ def _indexing(row: RunItem, executor: Any) -> bool:
     """The run's index stage is still to come or running (the completion handler submitted it)."""
     from sluice.control.indexing import pending
 
-    return pending(row) and (row.index is not None and row.index.state == "submitted" or bool(executor.discover()))
+    if not pending(row) or row.index is None:
+        return False
+    return row.index.state == "submitted" or bool(executor.discover())
 
 
 def _wait(executor: Any, ledger: Any, run_id: str, progress: Progress, interrupted: threading.Event) -> RunItem | None:
