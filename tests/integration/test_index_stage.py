@@ -301,3 +301,35 @@ def test_index_off_claims_nothing_and_submits_nothing(aws, stack, monkeypatch):
     assert row.status is RunStatus.SUCCEEDED and row.index is None
     assert _index_jobs(aws, stack, out["run_id"]) == []
     assert "Run Indexed" not in [e["detail-type"] for e in bus_events(aws, stack)]
+
+
+def test_an_incremental_run_updates_its_lineages_index_unless_it_names_its_own(aws, stack, monkeypatch):
+    from sluice.aws.s3io import read_uri
+    from sluice.contracts import PrepareSpec
+    from sluice.models import IndexTarget, ModelSpec, RunPlan
+    from sluice.paths import RunPaths
+    from sluice.prepare.store import PrepareStore
+    from tests.integration.incremental_support import earlier_plan, prepare_events, record_run, run_prepare
+
+    ctl = stack.names["ControlBucket"]
+    earlier = IndexTarget(uri=f"s3://{ctl}/indexes/photos/", name="photos")
+    a = earlier_plan("full-a", RunPaths.in_bucket(ctl, "full-a").root, [(ModelSpec(), "builtin:reference-cnn@1")], 1, 2)
+    record_run(aws, stack, a.model_copy(update={"index": earlier}))
+    aws.s3.create_bucket(Bucket=INPUT_BUCKET)
+    aws.s3.put_object(Bucket=INPUT_BUCKET, Key="x/1.jpg", Body=b"1")
+
+    def plan_of(name: str, **output: Any) -> RunPlan:
+        body = {"version": 1, "input": {"keys": ["x/1.jpg"], "bucket": INPUT_BUCKET, "since_run": "full-a"}}
+        out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps({**body, **output}), monkeypatch)
+        assert out["status"] == "preparing", out
+        row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
+        spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
+        run_prepare(PrepareStore(aws.s3), spec)
+        for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
+            deliver_job_event(stack, ev, monkeypatch)
+        return RunPlan.model_validate_json(read_uri(aws.s3, RunPaths.in_bucket(ctl, out["run_id"]).plan))
+
+    assert plan_of("more").index == earlier  # the lineage's one index, updated
+    own = plan_of("mine", output={"index": {"name": "mine"}}).index
+    assert own == IndexTarget(uri=f"s3://{ctl}/indexes/mine/", name="mine")
+    assert plan_of("none", output={"index": False}).index is None
