@@ -113,6 +113,8 @@ def _prepare_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail
 
 def _index_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail) -> JobEventOutcome:
     """The index stage's job: only its end decides ("Run Indexed" / "Index Failed", sluice.control.indexing)."""
+    if not detail.status.terminal:
+        return JobEventOutcome("ignored", run.run_id, reason="index job: only its end decides")
     got = indexing.on_end(ctx, run, detail.status, detail.reason, detail.parent_id)
     return JobEventOutcome("indexed" if got else "stale", run.run_id, published=[got] if got else [])
 

@@ -117,6 +117,8 @@ def test_a_succeeded_run_submits_its_index_job_once_and_publishes_run_indexed_on
     assert _index_jobs(aws, stack, run_id) == [job_id]
 
     # The job's end: the stage's outcome beside the index becomes "Run Indexed", once.
+    running = _index_event(stack, run_id, job_id, JobStatus.RUNNING)
+    assert deliver_job_event(stack, running, monkeypatch)["status"] == "ignored"
     _write_outcome(aws, row.index.uri, _indexed(run_id, row.index.uri))
     for _ in range(2):  # EventBridge delivers at least once
         got = deliver_job_event(stack, _index_event(stack, run_id, job_id, JobStatus.SUCCEEDED), monkeypatch)
