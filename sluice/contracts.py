@@ -468,6 +468,14 @@ class IndexedTable(BaseModel):
     ann: str = Field(description='"IVF_PQ", or "none" for a table small enough to scan exactly.')
 
 
+class VectorsIndexed(BaseModel):
+    """What the index stage upserted into Amazon S3 Vectors (output.index.s3_vectors)."""
+
+    bucket: str = Field(description="The vector bucket.")
+    indexes: list[str] = Field(description="The vector indexes written: <name>-<model>-<shard>.")
+    vectors: int = Field(description="Vectors put by this stage (the run's rows; a retried stage puts them again).")
+
+
 class RunIndexed(EventDetail):
     """The run's embeddings are in its search index (after "Run Succeeded"; docs/index.md)."""
 
@@ -477,6 +485,7 @@ class RunIndexed(EventDetail):
     seconds: float = Field(description="The index stage's wall time.")
     ann: str = Field(description='The ANN index kind: "IVF_PQ", or "none" when every table is small enough to scan.')
     tables: list[IndexedTable] = Field(default_factory=list)
+    s3_vectors: VectorsIndexed | None = Field(default=None, description="Set when output.index.s3_vectors is.")
 
 
 class IndexFailed(EventDetail):
