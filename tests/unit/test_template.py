@@ -672,16 +672,21 @@ def test_index_job_definition_runs_the_index_stage_on_the_prepare_platform() -> 
 
 def test_index_role_reads_the_runs_output_and_writes_only_indexes() -> None:
     grants = role_grants("IndexRole")
+    vectors = {"s3vectors:GetIndex", "s3vectors:CreateIndex", "s3vectors:PutVectors"}
     assert {a for a, _, _ in grants} == {
         "s3:GetObject",
         "s3:ListBucket",
         "s3:PutObject",
         "s3:DeleteObject",
         "s3:AbortMultipartUpload",
+        *vectors,
         *KMS,
     }
+    vector_bucket = "arn:${AWS::Partition}:s3vectors:${AWS::Region}:${AWS::AccountId}:bucket/${VectorBucketName}"
     for action, resource, cond in grants:
-        if action.startswith("s3:") and WRITE_VERBS.match(action):
+        if action in vectors:  # the stack's one vector bucket (VectorBucketName), only when it names one
+            assert resource in (vector_bucket, vector_bucket + "/index/*"), resource
+        elif action.startswith("s3:") and WRITE_VERBS.match(action):
             assert resource == f"{CONTROL}/indexes/*", (action, resource)
         elif action == "s3:GetObject":
             assert resource in (
@@ -692,6 +697,13 @@ def test_index_role_reads_the_runs_output_and_writes_only_indexes() -> None:
         elif action == "s3:ListBucket":
             assert resource == CONTROL and cond == {"StringLike": {"s3:prefix": ["runs/*", "indexes/*"]}}
     props = RES["IndexRole"]["Properties"]
+    (doc,) = [p["PolicyDocument"] for p in props["Policies"]]
+    (cond,) = [
+        st["Fn::If"][0] for st in doc["Statement"] if "Fn::If" in st and st["Fn::If"][1]["Sid"] == "WriteVectorIndexes"
+    ]
+    assert cond == "HasVectorBucket" and T["Conditions"][cond] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "VectorBucketName"}, ""]}]
+    }
     assert not props.get("ManagedPolicyArns")
     (trust,) = props["AssumeRolePolicyDocument"]["Statement"]
     assert trust["Principal"] == {"Service": "ecs-tasks.amazonaws.com"}
