@@ -104,9 +104,8 @@ def test_a_key_too_long_for_s3_vectors_is_hashed_and_kept_in_the_metadata():
 def test_a_refused_call_names_the_bucket_index_and_the_grant(tmp_path, vectors_client):
     write_run(str(tmp_path / "runs"), "r1", uris(5), clustered(5, 4, 1))
     report = build([str(tmp_path / "runs" / "r1")], str(tmp_path / "idx"))
-    with pytest.raises(
-        VectorsError, match=r"S3 Vectors create_index on missing/photos-reference-cnn-000 failed: .*CreateIndex and PutVectors on"
-    ):
+    why = r"S3 Vectors create_index on missing/photos-reference-cnn-000 failed: .*CreateIndex and PutVectors on"
+    with pytest.raises(VectorsError, match=why):
         upsert(report, "photos", VectorsTarget(bucket="missing", shards=1), vectors_client)
 
 
