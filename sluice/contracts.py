@@ -217,6 +217,7 @@ class RunItem(_Written):
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)
     prepare: PrepareItem | None = None  # PREPARING: the prepare stage's jobs
+    index: IndexItem | None = None  # SUCCEEDED with output.index on: the index stage (sluice.control.indexing)
     finalize_from: RunStatus | None = None
     retried_keys: int = 0
     processed: int | None = None  # the outcome's counts
@@ -500,6 +501,14 @@ class IndexedTable(BaseModel):
     ann: str = Field(description='"IVF_PQ", or "none" for a table small enough to scan exactly.')
 
 
+class VectorsIndexed(BaseModel):
+    """What the index stage upserted into Amazon S3 Vectors (output.index.s3_vectors)."""
+
+    bucket: str = Field(description="The vector bucket.")
+    indexes: list[str] = Field(description="The vector indexes written: <name>-<model>-<shard>.")
+    vectors: int = Field(description="Vectors put by this stage (the run's rows; a retried stage puts them again).")
+
+
 class RunIndexed(EventDetail):
     """The run's embeddings are in its search index (after "Run Succeeded"; docs/index.md)."""
 
@@ -509,6 +518,7 @@ class RunIndexed(EventDetail):
     seconds: float = Field(description="The index stage's wall time.")
     ann: str = Field(description='The ANN index kind: "IVF_PQ", or "none" when every table is small enough to scan.')
     tables: list[IndexedTable] = Field(default_factory=list)
+    s3_vectors: VectorsIndexed | None = Field(default=None, description="Set when output.index.s3_vectors is.")
 
 
 class IndexFailed(EventDetail):
@@ -714,6 +724,22 @@ class PrepareItem(_Written):
     @property
     def job_ids(self) -> tuple[str, str]:
         return (self.map_job_id, self.reduce_job_id)
+
+
+IndexState = Literal["claimed", "submitted", "indexed", "failed"]
+
+
+class IndexItem(_Written):
+    """The RUN item's record of its index stage: claimed with "Run Succeeded", then its job and its end."""
+
+    uri: str
+    state: IndexState
+    job_id: str | None = None
+    lease_until: int | None = None  # a submitter holds the claim until then (epoch s)
+    rows: int | None = None
+    ann: str | None = None
+    reason: str | None = None
+    finished_at: int | None = None
 
 
 RunItem.model_rebuild()

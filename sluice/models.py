@@ -179,11 +179,36 @@ class JobSpec(_ManifestPart):
 INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
+VECTOR_BUCKET = r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"  # an S3 vector bucket's name (3-63, lowercase)
+
+
+class VectorsTarget(_Strict):
+    """Amazon S3 Vectors, a second target of the index stage: indexes <name>-<model>-<shard> in one vector bucket."""
+
+    bucket: str
+    shards: int
+
+
 class IndexTarget(_Strict):
     """Where a run's search index goes (docs/index.md): a folder of one Lance table per model."""
 
     uri: str  # s3://bucket/prefix/ ending in "/"
     name: str
+    s3_vectors: VectorsTarget | None = None  # also upserted into S3 Vectors (output.index.s3_vectors)
+
+
+class S3VectorsSpec(_ManifestPart):
+    """`output.index.s3_vectors`: upsert the run's embeddings into Amazon S3 Vectors too (float32, cosine)."""
+
+    bucket: Annotated[str, Field(pattern=VECTOR_BUCKET)] = Field(
+        description="The vector bucket (the stack's VectorBucketName: the index stage may write there only)."
+    )
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Vector indexes per model, keys spread by hash: each takes about 2,500 vectors/s of writes.",
+    )
 
 
 class IndexSpec(_ManifestPart):
@@ -198,6 +223,7 @@ class IndexSpec(_ManifestPart):
         "An incremental run (input.since_run) without its own index updates the earlier run's.",
     )
     enabled: bool = True
+    s3_vectors: S3VectorsSpec | None = Field(default=None, description="Amazon S3 Vectors as a second target.")
 
     @field_validator("uri")
     @classmethod
@@ -214,7 +240,10 @@ class IndexSpec(_ManifestPart):
         if not self.enabled:
             return None
         name = self.name or default_name
-        return IndexTarget(uri=self.uri or paths.index_uri(control_bucket, name), name=name)
+        vectors = (
+            VectorsTarget(bucket=self.s3_vectors.bucket, shards=self.s3_vectors.shards) if self.s3_vectors else None
+        )
+        return IndexTarget(uri=self.uri or paths.index_uri(control_bucket, name), name=name, s3_vectors=vectors)
 
 
 def index_name(manifest_name: str | None, manifest_key: str) -> str:

@@ -138,6 +138,9 @@ class Settings(EnvSettings):
         "",
         description="SLUICE_MANIFEST_FUNCTION: the function the sweep re-invokes for an upload stranded in planning.",
     )
+    index_job_definition: str = Field(
+        "sluice-index", description="SLUICE_INDEX_JOB_DEFINITION: the index stage's CPU job (on the prepare queue)."
+    )
     # The deployed capacity the preflight checks runs against (sluice.preflight; template.yaml
     # parameters of the same names), and the GPU family GPU-hours are priced on.
     max_vcpus: int = Field(256, ge=1, description="SLUICE_MAX_VCPUS: MaxVcpus of each GPU compute environment.")

@@ -125,6 +125,10 @@ class BatchAdapter:
             ids.append(self.find(req["jobQueue"], req["jobName"]) or self._submit(req))
         return ids
 
+    def submit_named(self, req: dict[str, Any]) -> str:
+        """Submit one request, or adopt the job of the same name already in its queue: its job id."""
+        return self.find(req["jobQueue"], req["jobName"]) or self._submit(req)
+
     def find(self, queue: str, name: str) -> str | None:
         """The id of the newest job (not a child or node) named `name` in `queue`, if any.
 

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from sluice.aws.clients import Clients
 from sluice.aws.s3io import read_if_exists
-from sluice.contracts import Counts, JobStatus, RunItem, RunProgress, RunStatus, ShardResult
-from sluice.control import outbox, prepared
+from sluice.contracts import Counts, JobStatus, RunItem, RunProgress, RunStatus, RunSucceeded, ShardResult
+from sluice.control import indexing, outbox, prepared
 from sluice.control.batch_events import BatchJobStateChangeDetail
 from sluice.control.conclude import maybe_conclude
 from sluice.control.context import Context, run_paths
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 class JobEventOutcome:
     """What handling one Batch event did."""
 
-    status: str  # ignored | recorded | stale | finalized | retrying | submitted (after prepare)
+    status: str  # ignored | recorded | stale | finalized | retrying | submitted (after prepare) | indexed
     run_id: str | None = None
     reason: str | None = None
     shard: int | None = None
@@ -90,6 +90,8 @@ def handle_job_event(
         # and half of a run's events are these: they cost no AWS call.
         return JobEventOutcome("ignored", run_id, reason=f"{detail.status.value}: waiting states are not recorded")
     run = ctx.ledger.get(run_id)  # the event's one read of the RUN item
+    if run is not None and indexing.is_index_job(run_id, detail.job_name):
+        return _index_event(ctx, run, detail)
     if run is not None and run.prepare is not None and detail.parent_id in run.prepare.job_ids:
         return _prepare_event(ctx, run, detail)
     if run is None or run.jobs is None:
@@ -107,6 +109,14 @@ def _prepare_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail
     if got.decided:
         out.published.append(got.decided)
     return out
+
+
+def _index_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail) -> JobEventOutcome:
+    """The index stage's job: only its end decides ("Run Indexed" / "Index Failed", sluice.control.indexing)."""
+    if not detail.status.terminal:
+        return JobEventOutcome("ignored", run.run_id, reason="index job: only its end decides")
+    got = indexing.on_end(ctx, run, detail.status, detail.reason, detail.parent_id)
+    return JobEventOutcome("indexed" if got else "stale", run.run_id, published=[got] if got else [])
 
 
 def _record(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail) -> JobEventOutcome:
@@ -167,6 +177,8 @@ def decide(
         decided = maybe_conclude(ctx, run, now=now, counts=counts)
     if decided:
         outbox.deliver(ctx, run.run_id)
+    if RunSucceeded.detail_type in (published, decided):
+        indexing.start(ctx, run.run_id)  # after "Run Succeeded" is out; the sweep submits it if this is lost
     return Decided(published, decided)
 
 

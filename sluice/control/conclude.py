@@ -15,7 +15,7 @@ import time
 
 from sluice.aws.s3io import read_uri
 from sluice.contracts import Counts, PassItem, RunFailed, RunItem, RunStatus, RunSucceeded
-from sluice.control import retry
+from sluice.control import indexing, retry
 from sluice.control.context import Context
 from sluice.control.records import FAIL, RETRY
 from sluice.control.stall import live_jobs
@@ -121,6 +121,7 @@ def _record_success(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, *,
             "failed_keys": t.failed,
             "gpu_seconds": t.gpu_seconds,
             "finished_at": int(time.time()),
+            **indexing.claim(plan),  # the index stage's claim, in the same write: never lost between the two
         },
         outbox=detail,
     )

@@ -40,7 +40,8 @@ from sluice.control.context import Context, RunRequest, control_bucket, run_path
 from sluice.control.route import ToPrepare
 from sluice.errors import Rejection
 from sluice.log import logger
-from sluice.models import Manifest, RunPlan
+from sluice.models import IndexTarget, Manifest, RunPlan
+from sluice.paths import RunPaths
 from sluice.plan.layout import Layout, PlanInputs, build_plan, job_layouts
 from sluice.preflight import Capacity
 from sluice.prepare.collect import Collected, collect
@@ -190,10 +191,19 @@ def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> R
             model_ids=list(req.model_ids) or None,
             lineage=spec.lineage,
             skipped=got.skipped,
+            earlier_index=_earlier_index(ctx, req, spec),
         )
     )
     put_object(ctx.clients.s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
     return plan
+
+
+def _earlier_index(ctx: Context, req: RunRequest, spec: PrepareSpec) -> IndexTarget | None:
+    """An incremental run's earlier index: input.since_run's plan names it (its lineage was checked at the upload)."""
+    if not spec.lineage:
+        return None
+    earlier = RunPaths.in_bucket(req.control_bucket, spec.lineage[0]).plan
+    return RunPlan.model_validate_json(read_uri(ctx.clients.s3, earlier)).index
 
 
 def _reject(ctx: Context, req: RunRequest, reasons: list[str], message: str) -> str:

@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import translate
 from sluice.contracts import JobLayoutItem, JobStatus, RunItem, RunStatus
-from sluice.control import prepared
+from sluice.control import indexing, prepared
 from sluice.control.completion import decide, read_result
 from sluice.control.context import Context, run_paths
 from sluice.control.redrive import redrive_planning
@@ -61,7 +61,7 @@ def reconcile(
         runs = [
             r
             for r in ctx.ledger.recent_runs(10_000, since=int(now - LOOKBACK_S))
-            if not r.status.final or r.outbox is not None
+            if not r.status.final or r.outbox is not None or indexing.pending(r)
         ]
     return [reconcile_run(ctx, r, now=now, grace_s=grace_s) for r in runs]
 
@@ -71,6 +71,7 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
     published = decide(ctx, run, ends=()).published  # no ends: only what was pending goes out, first
     if published:
         out.actions.append(f"published {published}")
+    out.actions += indexing.sweep(ctx, ctx.ledger.get(run.run_id) or run, now=now) if indexing.pending(run) else []
     redriven = redrive_planning(ctx, run, now=now)  # an upload stranded in PLANNING: plan it again
     if redriven:
         out.actions.append(redriven)

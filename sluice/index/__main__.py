@@ -7,7 +7,8 @@ With --bucket/--run the run's root in the control bucket is the SOURCE, the inde
 plan's (`RunPlan.index`, from the manifest's output.index) unless --out names one, and the
 outcome, a RunIndexed or IndexFailed detail (sluice.contracts), is written beside the index,
 <index>/_results/<run>.json (paths.index_result), for the control plane to publish: the stage
-reads the run's plan and output and writes under the index only. Exit 0 when indexed, 1 when the build
+reads the run's plan and output and writes under the index only (and, when the plan names it,
+output.index.s3_vectors: its vector indexes, sluice.index.vectors). Exit 0 when indexed, 1 when the build
 failed (the index is left as it was), 2 for bad arguments.
 """
 
@@ -18,12 +19,16 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sluice.contracts import IndexFailed, RunIndexed
 from sluice.errors import SluiceError
 from sluice.log import logger
 from sluice.models import RunPlan
 from sluice.paths import RunPaths, index_result
+
+if TYPE_CHECKING:
+    from sluice.index.build import BuildReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -49,7 +54,8 @@ def _stage(args: argparse.Namespace) -> int:
         index = index or (plan.index.uri if plan.index else None)
         if index is None:
             raise SluiceError(f"run {args.run} has no index (output.index is off): pass --out INDEX to build one")
-        outcome: RunIndexed | IndexFailed = build([root.root], index, model=args.model, files=files).indexed(args.run)
+        report = build([root.root], index, model=args.model, files=files)
+        outcome: RunIndexed | IndexFailed = _with_vectors(report.indexed(args.run), report, plan, index)
     except Exception as exc:  # any failure is the stage's outcome: reported, the run left as it is
         logger.exception("index stage failed", extra={"run_id": args.run, "index": index})
         reason = str(exc) if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
@@ -58,6 +64,16 @@ def _stage(args: argparse.Namespace) -> int:
         _write_result(index_result(index, args.run), outcome)
     print(outcome.model_dump_json())
     return EXIT_OK if isinstance(outcome, RunIndexed) else EXIT_FAIL
+
+
+def _with_vectors(outcome: RunIndexed, report: BuildReport, plan: RunPlan, index: str) -> RunIndexed:
+    """The plan's second target, S3 Vectors (output.index.s3_vectors), upserted after the Lance build."""
+    target = plan.index
+    if target is None or target.s3_vectors is None or target.uri != index:
+        return outcome
+    from sluice.index.vectors import upsert
+
+    return outcome.model_copy(update={"s3_vectors": upsert(report, target.name, target.s3_vectors)})
 
 
 def _write_result(uri: str, outcome: RunIndexed | IndexFailed) -> None:

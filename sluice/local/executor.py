@@ -4,7 +4,8 @@ moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits n
 This executor reads each new job of its run (tag sluice:run-id; an emulator kept running
 holds earlier runs' jobs too, which it never runs) back from the Batch API, runs its array children or MNP
 nodes as `python -m gpu_worker` processes (a prepare job's as `python -m sluice.prepare
-STAGE`, after the jobs it depends on) with the AWS_BATCH_* variables Batch would set,
+STAGE`, after the jobs it depends on; the index stage's as `python -m sluice.index build`)
+with the AWS_BATCH_* variables Batch would set,
 applies the job's retry strategy to each failed attempt as Batch does
 (sluice.control.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
 remain, EXIT fails it), honours a concurrency limit, and emits the same "Batch Job State
@@ -133,8 +134,8 @@ def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -
     rules = tuple(strategy.get("evaluateOnExit") or ())
     job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts, rules)
     command = [str(c) for c in (j.get("container") or {}).get("command") or []]
-    if command[:3] == ["python", "-m", "sluice.prepare"]:  # a prepare job (sluice.control.batch.prepare_request)
-        job.module = tuple(command[2:])
+    if command[:3] in (["python", "-m", "sluice.prepare"], ["python", "-m", "sluice.index"]):
+        job.module = tuple(command[2:])  # a prepare job or the index stage's (sluice.control.indexing.request)
     job.depends_on = tuple(d["jobId"] for d in j.get("dependsOn") or [] if d.get("jobId"))
     job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
     return job

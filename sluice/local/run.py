@@ -328,6 +328,8 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     run_id = outcome["run_id"]
     ledger = Ledger(c.dynamodb, stack.names["RunsTable"])
     run_dir = start.out.for_run(run_id)
+    if args.demo is not None and uploaded.count:
+        _save_demo(run_dir, uploaded.count)
     queues = (stack.names["GpuJobQueue"], stack.names["MnpJobQueue"], stack.names["PrepareJobQueue"])
     config = ExecutorConfig(
         run_id,
@@ -354,9 +356,20 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     summary.update(skipped_files=len(uploaded.skipped), metrics=_metrics_note(args, svc))
     summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s"}) for s in sweep.stalled()]
     summary["input_prefix"] = uploaded.uri if uploaded.count else None
+    summary["input_dir"] = str(run_dir / "input") if args.demo is not None and uploaded.count else None
     save(run_dir, summary)
     report(summary, args.json)
     return 0 if row.status is RunStatus.SUCCEEDED else 1
+
+
+def _save_demo(run_dir: Path, n: int) -> None:
+    """The demo's images in the run's folder too (input/), so `sluice search --image` can be shown one."""
+    from sluice.local.demo import demo_images
+
+    for key, data in demo_images(n):  # deterministic: the same bytes as the upload
+        target = run_dir / "input" / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
 
 
 def _say_started(args: argparse.Namespace, outcome: dict[str, Any], endpoint: str) -> None:
@@ -432,6 +445,15 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
     return env
 
 
+def _indexing(row: RunItem, executor: Any) -> bool:
+    """The run's index stage is still to come or running (the completion handler submitted it)."""
+    from sluice.control.indexing import pending
+
+    if not pending(row) or row.index is None:
+        return False
+    return row.index.state == "submitted" or bool(executor.discover())
+
+
 def _wait(
     executor: Any, ledger: Any, run_id: str, progress: Progress, interrupted: threading.Event, sweep: Any
 ) -> RunItem | None:
@@ -442,7 +464,7 @@ def _wait(
         sweep()
         row: RunItem | None = ledger.get(run_id)
         progress.show(row, executor.running())
-        final = row is not None and row.status.final
+        final = row is not None and row.status.final and not _indexing(row, executor)
         if final and executor.idle:
             progress.show(row, 0, force=True)
             return row

@@ -69,7 +69,25 @@ def summarize(c: Any, stack: Any, run: Ended) -> dict[str, Any]:
     out["output_dir"] = _copy_output(c, row, run.run_dir)
     out["failures_dir"] = str(run.run_dir / "failures")
     out["models"] = _models(run.run_dir)
+    out.update(_index(c, row, run.run_dir))
     return out
+
+
+def _index(c: Any, row: RunItem, run_dir: Path) -> dict[str, Any]:
+    """The index stage's end: the index copied to DIR/<run id>/index/, a path `sluice search` takes."""
+    ix = row.index
+    if ix is None:
+        return {"index": None}  # output.index is off
+    if ix.state != "indexed":
+        return {"index": None, "index_error": ix.reason or f"the index stage did not finish ({ix.state})"}
+    bucket, prefix = parse_s3_uri(ix.uri, allow_empty_key=True)
+    dest = run_dir / "index"
+    for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            target = dest / o["Key"][len(prefix) :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(c.s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
+    return {"index": str(dest), "index_uri": ix.uri, "index_rows": ix.rows, "index_ann": ix.ann}
 
 
 def _models(run_dir: Path) -> list[str]:
@@ -186,8 +204,14 @@ def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("worker logs", s.get("logs")),
     ]
     rows = [(k, v) for k, v in rows if v is not None]
+    if s.get("index"):
+        rows.append(("index", f"{s['index']}  ({s.get('index_rows')} rows; sluice search {s['index']} --image FILE)"))
+    elif s.get("index_error"):
+        rows.append(("index", f"none: {s['index_error']}"))
     if s.get("input_prefix"):
         rows.append(("input (S3)", s["input_prefix"]))
+    if s.get("input_dir"):
+        rows.append(("input (local)", s["input_dir"]))
     if s.get("metrics"):
         rows.append(("metrics", s["metrics"]))
     if s.get("lineage"):

@@ -2,7 +2,7 @@
 
     sluice index build SOURCE... --out INDEX [--model NAME] [--json]
     sluice index show INDEX [--json]
-    sluice search INDEX (--image FILE | --key S3URI | --vector-file FILE.npy | --text "...") [-k 10] [--json]
+    sluice search INDEX (--image FILE... | --key S3URI | --vector-file FILE.npy | --text "...") [-k 10] [--json]
 
 --image and --text embed the query with the index's own model: the artifact the table records
 (or --artifact URI), whose identity (sluice.modelid) must be the table's model_id; torch and the
@@ -42,7 +42,12 @@ def add_index_parsers(sub: Any) -> None:
     s = sub.add_parser("search", help="the nearest keys in an index to an image, a key, vectors or a text")
     s.add_argument("index", metavar="INDEX", help="the index folder (local or s3://) or one of its <model>.lance")
     q = s.add_mutually_exclusive_group(required=True)
-    q.add_argument("--image", metavar="FILE", help="embed this image with the index's own model")
+    q.add_argument(
+        "--image",
+        metavar="FILE",
+        action="append",
+        help="embed this image with the index's own model (repeat it for several queries: a list each)",
+    )
     q.add_argument("--key", metavar="S3URI", help="the embedding the index holds for this key")
     q.add_argument("--vector-file", metavar="FILE.npy", help="a (dim,) or (Q, dim) array: Q queries")
     q.add_argument("--text", metavar="TEXT", help="embed this text with the model's text tower (CLIP-style models)")
@@ -148,12 +153,14 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
         return encode_texts(artifact, [args.text])
     from gpu_worker.query import embed_images
 
-    try:
-        with open(args.image, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise SearchInputError(f"--image {args.image}: {exc.strerror}") from None
-    return np.asarray(embed_images(artifact, searcher.meta.image_size or 224, [(args.image, data)]))
+    images = []
+    for path in args.image:
+        try:
+            with open(path, "rb") as fh:
+                images.append((path, fh.read()))
+        except OSError as exc:
+            raise SearchInputError(f"--image {path}: {exc.strerror}") from None
+    return np.asarray(embed_images(artifact, searcher.meta.image_size or 224, images))
 
 
 def cmd_search(args: argparse.Namespace) -> int:

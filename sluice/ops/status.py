@@ -39,6 +39,8 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
         plain["job_ids"] = row.job_ids
     if row.prepare is not None:
         plain["prepare"] = row.prepare.model_dump(mode="json")
+    if row.index is not None:  # the index stage (sluice.control.indexing): uri, state, rows, ...
+        plain["index"] = row.index.model_dump(mode="json", exclude_none=True, exclude={"lease_until"})
     counts = ShardRecords(ledger.client, ledger.table).counts(run_id)
     plain.update(
         shards_total=row.total_shards,
@@ -101,6 +103,18 @@ def render(s: dict[str, Any], out: TextIO) -> None:
         out.write(f"gpu time  {describe(s['gpu_hours'])}\n")
     if s.get("output_prefix"):
         out.write(f"output    {s['output_prefix']}\n")
+    if s.get("index"):
+        out.write(f"index     {_index_line(s['index'])}\n")
+
+
+def _index_line(ix: dict[str, Any]) -> str:
+    """The index stage in one line: where, its state, and its rows (or why it failed)."""
+    if ix["state"] == "indexed":
+        return f"{ix['uri']}  indexed: {ix.get('rows', 0):,} rows, ANN {ix.get('ann', 'none')}"
+    if ix["state"] == "failed":
+        return f"{ix['uri']}  failed: {ix.get('reason', 'no reason given')}"
+    job = f" (job {ix['job_id']})" if ix.get("job_id") else ""
+    return f"{ix['uri']}  {ix['state']}{job}"
 
 
 def cmd_status(

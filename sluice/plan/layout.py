@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sluice.models import JobLayout, Manifest, PlannedModel, RunPlan
+from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name
 from sluice.paths import RunPaths
 from sluice.preflight.checks import derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity
@@ -59,6 +59,15 @@ class PlanInputs:
     model_ids: Sequence[str] | None = None  # each model's artifact identity (sluice.modelid.resolve); None: static
     lineage: Sequence[str] = ()  # an incremental run's earlier runs, newest first (RunPlan.lineage)
     skipped: Mapping[str, int] | None = None  # an incremental run's keys left out, by reason (RunPlan.skipped)
+    earlier_index: IndexTarget | None = None  # an incremental run: the index of input.since_run (its plan's)
+
+
+def index_target(i: PlanInputs) -> IndexTarget | None:
+    """The index the run's index stage updates: the manifest's, else an incremental run's earlier index."""
+    spec = i.manifest.output.index
+    if spec.enabled and spec.uri is None and spec.name is None and i.earlier_index is not None:
+        return i.earlier_index  # the lineage's one index, updated (newest row per key wins), not a new one
+    return spec.target(i.control_bucket, index_name(i.manifest.name, i.manifest_uri))
 
 
 def build_plan(i: PlanInputs) -> RunPlan:
@@ -95,5 +104,6 @@ def build_plan(i: PlanInputs) -> RunPlan:
         max_failed_fraction=manifest.max_failed_fraction,
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,
+        index=index_target(i),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )

@@ -109,6 +109,10 @@ def test_an_incremental_local_run_embeds_only_the_changed_images(tmp_path: Path)
         }
         assert {k: r["etag"] for k, r in got.items()} == etags, "each row of the image's current bytes"
         assert {k for k, r in got.items() if r["run"] == s["run_id"]} == {"p0.jpg", "new.jpg"}
+        # The run updated its lineage's index: every image once, the edited one's newest row.
+        earlier = json.loads(first.stdout)
+        assert s.get("index_uri") == earlier.get("index_uri") and s.get("index_rows") == 7, (earlier, s)
+        assert s["events"][-1] == "Run Indexed"
     finally:
         for pid in pids:
             if _alive(pid):

@@ -1,8 +1,9 @@
-"""A local run over a folder of images, then its index: `sluice search --image` finds each image first.
+"""A local run over a folder of images ends with its index: `sluice search --image` finds each image first.
 
-The run is the real one (`sluice local run --images DIR --out OUT`: moto, the prepare and
-worker processes); the index is built from its --out folder (committed chunks, plan.json) and
-each image is embedded again by `sluice search --image`, with the index's own model.
+The run is the real one (`sluice local run --images DIR --out OUT`: moto, the worker processes,
+then the index stage's job, `python -m sluice.index build --bucket --run`, run by the local
+executor after "Run Succeeded"); its summary names the index, copied to OUT/<run id>/index/.
+One `sluice search` process embeds every image again with the index's own model.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-
-import pytest
 
 from sluice.local.demo import demo_images
 
@@ -23,41 +22,27 @@ def _cli(*args: str, cwd, timeout: int = 300) -> subprocess.CompletedProcess[str
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=dict(os.environ))
 
 
-@pytest.mark.slow  # a whole local run, then a search process per image (several minutes on 2 busy cores)
-def test_each_image_of_a_local_run_is_its_own_top_1(tmp_path):
+def test_a_local_run_ends_with_an_index_where_each_image_is_its_own_top_1(tmp_path):
     photos = tmp_path / "photos"
     photos.mkdir()
-    images = list(demo_images(8, seed=77))
-    for key, data in images:
-        (photos / key.rsplit("/", 1)[-1]).write_bytes(data)
-    run = _cli(
-        "local",
-        "run",
-        "--images",
-        str(photos),
-        "--shards",
-        "2",
-        "--out",
-        str(tmp_path / "out"),
-        "--json",
-        "--no-prometheus",
-        cwd=tmp_path,
-    )
+    names = []
+    for key, data in demo_images(6, seed=77):
+        names.append(key.rsplit("/", 1)[-1])
+        (photos / names[-1]).write_bytes(data)
+    run = _cli("local", "run", "--images", str(photos), "--out", str(tmp_path / "out"), "--json", "--no-prometheus",
+               cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout)
-    run_dir = summary["output_dir"]
+    assert summary["events"][-2:] == ["Run Succeeded", "Run Indexed"], summary["events"]
+    index = summary["index"]
+    assert index == os.path.join(summary["output_dir"], "index") and summary["index_rows"] == len(names)
+    assert summary["index_uri"].startswith("s3://") and summary["index_uri"].endswith("/indexes/local-images/")
 
-    built = _cli("index", "build", run_dir, "--out", str(tmp_path / "index"), "--json", cwd=tmp_path)
-    assert built.returncode == 0, built.stderr[-3000:]
-    report = json.loads(built.stdout)
-    assert report["rows"] == len(images) and report["tables"][0]["model_id"] == "builtin:reference-cnn@1"
-
-    for key, _ in images:
-        name = key.rsplit("/", 1)[-1]
-        found = _cli(
-            "search", str(tmp_path / "index"), "--image", str(photos / name), "-k", "3", "--json", cwd=tmp_path
-        )
-        assert found.returncode == 0, found.stderr[-3000:]
-        [hits] = json.loads(found.stdout)["results"]
+    queries = [a for n in names for a in ("--image", str(photos / n))]
+    found = _cli("search", index, *queries, "-k", "3", "--json", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr[-3000:]
+    results = json.loads(found.stdout)["results"]
+    assert len(results) == len(names)
+    for name, hits in zip(names, results, strict=True):
         assert hits[0]["key"].endswith("/" + name), (name, hits)
         assert hits[0]["score"] > 0.99

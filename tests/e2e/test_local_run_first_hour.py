@@ -32,8 +32,8 @@ def test_a_kept_emulator_runs_only_each_runs_own_jobs(tmp_path):
             runs.append(json.loads(proc.stdout)["run_id"])
             assert "failed (exit" not in proc.stderr
             assert not any(f'"run":"{r}"' in proc.stderr for r in runs[:-1])  # no earlier run's worker ran
-    for run in runs:  # one job of one child each: one log, of that run's own job
-        assert len(list((out / run / "logs").iterdir())) == 1, run
+    for run in runs:  # one job of one child each, then its index stage: two logs, of that run's own jobs
+        assert len(list((out / run / "logs").iterdir())) == 2, run
 
 
 def _wait_for_pids(pid_file: Path, n: int, deadline_s: float = 120) -> list[int]:

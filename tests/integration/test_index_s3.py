@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from sluice.contracts import IndexFailed, RunIndexed
-from sluice.models import IndexTarget
+from sluice.models import IndexTarget, VectorsTarget
 from tests.index_support import clustered, uris, write_run
 from tests.integration.conftest import CONTROL_BUCKET, ROOT
 
@@ -136,3 +136,31 @@ def test_two_builds_into_one_s3_index_at_once(on_server):
     by_key = {r["key"]: r["run"] for r in rows}
     assert len(rows) == len(by_key) == 700  # no key twice, none lost
     assert {by_key[k] for k in shared[:200]} == {"c1"} and {by_key[k] for k in shared[200:]} == {"c2"}
+
+
+def test_the_index_stage_also_puts_the_runs_vectors_into_s3_vectors_when_the_plan_names_it(on_server):
+    base = f"s3://{CONTROL_BUCKET}/runs/"
+    keys, x = uris(30), clustered(30, 8, 4)
+    target = IndexTarget(
+        uri=f"s3://{CONTROL_BUCKET}/indexes/vec/", name="vec", s3_vectors=VectorsTarget(bucket="vecs", shards=2)
+    )
+    plan = write_run(base, "vecrun", keys, x)
+    from gpu_worker.store import RunStore
+
+    store = RunStore()
+    store.put(base + "vecrun/plan.json", plan.model_copy(update={"index": target}).model_dump_json().encode())
+    vectors = on_server.client("s3vectors")
+    vectors.create_vector_bucket(vectorBucketName="vecs")
+
+    proc = _run(on_server, "-m", "sluice.index", "build", "--bucket", CONTROL_BUCKET, "--run", "vecrun")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcome = RunIndexed.model_validate_json(store.get(target.uri + "_results/vecrun.json"))
+    assert outcome.rows == 30 and outcome.s3_vectors is not None
+    assert (outcome.s3_vectors.bucket, outcome.s3_vectors.vectors) == ("vecs", 30)
+    assert outcome.s3_vectors.indexes == ["vec-reference-cnn-000", "vec-reference-cnn-001"]
+    held = [
+        v["key"]
+        for name in outcome.s3_vectors.indexes
+        for v in vectors.list_vectors(vectorBucketName="vecs", indexName=name)["vectors"]
+    ]
+    assert sorted(held) == sorted(keys)

@@ -56,8 +56,13 @@ def test_lost_events_are_settled_from_batch_after_the_grace(aws, stack, monkeypa
     (done,) = [e for e in bus_events(aws, stack) if e["detail-type"] in ("Run Succeeded", "Run Failed")]
     assert done["detail-type"] == "Run Succeeded" and done["detail"]["processed"] == 30
 
-    # Idempotent: a second sweep, and the late events themselves, change nothing.
+    # Idempotent: a second sweep changes nothing of the run. It ends only the index stage's job, which
+    # moto ends at once without running it (no outcome written: "Index Failed"); a third does nothing.
+    (index,) = reconcile(ctx, now=time.time() + 7200)
+    assert index.actions == ["index job SUCCEEDED without its event: Index Failed"]
+    assert [e["detail-type"] for e in bus_events(aws, stack)] == ["Index Failed"]
     assert reconcile(ctx, now=time.time() + 7200) == []
+    assert ledger.get(run_id).status is RunStatus.SUCCEEDED
     queue = stack.names["GpuJobQueue"]
     late_event = job_event("batch-array-child-succeeded", run_id=run_id, job_id=row.job_ids[0], queue=queue, child=1)
     assert deliver_job_event(stack, late_event, monkeypatch)["status"] == "stale"

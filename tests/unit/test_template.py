@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sluice.control import indexing
 from sluice.control.batch import prepare_request
 from sluice.control.ledger import Ledger
 from sluice.control.policy import EVALUATE_ON_EXIT, PREPARE_ATTEMPTS, PREPARE_TIMEOUT_S
@@ -95,6 +96,7 @@ STAR_ACTIONS = {
     "WorkerRole": set(),
     "PrepareRole": set(),
     "PrepareExecutionRole": {"ecr:GetAuthorizationToken"},
+    "IndexRole": set(),
     "BatchInstanceRole": set(),
 }
 # .checksum: an inventory's manifest.checksum, which the manifest function verifies.
@@ -235,7 +237,8 @@ def test_job_state_role_reads_for_the_sweep() -> None:
     batch_get = {r for a, r, _ in grants if a == "dynamodb:BatchGetItem"}
     assert batch_get == {"${RunsTable.Arn}"}, batch_get
     reads = {r for a, r, _ in grants if a == "s3:GetObject"}
-    assert reads == {f"{CONTROL}/runs/*"}, reads
+    # ... and the index stage's outcome, written beside the index (sluice.control.indexing).
+    assert reads == {f"{CONTROL}/runs/*", f"{CONTROL}/indexes/*/_results/*"}, reads
     query = {r for a, r, _ in grants if a == "dynamodb:Query"}
     # The beats table too: the sweep reads a run's progress beats to find stalled attempts.
     assert query == {"${RunsTable.Arn}", "${RunsTable.Arn}/index/*", "${BeatsTable.Arn}"}, query
@@ -359,7 +362,7 @@ def test_function_grants_name_sluice_resources_only() -> None:
                     assert must in resource or beats, (role, action, resource)
             if action == "batch:SubmitJob":
                 assert resource in ("${GpuJobQueue}", "${MnpJobQueue}", "${PrepareJobQueue}") or re.search(
-                    r":job-definition/\$\{AWS::StackName\}-(worker|worker-mnp|prepare):\*$", resource
+                    r":job-definition/\$\{AWS::StackName\}-(worker|worker-mnp|prepare|index):\*$", resource
                 ), resource
             if action == "batch:TagResource":
                 assert cond == {"StringEquals": {"batch:CreateAction": "SubmitJob"}}
@@ -647,6 +650,80 @@ def test_prepare_worker_reads_lists_and_heads_input_keys_and_writes_only_prepare
             assert resource == "arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/*", resource
 
 
+def test_index_job_definition_runs_the_index_stage_on_the_prepare_platform() -> None:
+    props = RES["IndexJobDefinition"]["Properties"]
+    # Named as Settings' default for a stack called "sluice" (SLUICE_INDEX_JOB_DEFINITION).
+    assert props["JobDefinitionName"] == {"Fn::Sub": "${AWS::StackName}-index"}
+    assert Settings.model_fields["index_job_definition"].default == "sluice-index"
+    env = T["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["SLUICE_INDEX_JOB_DEFINITION"] == {"Ref": "IndexJobDefinition"}
+    assert props["Type"] == "container" and props["PlatformCapabilities"] == ["FARGATE"] and props["PropagateTags"]
+    # The retry strategy and timeout SubmitJob passes (sluice.control.indexing.request), in PascalCase.
+    from sluice.contracts import IndexItem, RunItem
+
+    run = RunItem(
+        pk="r", sk="RUN", gsi1pk="RUNS", run_id="r", status="SUCCEEDED", manifest_uri="s3://c/manifests/m.json",
+        created_at=0, updated_at=0, expires_at=0, plan_uri="s3://ctl-bucket/runs/r/plan.json",
+        index=IndexItem(uri="s3://c/indexes/m/", state="claimed"),
+    )  # fmt: skip
+    req = indexing.request(run, Settings())
+    assert req["jobQueue"] == Settings().prepare_job_queue and req["jobName"] == indexing.job_name("r")
+    assert props["RetryStrategy"]["Attempts"] == req["retryStrategy"]["attempts"] == indexing.ATTEMPTS
+    assert props["RetryStrategy"]["EvaluateOnExit"] == [_pascal(x) for x in req["retryStrategy"]["evaluateOnExit"]]
+    assert props["Timeout"]["AttemptDurationSeconds"] == indexing.TIMEOUT_S == req["timeout"]["attemptDurationSeconds"]
+    (c,) = _containers("IndexJobDefinition")
+    assert c["Command"][:4] == req["containerOverrides"]["command"][:4] == ["python", "-m", "sluice.index", "build"]
+    assert req["containerOverrides"]["command"][4:] == ["--bucket", "ctl-bucket", "--run", "r"]
+    assert c["Image"] == {"Fn::If": ["HasPrepareImage", {"Ref": "PrepareImage"}, {"Ref": "WorkerImage"}]}
+    assert c["JobRoleArn"] == {"Fn::GetAtt": ["IndexRole", "Arn"]}
+    assert c["ExecutionRoleArn"] == {"Fn::GetAtt": ["PrepareExecutionRole", "Arn"]}
+    assert c["LogConfiguration"]["Options"]["awslogs-group"] == {"Ref": "WorkerLogGroup"}
+    assert c["NetworkConfiguration"] == {"AssignPublicIp": "DISABLED"}
+    # Its end reaches the job-state function: the rule covers the prepare queue it runs on.
+    pattern = RES["HandleJobStateChangeFunction"]["Properties"]["Events"]["JobStateChanged"]["Properties"]["Pattern"]
+    assert {"Ref": "PrepareJobQueue"} in pattern["detail"]["jobQueue"]
+
+
+def test_index_role_reads_the_runs_output_and_writes_only_indexes() -> None:
+    grants = role_grants("IndexRole")
+    vectors = {"s3vectors:GetIndex", "s3vectors:CreateIndex", "s3vectors:PutVectors"}
+    assert {a for a, _, _ in grants} == {
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+        *vectors,
+        *KMS,
+    }
+    vector_bucket = "arn:${AWS::Partition}:s3vectors:${AWS::Region}:${AWS::AccountId}:bucket/${VectorBucketName}"
+    for action, resource, cond in grants:
+        if action in vectors:  # the stack's one vector bucket (VectorBucketName), only when it names one
+            assert resource in (vector_bucket, vector_bucket + "/index/*"), resource
+        elif action.startswith("s3:") and WRITE_VERBS.match(action):
+            assert resource == f"{CONTROL}/indexes/*", (action, resource)
+        elif action == "s3:GetObject":
+            assert resource in (
+                f"{CONTROL}/runs/*/plan.json",
+                f"{CONTROL}/runs/*/output/*",
+                f"{CONTROL}/indexes/*",
+            ), resource
+        elif action == "s3:ListBucket":
+            assert resource == CONTROL and cond == {"StringLike": {"s3:prefix": ["runs/*", "indexes/*"]}}
+    props = RES["IndexRole"]["Properties"]
+    (doc,) = [p["PolicyDocument"] for p in props["Policies"]]
+    (cond,) = [
+        st["Fn::If"][0] for st in doc["Statement"] if "Fn::If" in st and st["Fn::If"][1]["Sid"] == "WriteVectorIndexes"
+    ]
+    assert cond == "HasVectorBucket" and T["Conditions"][cond] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "VectorBucketName"}, ""]}]
+    }
+    assert not props.get("ManagedPolicyArns")
+    (trust,) = props["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "ecs-tasks.amazonaws.com"}
+    assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+
+
 def test_manifest_function_routes_big_inputs_to_the_prepare_stage() -> None:
     env = T["Globals"]["Function"]["Environment"]["Variables"]
     assert env["SLUICE_PREPARE_JOB_QUEUE"] == {"Ref": "PrepareJobQueue"}
@@ -659,9 +736,11 @@ def test_manifest_function_routes_big_inputs_to_the_prepare_stage() -> None:
     submit = {r for a, r, _ in role_grants("HandleManifestUploadRole") if a == "batch:SubmitJob"}
     assert "${PrepareJobQueue}" in submit
     assert any(r.endswith(":job-definition/${AWS::StackName}-prepare:*") for r in submit), submit
-    # Only the manifest function starts prepare jobs; the job-state function submits GPU jobs only.
+    # Only the manifest function starts prepare jobs; the job-state function submits GPU jobs and,
+    # on the prepare queue, the index stage's job only.
     retry = {r for a, r, _ in role_grants("HandleJobStateChangeRole") if a == "batch:SubmitJob"}
-    assert retry and not any("prepare" in r.lower() for r in retry), retry
+    assert retry and not any(r.endswith("-prepare:*") for r in retry), retry
+    assert "${PrepareJobQueue}" in retry and any(r.endswith(":job-definition/${AWS::StackName}-index:*") for r in retry)
 
 
 # ---------------------------------------------------------------- AMP, outputs, packaging
@@ -686,6 +765,7 @@ def test_outputs() -> None:
         "MnpJobQueueName",
         "PrepareJobQueueName",
         "PrepareJobQueueArn",
+        "IndexJobDefinitionArn",
         "RemoteWriteUrl",
         "NotificationsTopicArn",
     }
