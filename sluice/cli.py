@@ -35,6 +35,8 @@ def _s3() -> Any:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Dry run: the manifest Lambda's validation and key scan, then the layout; writes nothing to AWS."""
+    from dataclasses import replace
+
     from sluice.ops.dryrun import DryRun, dry_run
     from sluice.settings import Settings
 
@@ -43,10 +45,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"default_input_bucket": args.bucket})
     if args.images_per_gpu_s:
         settings = settings.model_copy(update={"images_per_gpu_s": args.images_per_gpu_s})
+    if args.instance_type:  # the first GPU type is the one planned and priced
+        settings = settings.model_copy(update={"gpu_instance_types": args.instance_type})
     control = settings.control_bucket
     if control is None and args.manifest.startswith("s3://"):
         control = args.manifest[5:].split("/", 1)[0]  # a manifest already in its control bucket
     req = DryRun(args.manifest, settings, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys)
+    req = replace(req, decode=args.decode, decode_per_core_s=args.decode_per_core_s)
     summary = dry_run(req, _s3)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -430,6 +435,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="N",
         help="measured images/s per GPU (python -m gpu_worker.autotune) instead of the table's estimate",
+    )
+    plan.add_argument(
+        "--instance-type",
+        metavar="TYPE",
+        help="plan for this GPU instance type (g6e.xlarge): its vCPUs per GPU and its price "
+        "(default: the first of SLUICE_GPU_INSTANCE_TYPES)",
+    )
+    plan.add_argument(
+        "--decode", choices=("auto", "cpu", "gpu"), help="job.decode for this plan: who decodes JPEGs (docs/decode.md)"
+    )
+    plan.add_argument(
+        "--decode-per-core-s",
+        type=float,
+        metavar="N",
+        help="measured CPU decode images/s per core (python -m gpu_worker.autotune) instead of the assumption",
     )
     plan.set_defaults(func=cmd_plan)
 

@@ -93,4 +93,6 @@ def build_plan(i: PlanInputs) -> RunPlan:
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        decode=manifest.job.decode,
+        decode_binds=Capacity(images_per_gpu_s=i.images_per_gpu_s, models=len(manifest.models)).decode_binds,
     )
