@@ -89,6 +89,8 @@ def route(data: bytes, max_pixels: int) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             im = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError as exc:  # over twice Pillow's limit (decode_image sets it)
+        raise ObjectFailure(FailureReason.BOMB, str(exc)) from None
     except Exception:  # unreadable headers and Pillow's own 2x bomb error: the CPU path names them
         return False
     with im:
@@ -245,3 +247,45 @@ class DeviceBatcher:
                 for s, r in zip(batch, results):
                     s.result = r
                 self._cond.notify_all()
+
+
+def decode_device(requested: str, binds: bool, device: str, problem: Callable[[str], str | None]) -> tuple[str, str]:
+    """(the device loaders decode JPEGs on, "" for CPU; a warning, "" when none) for job.decode `requested`.
+
+    `device` is the rank's ("cpu" or "cuda:N"); `problem(device)` says why nvJPEG cannot run there.
+    gpu without CUDA or nvJPEG falls back to CPU with a warning; auto decodes on the GPU only where the
+    plan said CPU decode would bind and nvJPEG works.
+    """
+    if requested == "cpu" or (requested == "auto" and not binds):
+        return "", ""
+    why = "the rank has no CUDA device" if not device.startswith("cuda") else problem(device)
+    if why is None:
+        return device, ""
+    if requested == "gpu":
+        return "", f"job.decode gpu, but {why}: decoding on the CPU"
+    return "", ""
+
+
+def loader_decode(cfg: Any, size: int, jpeg: JpegDecode | None = None) -> Callable[[bytes], np.ndarray]:
+    """The loader's decode step: decode_image, or a DeviceBatcher on cfg.decode_device."""
+    if not cfg.decode_device:
+        max_pixels = cfg.max_image_pixels
+        return lambda data: decode_image(data, size, max_pixels)
+    decoder = DeviceDecoder(cfg.decode_device, size, cfg.max_image_pixels, jpeg or torchvision_jpeg)
+    return DeviceBatcher(decoder, max_batch=cfg.fetch_concurrency).decode
+
+
+def rank_decode_cfg(cfg: Any, plan: Any, device: str, stats: Any) -> Any:
+    """The rank's loader settings with the decode device resolved (SLUICE_WORKER_DECODE over job.decode)."""
+    from gpu_worker.log import logger
+
+    on, warning = decode_device(cfg.decode or plan.decode, plan.decode_binds, device, nvjpeg_problem)
+    if warning:  # planned for GPU decode and none here: never a failed shard, a warning and a counter
+        logger.warning(warning)
+        stats.incr("decode_gpu_fallback")
+    if not on:
+        return cfg
+    logger.info("decoding JPEGs on the GPU", extra={"decode_device": on})
+    stats.incr("decode_on_gpu")
+    # Every fetch thread may wait in a device batch at once: the batch is as large as the fetches.
+    return cfg.replace(decode_device=on, decode_threads=max(cfg.decode_threads, cfg.fetch_concurrency))
