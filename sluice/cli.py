@@ -318,7 +318,24 @@ def cmd_local_run(args: argparse.Namespace) -> int:
     """Run Sluice locally on moto (the embedded default)."""
     from sluice.local.run import run_local
 
+    if args.decode == "gpu" and (why := _no_cuda()):  # refused before anything starts
+        print(f"sluice: --decode gpu needs a CUDA GPU with nvJPEG and {why}: use --decode cpu or auto", file=sys.stderr)
+        return EXIT_USAGE
     return run_local(args)
+
+
+def _no_cuda() -> str | None:
+    """Why this machine's workers cannot decode on a CUDA GPU (None: they can)."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed, so CUDA is not available"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    from gpu_worker.gpudecode import nvjpeg_problem
+
+    why = nvjpeg_problem("cuda")
+    return f"nvJPEG does not run on CUDA here ({why})" if why else None
 
 
 def cmd_model_export(args: argparse.Namespace) -> int:
@@ -633,6 +650,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--keep", action="store_true", help="leave the moto server running and print its endpoint")
     run.add_argument("--endpoint-url", metavar="URL", help="use this running AWS emulator (moto server, LocalStack)")
     run.add_argument("--no-prometheus", action="store_true", help="do not start a local Prometheus for metrics")
+    run.add_argument(
+        "--decode",
+        choices=("auto", "cpu", "gpu"),
+        help="job.decode: who decodes JPEGs (gpu: nvJPEG, refused without CUDA; docs/decode.md)",
+    )
     run.add_argument("--pid-file", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_local_run)
     _add_index_commands(sub)
