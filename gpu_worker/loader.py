@@ -29,9 +29,9 @@ from typing import Any, NamedTuple, Protocol
 
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
-from gpu_worker.gpudecode import loader_decode
 from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.fetch import Fetched, Fetcher, object_meta
+from gpu_worker.gpudecode import loader_decode
 from gpu_worker.metrics import MetricsObserver
 from gpu_worker.stats import Stats
 from sluice.contracts import FailureReason

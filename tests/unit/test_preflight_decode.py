@@ -52,7 +52,9 @@ def test_a_measured_decode_rate_and_more_cpus_per_gpu_lift_the_bound(tmp_path, c
     s = _plan(tmp_path, capsys, "--instance-type", "g6e.2xlarge", "--images-per-gpu-s", "1000", "--decode", "cpu")
     assert _decode(s)["status"] == "ok" and s["images_per_gpu_s"] == 1000
     s = _plan(
-        tmp_path, capsys, *("--instance-type", "g6e.xlarge", "--images-per-gpu-s", "1000", "--decode", "cpu"),
+        tmp_path,
+        capsys,
+        *("--instance-type", "g6e.xlarge", "--images-per-gpu-s", "1000", "--decode", "cpu"),
         *("--decode-per-core-s", "300"),
     )
     assert _decode(s)["status"] == "ok" and _decode(s)["limit"] == 1200
