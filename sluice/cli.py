@@ -52,6 +52,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         control = args.manifest[5:].split("/", 1)[0]  # a manifest already in its control bucket
     req = DryRun(args.manifest, settings, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys)
     req = replace(req, decode=args.decode, decode_per_core_s=args.decode_per_core_s)
+    if args.input_gb:
+        req = replace(req, input_bytes=int(args.input_gb * 1e9))
     summary = dry_run(req, _s3)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -467,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="N",
         help="measured CPU decode images/s per core (python -m gpu_worker.autotune) instead of the assumption",
+    )
+    plan.add_argument(
+        "--input-gb",
+        type=float,
+        metavar="N",
+        help="the input's size in GB, for the cross-Region transfer cost (default: an assumed size an object)",
     )
     plan.set_defaults(func=cmd_plan)
 

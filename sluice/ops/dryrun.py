@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
@@ -24,7 +24,8 @@ from sluice.ops.plan_report import facts_for
 from sluice.plan.layout import layout
 from sluice.plan.scan import scan
 from sluice.preflight import Capacity, preflight
-from sluice.preflight.checks import Check, derived_timeout_s
+from sluice.preflight.checks import Check, Preflight, derived_timeout_s
+from sluice.preflight.locality import InputSize, add_locality
 from sluice.settings import Settings
 
 LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
@@ -91,6 +92,7 @@ class DryRun:
     assume_keys: int | None = None  # plan that many unique keys instead of reading the input
     decode: str | None = None  # job.decode instead of the manifest's
     decode_per_core_s: float | None = None  # a measured CPU decode rate instead of the assumption
+    input_bytes: int | None = None  # the input's size, for the cross-Region transfer estimate
 
 
 def dry_run(req: DryRun, s3: Callable[[], Any]) -> dict[str, Any]:
@@ -131,7 +133,17 @@ def dry_run(req: DryRun, s3: Callable[[], Any]) -> dict[str, Any]:
             "duplicates_removed": sc.duplicates,
             "buckets": sorted(sc.buckets),
         }
-    return _summary(req, manifest, scanned) | ({"incremental": since} if since else {})
+    summary = _summary(req, manifest, scanned) | ({"incremental": since} if since else {})
+    if client is not None and manifest.input.keys is None:  # the keys were read from S3: so can their Regions be
+        _locality(summary, client, InputSize(sc.unique_keys, req.input_bytes))
+    return summary
+
+
+def _locality(summary: dict[str, Any], s3: Any, size: InputSize) -> None:
+    """Input buckets outside the stack's Region (the client's): a warning each, the transfer in the cost."""
+    pf = Preflight(checks=[], cost=summary["cost"])
+    add_locality(pf, summary["buckets"], s3.meta.region_name, s3, size)
+    summary["checks"] = summary["checks"] + [asdict(c) for c in pf.checks]
 
 
 def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any]) -> dict[str, Any]:
