@@ -34,6 +34,8 @@ def test_autotune_cli_on_cpu(capsys):
                 "4",
                 "--seconds",
                 "0.05",
+                "--decode-seconds",
+                "0.05",
             ]
         )
         == 0

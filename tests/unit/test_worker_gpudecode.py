@@ -249,3 +249,12 @@ def test_real_torchvision_decoder_on_the_mixed_batch():
         "not_image",
         "empty",
     }
+
+
+def test_decode_rates_for_autotune():
+    from gpu_worker.decodebench import decode_report, device_rate, sample_jpegs
+
+    lines = decode_report(32, "cpu", 0.05)
+    assert lines[0].startswith("CPU decode: ") and "--decode-per-core-s" in lines[0]
+    assert lines[1] == "GPU decode: not measured (no CUDA device)"
+    assert device_rate(sample_jpegs(4, side=64), 32, "cpu", 0.01, pillow_standin_jpeg) > 0
