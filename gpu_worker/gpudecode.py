@@ -106,15 +106,30 @@ def route(data: bytes, max_pixels: int) -> bool:
         return orientation in (1, None)
 
 
+def draft_scale(w: int, h: int, size: int) -> int:
+    """The DCT scale (1, 2, 4, 8) the CPU path's JPEG draft mode decodes a w x h image at (Pillow's rule)."""
+    short = min(w, h)
+    fit = min(w // max(1, size * w // short), h // max(1, size * h // short))
+    return next(s for s in (8, 4, 2, 1) if fit >= s)
+
+
 def crop_resize(img: Any, size: int) -> Any:
-    """(3, H, W) uint8 on any device -> (size, size, 3) uint8: centre square, antialiased bilinear."""
+    """(3, H, W) uint8 on any device -> (size, size, 3) uint8: centre square, antialiased bilinear.
+
+    First an area average by the CPU path's draft scale, as its reduced-size JPEG decode low-passes
+    (ceil sizes, like libjpeg's), so both resample the same picture.
+    """
     import torch
     import torch.nn.functional as F
 
-    _, h, w = img.shape
+    x = img.unsqueeze(0).float()
+    s = draft_scale(int(img.shape[2]), int(img.shape[1]), size)
+    if s > 1:
+        x = F.avg_pool2d(x, s, ceil_mode=True)
+    _, _, h, w = x.shape
     short = min(h, w)
     top, left = (h - short) // 2, (w - short) // 2
-    sq = img[:, top : top + short, left : left + short].unsqueeze(0).float()
+    sq = x[:, :, top : top + short, left : left + short]
     if short != size:
         sq = F.interpolate(sq, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
     return sq.round_().clamp_(0, 255).to(torch.uint8)[0].permute(1, 2, 0)
