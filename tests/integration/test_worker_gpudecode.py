@@ -53,6 +53,7 @@ def _run(tmp_path: Path, name: str, decode: str, cfg: WorkerConfig) -> tuple[obj
 
 def test_gpu_decode_on_a_machine_without_cuda_falls_back_to_the_cpu(tmp_path: Path, caplog):
     result, got = _run(tmp_path, "gpu", "gpu", CFG)
+    assert len(got) == 31  # every good image embedded once
     assert (result.processed, result.failed, result.ok) == (31, 5, True)
     assert result.stats["decode_gpu_fallback"] == 1 and "decode_on_gpu" not in result.stats
     assert "job.decode gpu, but the rank has no CUDA device: decoding on the CPU" in caplog.text
