@@ -73,6 +73,13 @@ class Capacity:
 
     @property
     def rate_source(self) -> str:
+        if self.rate < self.model_rate:
+            cpus = f"{self.cpu_per_gpu:g} vCPUs a GPU"
+            return f"bound by CPU decode (job.decode cpu, {cpus}; the models take {self.model_rate:g})"
+        return self.model_source
+
+    @property
+    def model_source(self) -> str:
         if self.images_per_gpu_s:
             return "measured (--images-per-gpu-s / SLUICE_IMAGES_PER_GPU_S)"
         return f"table estimate for {self.gpu_family} (measure with python -m gpu_worker.autotune)"

@@ -57,6 +57,8 @@ def test_sluice_plan_prices_the_transfer_into_the_estimate(aws, tmp_path, capsys
     assert s["cost"]["transfer_gb"] == 500 and s["cost"]["transfer_usd"] == 500 * TRANSFER_PER_GB
     gpu_usd = round(s["cost"]["gpu_hours"] * 1.861, 2)  # g6e On-Demand, plus the transfer
     assert abs(s["cost"]["on_demand_usd"] - (gpu_usd + 10.0)) < 0.02
+    assert main(["plan", str(path), "--input-gb", "500"]) == 0  # the table says it too
+    assert "includes $10.00 for 500.0 GB across Regions" in capsys.readouterr().out
 
 
 def test_a_bucket_in_the_stacks_region_is_not_warned_about(aws, tmp_path, capsys):
