@@ -257,7 +257,7 @@ class DeviceBatcher:
                 results = self.decoder.decode_batch([s.data for s in batch])
             except Exception as exc:  # a bug must not leave callers waiting: each key fails
                 detail = f"{type(exc).__name__}: {exc}"[:300]
-                results = [ObjectFailure(FailureReason.CORRUPT, detail)] * len(batch)
+                results = [ObjectFailure(FailureReason.CORRUPT, detail) for _ in batch]
             with self._cond:
                 for s, r in zip(batch, results):
                     s.result = r
