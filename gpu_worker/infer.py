@@ -75,7 +75,7 @@ class Engine:
         self.batch_size = batch_size
         self._obs = observer or Stats()
         self._cuda = self.device.type == "cuda"
-        self._autocast = autocast and self._cuda
+        self._autocast = autocast and self._cuda and info.precision != "fp32"  # fp32: bf16 failed its export check
         model = model.to(self.device)
         with contextlib.suppress(TypeError, RuntimeError, AttributeError):  # some graphs refuse; they still run
             model = model.to(memory_format=torch.channels_last)

@@ -375,6 +375,10 @@ def cmd_model_export(args: argparse.Namespace) -> int:
         f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "
         f"{result.max_abs_diff:.2e}\nspec: {result.uri}.json; {use}"
     )
+    if "precision" in spec:  # bf16 autocast on GPU, or fp32 when it changed the embeddings
+        low = f"bf16 vs fp32: lowest cosine {spec['bf16_min_cosine']:.5f} on sample inputs"
+        kept = "bf16 autocast on GPU" if spec["precision"] == "bf16" else "fp32 kept (bf16 is below 0.999)"
+        print(f"precision: {kept}; {low}")
     if result.text is not None:  # a CLIP-style model: `sluice search --text` (docs/models.md, "Text tower")
         print(f"text tower: {result.uri}.text.pt, .text.json, .tokenizer.json ({result.text.output_dim}-d)")
     return EXIT_OK
