@@ -1,39 +1,47 @@
 #!/usr/bin/env bash
-# GPU check: worker throughput and GPU utilization for a ResNet-50-sized model on synthetic
-# images, in under 5 minutes, on a machine with an NVIDIA GPU (run it in the worker image or
-# a venv with the project installed: pip install -e '.[worker,dev]').
+# GPU check, one script, one table: for a ResNet-50-class and a ViT-B/16-class model at 224 px
+# (random weights), model-only images/s, end to end through `python -m gpu_worker` with CPU decode
+# and with GPU (nvJPEG) decode, NVML busy fraction and GPU memory, and the naive loop.
+# Under 8 minutes on one H200-class GPU with the defaults. Run it in the worker image or a venv
+# with the project installed (pip install -e '.[worker,dev]'), on a machine with an NVIDIA GPU:
 #
-#   bench/gpu_check.sh                  # defaults below
-#   KEYS=60000 BATCH=512 bench/gpu_check.sh
+#   bench/gpu_check.sh                       # defaults below
+#   KEYS=60000 CPUS=8 bench/gpu_check.sh     # more keys, 8 CPUs for the worker
 #
-# What it does
-#   1. model only: gpu_worker.autotune's timing loop at BATCH (bf16 autocast, channels_last)
-#   2. a run of KEYS synthetic JPEGs through `python -m gpu_worker` (all visible GPUs, one
-#      rank each), while nvidia-smi samples utilization every 200 ms
-#   3. prints images/s, the ratio to model-only, and GPU utilization over the pipeline window
-# S3 here is local: moto for the run's own files (plan, shard, output) and, for the images,
-# an in-memory HTTP server speaking S3 GetObject (SO_REUSEPORT, one process per 4 CPUs), so
-# the emulator is not the bottleneck; the worker reaches it via SLUICE_WORKER_DATA_ENDPOINT_URL.
-# DEVICE=cpu runs the same script on a machine without a GPU (a smoke test of the script).
+# The worker runs pinned to CPUS cores (default 4: a g6e.xlarge's budget per GPU), the S3
+# stand-ins on the others. S3 here is local: moto for the run's own files (plan, shard, output)
+# and, for the images, an in-memory HTTP server speaking S3 GetObject (SO_REUSEPORT), so the
+# emulator is not the bottleneck; the worker reaches it via SLUICE_WORKER_DATA_ENDPOINT_URL.
+# Without CUDA it stops at once (exit 2). `python bench/gpu_check.py dry` runs its Python part
+# on a CPU with tiny models (tests/integration/test_gpu_check.py does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-KEYS=${KEYS:-40000}          # keys in the run (they cycle over DISTINCT images)
+KEYS=${KEYS:-20000}          # keys in each worker run (they cycle over DISTINCT images)
 DISTINCT=${DISTINCT:-2000}   # distinct synthetic JPEGs held by the image server
 MIN_SIDE=${MIN_SIDE:-300}
 MAX_SIDE=${MAX_SIDE:-500}
 BATCH=${BATCH:-256}
-MODEL=${MODEL:-builtin:resnet50}
 SIZE=${SIZE:-224}
-DEVICE=${DEVICE:-cuda}
+CPUS=${CPUS:-4}              # cores the worker may use (one GPU)
+MODELS=${MODELS:-"resnet50 vit-b16"}
+NAIVE_IMAGES=${NAIVE_IMAGES:-2048}
 WORK=$(mktemp -d /tmp/sluice-gpu-check.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-if [ "$DEVICE" = cuda ]; then
-  nvidia-smi -L
-  "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 'torch sees no CUDA device')"
+if ! command -v nvidia-smi >/dev/null || ! "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_check: needs an NVIDIA GPU with CUDA (nvidia-smi and torch.cuda); none here." >&2
+  echo "gpu_check: 'python bench/gpu_check.py dry' checks the script's Python part on a CPU." >&2
+  exit 2
+fi
+nvidia-smi -L
+NPROC=$(nproc)
+if [ "$NPROC" -gt "$CPUS" ]; then
+  WORKER_CPUS="taskset -c 0-$((CPUS - 1))"; SERVER_CPUS="taskset -c $CPUS-$((NPROC - 1))"
+else
+  WORKER_CPUS=""; SERVER_CPUS=""
 fi
 free_port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 MOTO_PORT=$(free_port)
@@ -75,20 +83,23 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 Server(("127.0.0.1", port), Handler).serve_forever()
 EOF
 
-"$PY" -m tests.worker_s3server -p "$MOTO_PORT" >/dev/null 2>&1 & PIDS+=($!)
-N_SERVERS=$(( $(nproc) / 4 )); [ "$N_SERVERS" -ge 1 ] || N_SERVERS=1
+$SERVER_CPUS "$PY" -m tests.worker_s3server -p "$MOTO_PORT" >/dev/null 2>&1 & PIDS+=($!)
+N_SERVERS=$(( (NPROC - CPUS) / 4 )); [ "$N_SERVERS" -ge 1 ] || N_SERVERS=1
 for _ in $(seq "$N_SERVERS"); do
-  "$PY" "$WORK/image_server.py" "$IMG_PORT" "$DISTINCT" "$MIN_SIDE" "$MAX_SIDE" & PIDS+=($!)
+  $SERVER_CPUS "$PY" "$WORK/image_server.py" "$IMG_PORT" "$DISTINCT" "$MIN_SIDE" "$MAX_SIDE" & PIDS+=($!)
 done
 
-"$PY" - "$KEYS" "$MODEL" "$BATCH" "$SIZE" "$IMG_PORT" <<'EOF'
+# plan_run NAME DECODE URI: a one-shard run gpu-check-NAME-DECODE of KEYS keys over the image server
+plan_run() {
+"$PY" - "$KEYS" "$3" "$BATCH" "$SIZE" "$IMG_PORT" "gpu-check-$1-$2" "$2" <<'EOF'
 import sys, time, urllib.request
 import boto3
 from sluice.models import ModelSpec, RunPlan
 from sluice.paths import RunPaths
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.shards import encode_shard
-keys, model, batch, size, img_port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+keys, model, batch, size, img_port, run_id, decode = sys.argv[1:8]
+keys, batch, size = int(keys), int(batch), int(size)
 for _ in range(600):  # servers up (the image server generates its JPEGs first)
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{img_port}/check-images/img-0.jpg", timeout=1).read()
@@ -97,77 +108,37 @@ for _ in range(600):  # servers up (the image server generates its JPEGs first)
     except Exception:
         time.sleep(0.1)
 s3 = boto3.client("s3")
-s3.create_bucket(Bucket="check-control")
-files = RunPaths.in_bucket("check-control", "gpu-check")
-plan = RunPlan.standalone("gpu-check", files.root, n_shards=1, total_keys=keys,
+if "check-control" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+    s3.create_bucket(Bucket="check-control")
+files = RunPaths.in_bucket("check-control", run_id)
+plan = RunPlan.standalone(run_id, files.root, n_shards=1, total_keys=keys,
                           model=ModelSpec(uri=model, batch_size=batch, image_size=size), gpus_per_node=1,
-                          attempts=1, max_failed_fraction=0.0, retry_failed=0, created_at="gpu-check")
+                          attempts=1, max_failed_fraction=0.0, retry_failed=0, created_at="gpu-check", decode=decode)
 names = [f"img-{i:07d}.jpg" for i in range(keys)]
 s3.put_object(Bucket="check-control", Key=parse_s3_uri(files.shard(0))[1],
               Body=encode_shard([("check-images", names)], sort=False))
 s3.put_object(Bucket="check-control", Key=parse_s3_uri(files.plan)[1], Body=plan.model_dump_json().encode())
-print(f"run ready: {keys} keys over the image server, model {model}, batch {batch}")
 EOF
+}
 
-echo "== model only (batch $BATCH)"
-"$PY" - "$MODEL" "$BATCH" "$SIZE" "$DEVICE" > "$WORK/model_only.txt" <<'EOF'
-import sys
-from gpu_worker.autotune import trial
-from gpu_worker.model import load_model
-model, info = load_model(sys.argv[1], int(sys.argv[3]))
-t = trial(model, info, sys.argv[4], int(sys.argv[2]), 10.0, True)
-print(t.images_per_s if t.status == "ok" else 0.0, t.status, t.peak_gib)
-EOF
-read -r MODEL_ONLY MODEL_STATUS PEAK < "$WORK/model_only.txt"
-echo "model only: $MODEL_ONLY images/s ($MODEL_STATUS, peak ${PEAK} GiB)"
-
-echo "== worker"
-if [ "$DEVICE" = cuda ]; then
-  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 200 \
-    > "$WORK/util.csv" & PIDS+=($!)
-  SMI=$!
-fi
-SLUICE_PLAN_URI=s3://check-control/runs/gpu-check/plan.json SLUICE_SHARD_INDEX=0 \
-SLUICE_WORKER_DEVICE="$DEVICE" SLUICE_WORKER_DATA_ENDPOINT_URL="http://127.0.0.1:$IMG_PORT" \
-SLUICE_WORKER_LOG_LEVEL=WARNING SLUICE_WORKER_CHUNK_KEYS=4096 \
-  "$PY" -m gpu_worker
-[ "$DEVICE" = cuda ] && kill "$SMI" 2>/dev/null || true
-"$PY" - "$MODEL_ONLY" "$WORK/util.csv" <<'EOF'
-import csv, os, statistics, sys
-from datetime import datetime
-import boto3
-from sluice.contracts import ShardResult
-from sluice.paths import RunPaths
-from sluice.aws.s3uri import parse_s3_uri
-key = parse_s3_uri(RunPaths.in_bucket("check-control", "gpu-check").result(0))[1]
-res = ShardResult.model_validate_json(
-    boto3.client("s3").get_object(Bucket="check-control", Key=key)["Body"].read()).model_dump(mode="json")
-a = float(sys.argv[1])
-b = res["processed"] / res["pipeline_seconds"]
-t0, t1 = res["pipeline_window"]
-util = []
-if os.path.exists(sys.argv[2]):
-    for row in csv.reader(open(sys.argv[2])):
-        if len(row) != 4:
-            continue
-        try:
-            ts = datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
-        except ValueError:
-            continue
-        if t0 <= ts <= t1:
-            util.append(float(row[2]))
-st = res["stats"]
-world = res["world"]
-print()
-print(f"| metric | value |\n|---|---:|")
-print(f"| device | {res['device']} x {world} rank(s) |")
-print(f"| keys | {res['processed']} processed, {res['failed']} failed |")
-print(f"| model only, one device (images/s) | {a:.0f} |")
-print(f"| worker, whole node (images/s) | {b:.0f} |")
-print(f"| worker / (model only x ranks) | {b / (a * world):.2f} |" if a else "| ratio | n/a |")
-if util:
-    print(f"| GPU utilization over the pipeline (mean / median %) | {statistics.mean(util):.0f} / {statistics.median(util):.0f} |")
-print(f"| model loop waiting for data (s, summed over ranks) | {st.get('wait_seconds', 0)} |")
-print(f"| pipeline seconds | {res['pipeline_seconds']} |")
-print(f"| loader CPU seconds | {st.get('loader_cpu_seconds', 0)} |")
-EOF
+ROWS="$WORK/rows.jsonl"
+for NAME in $MODELS; do
+  URI=$("$PY" bench/gpu_check.py model "$NAME" "$SIZE" "$WORK")
+  echo "== $NAME: model only (batch $BATCH)"
+  "$PY" bench/gpu_check.py model-only "$URI" "$SIZE" cuda "$BATCH" 10 | sed "s/^{/{\"model\": \"$NAME\", /" >> "$ROWS"
+  echo "== $NAME: naive loop ($NAIVE_IMAGES images)"
+  $WORKER_CPUS "$PY" bench/gpu_check.py naive "$URI" "$SIZE" cuda 64 "$NAIVE_IMAGES" | sed "s/^{/{\"model\": \"$NAME\", /" >> "$ROWS"
+  for DECODE in cpu gpu; do
+    echo "== $NAME: worker, $DECODE decode, $KEYS keys on $CPUS CPUs"
+    plan_run "$NAME" "$DECODE" "$URI"
+    "$PY" bench/gpu_check.py nvml "$WORK/util-$NAME-$DECODE.csv" & NVML=$!; PIDS+=($NVML)
+    SLUICE_PLAN_URI="s3://check-control/runs/gpu-check-$NAME-$DECODE/plan.json" SLUICE_SHARD_INDEX=0 \
+    SLUICE_WORKER_DEVICE=cuda SLUICE_WORKER_DATA_ENDPOINT_URL="http://127.0.0.1:$IMG_PORT" \
+    SLUICE_WORKER_LOG_LEVEL=WARNING SLUICE_WORKER_CHUNK_KEYS=4096 SLUICE_WORKER_METRICS_PORT=0 \
+      $WORKER_CPUS "$PY" -m gpu_worker
+    kill "$NVML" 2>/dev/null || true
+    "$PY" bench/gpu_check.py worker-row "$NAME" "$DECODE" "$WORK/util-$NAME-$DECODE.csv" >> "$ROWS"
+  done
+done
+echo
+"$PY" bench/gpu_check.py table "$ROWS"

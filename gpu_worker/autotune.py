@@ -4,7 +4,8 @@ The best batch size depends on model and GPU, so measure it before the big run.
 Batch sizes double from --start until the device runs out of memory (GPU) or --max-batch;
 each size is timed for at least --seconds through the worker's own Engine (same
 normalisation, autocast, channels_last). Prints a table and a recommendation: the smallest
-batch within 3% of the best throughput (less memory, same speed).
+batch within 3% of the best throughput (less memory, same speed). Then the decode rows: CPU
+decode images/s per core and GPU (nvJPEG) decode images/s, for `sluice plan`'s decode check.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=0, help="default: 4096 on GPU, 256 on CPU")
     ap.add_argument("--seconds", type=float, default=2.0, help="minimum timing per batch size")
     ap.add_argument("--no-autocast", action="store_true")
+    ap.add_argument("--decode-seconds", type=float, default=2.0, help="timing of the decode rows; 0: skip them")
     args = ap.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit = args.max_batch or (4096 if device.startswith("cuda") else 256)
@@ -136,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nlargest batch that fits: {largest}" + (f" (stopped at --max-batch {limit})" if capped else ""))
     print(f"best throughput: batch {fastest}")
     print(f"recommended model.batch_size: {pick} (smallest within 3% of the best)")
+    if args.decode_seconds > 0:  # what feeds the model: CPU decode per core, GPU decode (docs/decode.md)
+        from gpu_worker.decodebench import decode_report
+
+        print("\n" + "\n".join(decode_report(info.image_size, device, args.decode_seconds)))
     return 0
 
 

@@ -52,6 +52,12 @@ class WorkerConfig(WorkerSettings):
     decode_threads: int = Field(
         0, ge=0, description="concurrent decodes per loader; 0: (CPUs / ranks) / loader processes (threads: 1)"
     )
+    decode: Literal["", "auto", "cpu", "gpu"] = Field(
+        "", description="where JPEGs are decoded: auto, cpu or gpu (nvJPEG); empty: the plan's job.decode"
+    )
+    decode_device: str = Field(
+        "", description="set by the rank, not by hand: the device its loaders decode JPEGs on (empty: CPU)"
+    )
     max_inflight_bytes: int = Field(
         128 * 2**20, ge=1, description="fetched-but-undecoded bytes per loader before fetching pauses"
     )

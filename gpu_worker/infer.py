@@ -2,10 +2,11 @@
 
 Fixed-size batches (a partial batch is padded, so shapes never change), channels_last
 (the NHWC uint8 batch permuted to NCHW *is* channels_last: no copy), normalisation on the
-device, torch.inference_mode(), bf16 autocast on GPU. On GPU the host batch is copied into
-one of two pinned staging buffers, sent with non_blocking=True, and the result comes back
-into pinned memory behind a CUDA event: the host prepares batch k+1 while the GPU runs
-batch k. On CPU the step is synchronous.
+device, torch.inference_mode(), bf16 autocast on GPU (unless the model's spec says fp32). On
+GPU the host batch is copied into one of two pinned staging buffers, sent with non_blocking=True
+on a copy stream of its own (the model's stream waits for it), and the result comes back into
+pinned memory behind a CUDA event: the host prepares batch k+1, and its copy runs, while the
+GPU runs batch k. On CPU the step is synchronous.
 
 With several models the loaders decode each image once, at the largest input size; an engine
 whose model takes fewer pixels resizes the batch on its device (antialiased bilinear). The
@@ -75,7 +76,7 @@ class Engine:
         self.batch_size = batch_size
         self._obs = observer or Stats()
         self._cuda = self.device.type == "cuda"
-        self._autocast = autocast and self._cuda
+        self._autocast = autocast and self._cuda and info.precision != "fp32"  # fp32: bf16 failed its export check
         model = model.to(self.device)
         with contextlib.suppress(TypeError, RuntimeError, AttributeError):  # some graphs refuse; they still run
             model = model.to(memory_format=torch.channels_last)
@@ -90,6 +91,7 @@ class Engine:
             self._stage = [torch.empty(batch_size, host, host, 3, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
             self._out: list[torch.Tensor] = []
             self._pending: deque[tuple[Any, int, Any]] = deque()
+            self._copy = torch.cuda.Stream(self.device)  # host-to-device copies, beside the model's stream
             self._k = 0
         self.output_dim = self._dry_run()
 
@@ -147,7 +149,7 @@ class Engine:
         self._k += 1
         stage = self._stage[j]
         stage.copy_(batch)
-        y = self._forward(stage.to(self.device, non_blocking=True))
+        y = self._forward(self._to_device(stage))
         self._out[j].copy_(y, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -155,6 +157,20 @@ class Engine:
         done = self._collect(keep=1)
         self._obs.incr("model_seconds", time.perf_counter() - started)
         return done
+
+    def _to_device(self, stage: torch.Tensor) -> torch.Tensor:
+        """Copy a pinned batch on the copy stream; the model's stream waits for that copy only.
+
+        So batch k+1's copy runs while the model still runs batch k. The stage buffer is written
+        again two batches later, after `_collect` has waited for batch k's event (recorded after
+        its model step, which waited for its copy).
+        """
+        with torch.cuda.stream(self._copy):
+            x = stage.to(self.device, non_blocking=True)
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_stream(self._copy)
+        x.record_stream(compute)  # allocated on the copy stream, used on the model's
+        return x
 
     def _collect(self, keep: int) -> list[tuple[Any, np.ndarray]]:
         done = []

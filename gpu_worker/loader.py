@@ -29,9 +29,9 @@ from typing import Any, NamedTuple, Protocol
 
 from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
-from gpu_worker.decode import decode_image
 from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.fetch import Fetched, Fetcher, object_meta
+from gpu_worker.gpudecode import loader_decode
 from gpu_worker.metrics import MetricsObserver
 from gpu_worker.stats import Stats
 from sluice.contracts import FailureReason
@@ -143,6 +143,7 @@ class Loader:
         self._fetcher = fetcher or Fetcher(cfg, observer=MetricsObserver(self._stats))
         self._alive = alive or _always
         self._size = buffers.spec.image_size
+        self._decode = loader_decode(cfg, self._size)  # Pillow, or batches on the GPU (gpu_worker.gpudecode)
         self._cond = threading.Condition()
         self._inflight = 0
         self._held = 0
@@ -253,7 +254,7 @@ class Loader:
             started = time.perf_counter()
             try:
                 with self._decode_sem:
-                    arr = decode_image(data, self._size, self._cfg.max_image_pixels)
+                    arr = self._decode(data)
             except ObjectFailure as f:
                 self._send(FailMsg(self.id, pos, uri, phase, str(f.reason), f.detail, False, (etag, version)))
                 return

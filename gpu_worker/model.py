@@ -45,6 +45,7 @@ class ModelInfo:
     output_dim: int | None = None  # None: found by the dry run
     version: str = ""  # the spec's version (exported artifacts: the weights' tag)
     eager: bool = False  # a plain nn.Module (may be traced on CPU)
+    precision: str = "bf16"  # the spec's: "fp32" when bf16 changed its embeddings at export (no autocast)
 
 
 def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
@@ -170,6 +171,8 @@ def _apply_meta(info: ModelInfo, meta: dict[str, Any]) -> ModelInfo:
         changes["std"] = tuple(float(v) for v in meta["std"])
     if "output_dim" in meta:
         changes["output_dim"] = int(meta["output_dim"])
+    if meta.get("precision") in ("bf16", "fp32"):
+        changes["precision"] = str(meta["precision"])
     return replace(info, **changes)
 
 

@@ -31,13 +31,15 @@ META_NAME = "sluice.json"
 # adaptive, 10 attempts), with SIDECAR_BACKOFF_S, twice that, ... between them.
 SIDECAR_ATTEMPTS = 3
 SIDECAR_BACKOFF_S = 1.0
-# The worker uses the first five; the rest describe the artifact (docs/models.md) and are kept as read.
+# The worker uses the first six; the rest describe the artifact (docs/models.md) and are kept as read.
 SPEC_KEYS = {
     "name",
     "image_size",
     "mean",
     "std",
     "output_dim",
+    "precision",  # bf16 | fp32: whether bf16 autocast passed the export's check
+    "bf16_min_cosine",
     "version",
     "source",
     "format",

@@ -25,6 +25,7 @@ from gpu_worker.commits import Paths, ShardState
 from gpu_worker.config import WorkerConfig
 from gpu_worker.env import ContainerEnv
 from gpu_worker.errors import RankFailed, WorkerError, report
+from gpu_worker.gpudecode import rank_decode_cfg
 from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, FetcherLike, LoaderLink
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.metrics import GpuProbe, MetricsObserver, RankCollector, RankMetrics, instance_type, keep_list
@@ -118,6 +119,8 @@ class _Loaders:
     def __init__(self, rank: _Rank, shape: _PassShape, fetcher: FetcherLike | None = None) -> None:
         spec, n = rank.spec, shape.loaders
         cfg = rank.cfg.replace(decode_threads=shape.decode_threads)
+        device = f"cuda:{spec.local_rank}" if spec.device == "cuda" else "cpu"
+        cfg = rank_decode_cfg(cfg, rank.plan, device, rank.stats)  # JPEGs on the GPU: gpu_worker.gpudecode
         self.n = max(1, n)
         self.processes = n > 0
         self._stop = threading.Event()

@@ -35,6 +35,8 @@ def _s3() -> Any:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Dry run: the manifest Lambda's validation and key scan, then the layout; writes nothing to AWS."""
+    from dataclasses import replace
+
     from sluice.ops.dryrun import DryRun, dry_run
     from sluice.settings import Settings
 
@@ -43,10 +45,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"default_input_bucket": args.bucket})
     if args.images_per_gpu_s:
         settings = settings.model_copy(update={"images_per_gpu_s": args.images_per_gpu_s})
+    if args.instance_type:  # the first GPU type is the one planned and priced
+        settings = settings.model_copy(update={"gpu_instance_types": args.instance_type})
     control = settings.control_bucket
     if control is None and args.manifest.startswith("s3://"):
         control = args.manifest[5:].split("/", 1)[0]  # a manifest already in its control bucket
     req = DryRun(args.manifest, settings, control=control, bucket_hint=PLAN_BUCKET_HINT, assume_keys=args.assume_keys)
+    req = replace(req, decode=args.decode, decode_per_core_s=args.decode_per_core_s)
+    if args.input_gb:
+        req = replace(req, input_bytes=int(args.input_gb * 1e9))
     summary = dry_run(req, _s3)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -313,7 +320,24 @@ def cmd_local_run(args: argparse.Namespace) -> int:
     """Run Sluice locally on moto (the embedded default)."""
     from sluice.local.run import run_local
 
+    if args.decode == "gpu" and (why := _no_cuda()):  # refused before anything starts
+        print(f"sluice: --decode gpu needs a CUDA GPU with nvJPEG and {why}: use --decode cpu or auto", file=sys.stderr)
+        return EXIT_USAGE
     return run_local(args)
+
+
+def _no_cuda() -> str | None:
+    """Why this machine's workers cannot decode on a CUDA GPU (None: they can)."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed, so CUDA is not available"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    from gpu_worker.gpudecode import nvjpeg_problem
+
+    why = nvjpeg_problem("cuda")
+    return f"nvJPEG does not run on CUDA here ({why})" if why else None
 
 
 def cmd_model_export(args: argparse.Namespace) -> int:
@@ -351,6 +375,10 @@ def cmd_model_export(args: argparse.Namespace) -> int:
         f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "
         f"{result.max_abs_diff:.2e}\nspec: {result.uri}.json; {use}"
     )
+    if "precision" in spec:  # bf16 autocast on GPU, or fp32 when it changed the embeddings
+        low = f"bf16 vs fp32: lowest cosine {spec['bf16_min_cosine']:.5f} on sample inputs"
+        kept = "bf16 autocast on GPU" if spec["precision"] == "bf16" else "fp32 kept (bf16 is below 0.999)"
+        print(f"precision: {kept}; {low}")
     if result.text is not None:  # a CLIP-style model: `sluice search --text` (docs/models.md, "Text tower")
         print(f"text tower: {result.uri}.text.pt, .text.json, .tokenizer.json ({result.text.output_dim}-d)")
     return EXIT_OK
@@ -430,6 +458,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="N",
         help="measured images/s per GPU (python -m gpu_worker.autotune) instead of the table's estimate",
+    )
+    plan.add_argument(
+        "--instance-type",
+        metavar="TYPE",
+        help="plan for this GPU instance type (g6e.xlarge): its vCPUs per GPU and its price "
+        "(default: the first of SLUICE_GPU_INSTANCE_TYPES)",
+    )
+    plan.add_argument(
+        "--decode", choices=("auto", "cpu", "gpu"), help="job.decode for this plan: who decodes JPEGs (docs/decode.md)"
+    )
+    plan.add_argument(
+        "--decode-per-core-s",
+        type=float,
+        metavar="N",
+        help="measured CPU decode images/s per core (python -m gpu_worker.autotune) instead of the assumption",
+    )
+    plan.add_argument(
+        "--input-gb",
+        type=float,
+        metavar="N",
+        help="the input's size in GB, for the cross-Region transfer cost (default: an assumed size an object)",
     )
     plan.set_defaults(func=cmd_plan)
 
@@ -613,6 +662,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--keep", action="store_true", help="leave the moto server running and print its endpoint")
     run.add_argument("--endpoint-url", metavar="URL", help="use this running AWS emulator (moto server, LocalStack)")
     run.add_argument("--no-prometheus", action="store_true", help="do not start a local Prometheus for metrics")
+    run.add_argument(
+        "--decode",
+        choices=("auto", "cpu", "gpu"),
+        help="job.decode: who decodes JPEGs (gpu: nvJPEG, refused without CUDA; docs/decode.md)",
+    )
     run.add_argument("--pid-file", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_local_run)
     _add_index_commands(sub)

@@ -152,6 +152,9 @@ class ModelSpec(_ManifestPart):
         return v
 
 
+Decode = Literal["auto", "cpu", "gpu"]
+
+
 class JobSpec(_ManifestPart):
     """How the run is laid out on AWS Batch."""
 
@@ -173,6 +176,11 @@ class JobSpec(_ManifestPart):
         description="A rank whose processed count has not moved this long is stalled: its attempt is ended and "
         "retried. Default: model load plus a few batch times (sluice.preflight.checks.derived_stall_after_s); "
         "SLUICE_STALL_AFTER_S on the worker wins.",
+    )
+    decode: Decode = Field(
+        default="auto",
+        description="Where workers decode JPEGs: cpu (Pillow), gpu (nvJPEG; CPU when the worker has no CUDA), "
+        "auto (gpu when CUDA is there and the preflight says CPU decode would bind). docs/decode.md.",
     )
 
 
@@ -401,6 +409,8 @@ class RunPlan(_Strict):
     lineage: list[str] = []
     skipped: dict[str, int] = {}  # reason -> keys (unchanged: same object version, same model artifact)
     index: IndexTarget | None = None  # the search index the index stage updates (output.index); None: off
+    decode: Decode = "auto"  # job.decode
+    decode_binds: bool = False  # the preflight's estimate: CPU decode would hold the GPUs back (auto decodes on GPU)
 
     @model_validator(mode="before")
     @classmethod

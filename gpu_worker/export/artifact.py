@@ -82,6 +82,26 @@ def build_spec(src: Source, fmt: str, output_dim: int, digest: str) -> dict[str,
     }
 
 
+BF16_MIN_COSINE = 0.999  # bf16 autocast is kept only when every sample embedding stays this close to fp32
+
+
+def precision(embedder: nn.Module, image_size: int, n: int = 4) -> tuple[str, float]:
+    """("bf16" or "fp32", the lowest cosine of bf16-autocast embeddings against fp32 ones on `n` samples).
+
+    Checked on the CPU's bf16 autocast (the export machine has no GPU to assume); the worker
+    runs bf16 autocast on GPU only for a model whose spec says bf16.
+    """
+    x = example_batch(image_size, n=n, seed=2)
+    norm = torch.nn.functional.normalize
+    with torch.no_grad():
+        full = norm(embedder(x).float().flatten(1), dim=1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = embedder(x)
+        half = norm(half.float().flatten(1), dim=1)
+    cos = float((full * half).sum(dim=1).min())
+    return ("bf16" if cos >= BF16_MIN_COSINE else "fp32"), cos
+
+
 def save(embedder: Embedder, fmt: str, path: str, spec: dict[str, Any]) -> None:
     """Trace (TorchScript) or export (torch.export) the embedder to `path`, the spec embedded."""
     example = example_batch(spec["image_size"])
@@ -144,6 +164,7 @@ def write_local(src: Source, fmt: str, path: str) -> tuple[dict[str, Any], Check
     with torch.no_grad():
         output_dim = int(embedder(example_batch(src.image_size)).shape[1])
     spec = build_spec(src, fmt, output_dim, weights_sha256(src.module))
+    spec["precision"], spec["bf16_min_cosine"] = precision(embedder, src.image_size)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".export-", suffix=".pt2" if fmt == "pt2" else ".pt")

@@ -26,6 +26,7 @@ from sluice.errors import Rejection
 from sluice.log import logger
 from sluice.models import RunPlan
 from sluice.preflight import Capacity, RunFacts, preflight
+from sluice.preflight.locality import InputSize, add_locality, input_buckets
 from sluice.preflight.spent import spent
 
 WITHDRAWN = "sluice: superseded: another invocation recorded this run's submission"
@@ -49,10 +50,15 @@ def submit(
     `warnings` (the prepare stage's) go out before the preflight's.
     """
     settings, plan_uri = ctx.settings, req.paths.plan
-    cap = replace(Capacity.from_settings(settings), models=len(plan.models))  # each image costs every model
+    cap = replace(
+        Capacity.from_settings(settings), models=len(plan.models), decode=plan.decode
+    )  # each image costs every model
     checked = preflight(
         RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys), cap
     )
+    s3 = ctx.clients.s3  # input buckets in another Region: warned about, the transfer priced
+    buckets = input_buckets(req.manifest.input, settings.default_input_bucket)
+    add_locality(checked, buckets, s3.meta.region_name, s3, InputSize(plan.total_keys))
     if checked.errors:
         raise Rejection([f"preflight: {line}" for line in checked.lines("error")])
     job_ids = ctx.batch.submit(plan, plan_uri, settings, queue=req.manifest.job.queue)

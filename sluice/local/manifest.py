@@ -34,6 +34,7 @@ RUN_FLAGS = (
     ("nodes", "--nodes"),
     ("shards", "--shards"),
     ("since_run", "--since-run"),
+    ("decode", "--decode"),
 )
 
 
@@ -132,6 +133,8 @@ def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None)
         job["keys_per_shard"] = max(1, -(-uploaded.count // shards))
     elif given(args, "shards"):
         raise SystemExit("sluice: --shards with --since-run and no --images: the number of keys is not known here")
+    if getattr(args, "decode", None):
+        job["decode"] = args.decode
     specs = model_specs(args, earlier)
     name = "local-images" if args.images else ("local-incremental" if earlier and not uploaded.count else "local-demo")
     manifest: dict[str, Any] = {
@@ -201,6 +204,8 @@ def apply(manifest: dict[str, Any], args: argparse.Namespace, uploaded: Uploaded
                 "give job.keys_per_shard in the manifest, or leave input out of it and use --images DIR"
             )
         job["keys_per_shard"] = max(1, -(-uploaded.count // args.shards))
+    if getattr(args, "decode", None):
+        job["decode"] = args.decode
     if job:
         m["job"] = job
     return m

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
@@ -24,7 +24,8 @@ from sluice.ops.plan_report import facts_for
 from sluice.plan.layout import layout
 from sluice.plan.scan import scan
 from sluice.preflight import Capacity, preflight
-from sluice.preflight.checks import Check, derived_timeout_s
+from sluice.preflight.checks import Check, Preflight, derived_timeout_s
+from sluice.preflight.locality import InputSize, add_locality
 from sluice.settings import Settings
 
 LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
@@ -89,6 +90,9 @@ class DryRun:
     control: str | None = None  # the control bucket, when known
     bucket_hint: str | None = None  # how a bare key gets its bucket here (the CLI names its flag)
     assume_keys: int | None = None  # plan that many unique keys instead of reading the input
+    decode: str | None = None  # job.decode instead of the manifest's
+    decode_per_core_s: float | None = None  # a measured CPU decode rate instead of the assumption
+    input_bytes: int | None = None  # the input's size, for the cross-Region transfer estimate
 
 
 def dry_run(req: DryRun, s3: Callable[[], Any]) -> dict[str, Any]:
@@ -110,9 +114,11 @@ def dry_run(req: DryRun, s3: Callable[[], Any]) -> dict[str, Any]:
             manifest, keys = _local(source, name or os.path.basename(source), settings, problems, s3)
             client = None if keys is not None else s3()
         check_manifest(manifest, settings, control=control, s3=client)
+        if req.decode:
+            manifest = manifest.model_copy(update={"job": manifest.job.model_copy(update={"decode": req.decode})})
         since = _incremental(manifest, control, s3) if manifest.input.since_run else None
     if assume_keys is not None:
-        assumed = _summary(source, manifest, settings, {"keys_seen": assume_keys, "unique_keys": assume_keys})
+        assumed = _summary(req, manifest, {"keys_seen": assume_keys, "unique_keys": assume_keys})
         return assumed | ({"incremental": since} if since else {})
 
     def checked(batches: Iterator[KeyBatch]) -> Iterator[KeyBatch]:
@@ -127,7 +133,17 @@ def dry_run(req: DryRun, s3: Callable[[], Any]) -> dict[str, Any]:
             "duplicates_removed": sc.duplicates,
             "buckets": sorted(sc.buckets),
         }
-    return _summary(source, manifest, settings, scanned) | ({"incremental": since} if since else {})
+    summary = _summary(req, manifest, scanned) | ({"incremental": since} if since else {})
+    if client is not None and manifest.input.keys is None:  # the keys were read from S3: so can their Regions be
+        _locality(summary, client, InputSize(sc.unique_keys, req.input_bytes))
+    return summary
+
+
+def _locality(summary: dict[str, Any], s3: Any, size: InputSize) -> None:
+    """Input buckets outside the stack's Region (the client's): a warning each, the transfer in the cost."""
+    pf = Preflight(checks=[], cost=summary["cost"])
+    add_locality(pf, summary["buckets"], s3.meta.region_name, s3, size)
+    summary["checks"] = summary["checks"] + [asdict(c) for c in pf.checks]
 
 
 def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any]) -> dict[str, Any]:
@@ -151,11 +167,14 @@ def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any])
     return out
 
 
-def _summary(source: str, manifest: Manifest, settings: Settings, scanned: dict[str, Any]) -> dict[str, Any]:
+def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[str, Any]:
     """The layout of the scanned (or assumed) keys, and the preflight of that run."""
+    source, settings = req.source, req.settings
     n = scanned["unique_keys"]
     lay = layout(n, manifest, settings.max_array_size)
-    cap = replace(Capacity.from_settings(settings), models=len(manifest.models))
+    cap = replace(Capacity.from_settings(settings), models=len(manifest.models), decode=manifest.job.decode)
+    if req.decode_per_core_s:
+        cap = replace(cap, decode_per_core_s=req.decode_per_core_s)
     gpus = max(1, manifest.job.gpus_per_node)
     timeout = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, cap.rate)
     pf = preflight(facts_for(manifest, n, settings, timeout), cap)
@@ -187,5 +206,8 @@ def _summary(source: str, manifest: Manifest, settings: Settings, scanned: dict[
         "timeout_derived": manifest.job.timeout_s is None,
         "images_per_gpu_s": cap.rate,
         "images_per_gpu_s_source": cap.rate_source,
+        "decode": manifest.job.decode,
+        "decode_binds": cap.decode_binds,
+        "instance_type": cap.instance_type,
         **pf.as_dict(),
     }

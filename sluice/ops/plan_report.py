@@ -57,3 +57,5 @@ def render_summary(summary: dict[str, Any], out: TextIO) -> None:
     )
     out.write(f"\ncost            {c['gpu_hours']:,.2f} GPU-hours, {price}\n")
     out.write(f"                prices: {c['prices']}\n")
+    if c.get("transfer_usd") is not None:  # input in another Region: sluice.preflight.locality
+        out.write(f"                includes ${c['transfer_usd']:,.2f} for {c['transfer_gb']:,.1f} GB across Regions\n")

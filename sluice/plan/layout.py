@@ -106,4 +106,6 @@ def build_plan(i: PlanInputs) -> RunPlan:
         jobs=lay.jobs,
         index=index_target(i),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        decode=manifest.job.decode,
+        decode_binds=Capacity(images_per_gpu_s=i.images_per_gpu_s, models=len(manifest.models)).decode_binds,
     )

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from sluice.preflight import limits as L
 from sluice.preflight.estimate import cost
 from sluice.preflight.facts import Capacity, RunFacts
+from sluice.preflight.instances import more_cpu_per_gpu
 
 Status = Literal["ok", "warn", "error"]
 SERIES_PER_RANK = 13  # a GPU rank's default push list (bench/metrics_cost.py, "typical" row)
@@ -118,6 +119,7 @@ def preflight(run: RunFacts, cap: Capacity) -> Preflight:
     shard_s = _fleet(run, cap, workers, add)
     _lambda(run, add)
     _completion(run, workers, shard_s, add)
+    add(decode_check(cap))
     out.cost = cost(cap.gpu_family, run.unique_keys / cap.rate / 3600).as_dict()
     return out
 
@@ -332,3 +334,27 @@ def _completion(run: RunFacts, workers: int, shard_s: float, add: Any) -> None:
             "the Region's PutEvents quota is lower: ask for an increase",
         ).judge(round(per_s / max(1, run.n_shards // 100) + 0.01, 2))
     )
+
+
+def decode_check(cap: Capacity) -> Check:
+    """CPU decode capacity per GPU against the models' images/s per GPU (job.decode decides who decodes)."""
+    model, cpu = cap.model_rate, cap.cpu_decode_rate
+    unit = "images/s per GPU the models take (limit: what its CPUs decode)"
+    feeds = (
+        f"{cap.cpu_per_gpu:g} vCPUs a GPU x {cap.decode_per_core_s:g} images/s a core = {cpu:,.0f} images/s "
+        f"decoded, for models that take {model:,.0f}"
+    )
+    if not cap.decode_binds:
+        return Check("decode", round(model), round(cpu), "ok", "", unit)
+    if cap.decode == "gpu":
+        return Check("decode", round(model), round(cpu), "ok", f"job.decode gpu: nvJPEG decodes ({feeds} on CPU)", unit)
+    if cap.decode == "auto":
+        advice = f"job.decode auto: workers with CUDA decode on the GPU (nvJPEG), as CPU decode would bind: {feeds}"
+        return Check("decode", round(model), round(cpu), "ok", advice, unit)
+    size = more_cpu_per_gpu(cap.gpu_family, model / cap.decode_per_core_s)
+    bigger = f", or a size with more vCPUs per GPU ({size})" if size else ""
+    advice = (
+        f"CPU decode binds: {feeds}, so the GPU idles {1 - cpu / model:.0%} of the time and the estimates "
+        f"use {cpu:,.0f} images/s: set job.decode gpu (sluice plan --decode gpu){bigger}"
+    )
+    return Check("decode", round(model), round(cpu), "warn", advice, unit)

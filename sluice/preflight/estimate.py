@@ -3,7 +3,8 @@
 Both tables are starting points, not measurements of your model: measure with
 `python -m gpu_worker.autotune --model URI` on the instance type and pass its images/s
 (`sluice plan --images-per-gpu-s N`, or SLUICE_IMAGES_PER_GPU_S); override prices with a
-JSON file (SLUICE_PRICES_FILE: {"g5": {"on_demand": 1.006, "spot": 0.40, "gpus": 1}, ...}).
+JSON file (SLUICE_PRICES_FILE: {"g5": {"on_demand": 1.006, "spot": 0.40, "gpus": 1}, ...,
+"_transfer_per_gb": 0.02}).
 """
 
 from __future__ import annotations
@@ -59,7 +60,24 @@ def prices() -> dict[str, Price]:
     if not path:
         return dict(PRICES)
     raw = json.loads(Path(path).read_text())
-    return {**PRICES, **{k: Price(**v) for k, v in raw.items()}}
+    return {**PRICES, **{k: Price(**v) for k, v in raw.items() if not k.startswith("_")}}
+
+
+# Data transfer between Regions, per GB, charged by the source Region (most US and EU Regions:
+# $0.02/GB; some Asia Pacific and South America ones charge more). Override with "_transfer_per_gb"
+# in SLUICE_PRICES_FILE.
+TRANSFER_PER_GB = 0.02
+TRANSFER_SOURCE = "aws.amazon.com/ec2/pricing/on-demand (data transfer between Regions), 2025-06"
+
+
+def transfer_per_gb() -> float:
+    """USD a GB read across Regions: the table's, or SLUICE_PRICES_FILE's "_transfer_per_gb"."""
+    path = os.environ.get("SLUICE_PRICES_FILE")
+    if path:
+        raw = json.loads(Path(path).read_text())
+        if "_transfer_per_gb" in raw:
+            return float(raw["_transfer_per_gb"])
+    return TRANSFER_PER_GB
 
 
 def family_of(instance_type: str) -> str:

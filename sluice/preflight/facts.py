@@ -7,6 +7,7 @@ from typing import Literal
 
 from sluice.models import RunPlan
 from sluice.preflight.estimate import DEFAULT_FAMILY, IMAGES_PER_GPU_S, family_of
+from sluice.preflight.instances import DECODE_PER_CORE_S, instance
 from sluice.settings import Settings
 
 
@@ -21,15 +22,20 @@ class Capacity:
     images_per_gpu_s: float | None = None  # a measurement (gpu_worker.autotune) over the table's figure
     push_interval_s: float = 30.0  # the workers' remote-write period (SLUICE_WORKER_PUSH_INTERVAL_S default)
     models: int = 1  # models embedded in one pass: each image costs each model's GPU time
+    instance_type: str | None = None  # a size (g6e.xlarge): its vCPUs per GPU feed the decode check
+    decode: str = "auto"  # job.decode: cpu decode binds the estimates when the CPUs cannot keep up
+    decode_per_core_s: float = DECODE_PER_CORE_S  # images/s one core decodes (gpu_worker.autotune measures)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Capacity:
+        first = settings.gpu_instance_types.split(",")[0].strip()
         return cls(
             max_vcpus=settings.max_vcpus,
             mnp_max_vcpus=settings.mnp_max_vcpus,
             worker_vcpus=settings.worker_vcpus,
-            gpu_family=family_of(settings.gpu_instance_types.split(",")[0]),
+            gpu_family=family_of(first),
             images_per_gpu_s=settings.images_per_gpu_s,
+            instance_type=first if "." in first else None,
         )
 
     @classmethod
@@ -37,13 +43,43 @@ class Capacity:
         return cls.from_settings(Settings.from_env())
 
     @property
-    def rate(self) -> float:
-        """Images per GPU-second used for estimates (through every model of the pass)."""
+    def model_rate(self) -> float:
+        """Images per GPU-second the models take (through every model of the pass), decode aside."""
         one = self.images_per_gpu_s or IMAGES_PER_GPU_S.get(self.gpu_family, IMAGES_PER_GPU_S[DEFAULT_FAMILY])
         return one / max(1, self.models)
 
     @property
+    def cpu_per_gpu(self) -> float:
+        """vCPUs feeding each GPU: the instance size's, else a worker container's (one GPU each)."""
+        size = instance(self.instance_type) if self.instance_type else None
+        return size.vcpus_per_gpu if size else float(self.worker_vcpus)
+
+    @property
+    def cpu_decode_rate(self) -> float:
+        """Images per second the CPUs of one GPU decode (each image once, whatever the models)."""
+        return self.cpu_per_gpu * self.decode_per_core_s
+
+    @property
+    def decode_binds(self) -> bool:
+        """CPU decode is slower than the models: a CPU-decoding worker leaves its GPU waiting."""
+        return self.cpu_decode_rate < self.model_rate
+
+    @property
+    def rate(self) -> float:
+        """Images per GPU-second used for estimates: the models' rate, or CPU decode's where it binds."""
+        if self.decode == "cpu":
+            return min(self.model_rate, self.cpu_decode_rate)
+        return self.model_rate
+
+    @property
     def rate_source(self) -> str:
+        if self.rate < self.model_rate:
+            cpus = f"{self.cpu_per_gpu:g} vCPUs a GPU"
+            return f"bound by CPU decode (job.decode cpu, {cpus}; the models take {self.model_rate:g})"
+        return self.model_source
+
+    @property
+    def model_source(self) -> str:
         if self.images_per_gpu_s:
             return "measured (--images-per-gpu-s / SLUICE_IMAGES_PER_GPU_S)"
         return f"table estimate for {self.gpu_family} (measure with python -m gpu_worker.autotune)"

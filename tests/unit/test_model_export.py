@@ -86,11 +86,13 @@ def test_export_matches_eager_and_runs_in_the_worker(tiny_repos, tmp_path: Path,
     assert Path(path).stat().st_mode & 0o777 == Path(path + ".json").stat().st_mode & 0o777  # both readable alike
     assert (meta["format"], meta["output_dim"], meta["image_size"], meta["version"]) == (fmt, dim, 32, "random-init")
     assert meta["mean"] == pytest.approx(mean) and meta["weights_sha256"] == weights_sha256(src.module)
+    assert meta["precision"] in ("bf16", "fp32") and 0 < meta["bf16_min_cosine"] <= 1.0001
 
     # The worker: its loader reads the spec, its Engine (the model step) embeds uint8 images.
     model, info = load_model(path, 224)  # the plan's size is overridden by the spec
     assert (info.kind, info.image_size, info.output_dim) == ("export" if fmt == "pt2" else "torchscript", 32, dim)
     assert info.mean == pytest.approx(tuple(mean)) and info.name == spec
+    assert info.precision == meta["precision"]
     engine = Engine(model, info, "cpu", 4)
     images = _uint8_images(4, 32)
     [(_, got)] = engine.submit(torch.from_numpy(images), "tag")

@@ -34,6 +34,8 @@ def test_autotune_cli_on_cpu(capsys):
                 "4",
                 "--seconds",
                 "0.05",
+                "--decode-seconds",
+                "0.05",
             ]
         )
         == 0
@@ -44,3 +46,4 @@ def test_autotune_cli_on_cpu(capsys):
         assert f"| {b} | ok |" in out
     assert "largest batch that fits: 4 (stopped at --max-batch 4)" in out
     assert "recommended model.batch_size:" in out
+    assert "CPU decode: " in out and "images/s per core" in out

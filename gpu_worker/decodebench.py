@@ -1,0 +1,71 @@
+"""Decode throughput on this machine: CPU images/s per core (the worker's Pillow path) and GPU images/s (nvJPEG).
+
+`python -m gpu_worker.autotune` prints both after its batch table; `sluice plan --decode-per-core-s N`
+takes the CPU figure. Images are synthetic photo-like JPEGs of `side` x 3/4 `side` (default 500 px).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+from PIL import Image
+
+from gpu_worker.decode import decode_image
+from gpu_worker.gpudecode import DeviceDecoder, JpegDecode, nvjpeg_problem, torchvision_jpeg
+
+MAX_PIXELS = 89_478_485
+
+
+def sample_jpegs(n: int, side: int = 500, seed: int = 0) -> list[bytes]:
+    """n photo-like JPEGs (gradients and noise, so the entropy coder has work), side x 3/4 side."""
+    rng = np.random.default_rng(seed)
+    h = side * 3 // 4
+    out = []
+    for _ in range(n):
+        ramp = np.linspace(0, 1, side)[None, :, None] * rng.uniform(60, 200, 3)
+        noise = rng.normal(0, 25, (h, side, 3))
+        arr = (ramp + np.linspace(0, 50, h)[:, None, None] + noise).clip(0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, "JPEG", quality=int(rng.integers(75, 95)))
+        out.append(buf.getvalue())
+    return out
+
+
+def cpu_per_core(images: list[bytes], size: int, seconds: float) -> float:
+    """Images/s one thread decodes and preprocesses to `size` through decode_image."""
+    done, t0 = 0, time.perf_counter()
+    while done < len(images) or time.perf_counter() - t0 < seconds:
+        decode_image(images[done % len(images)], size, MAX_PIXELS)
+        done += 1
+    return done / (time.perf_counter() - t0)
+
+
+def device_rate(
+    images: list[bytes], size: int, device: str, seconds: float, jpeg: JpegDecode = torchvision_jpeg
+) -> float:
+    """Images/s DeviceDecoder turns into (size, size, 3) host arrays, in batches of len(images)."""
+    dec = DeviceDecoder(device, size, MAX_PIXELS, jpeg)
+    dec.decode_batch(images)  # warm-up: decoder handles, kernels
+    done, t0 = 0, time.perf_counter()
+    while done < 2 * len(images) or time.perf_counter() - t0 < seconds:
+        dec.decode_batch(images)
+        done += len(images)
+    return done / (time.perf_counter() - t0)
+
+
+def decode_report(size: int, device: str, seconds: float, batch: int = 128) -> list[str]:
+    """Lines for autotune: CPU decode per core, and GPU decode where CUDA and nvJPEG run."""
+    images = sample_jpegs(min(batch, 64) if not device.startswith("cuda") else batch)
+    per_core = cpu_per_core(images, size, seconds)
+    lines = [
+        f"CPU decode: {per_core:,.0f} images/s per core at {size} px (sluice plan --decode-per-core-s {per_core:.0f})"
+    ]
+    if not device.startswith("cuda"):
+        return [*lines, "GPU decode: not measured (no CUDA device)"]
+    why = nvjpeg_problem(device)
+    if why:
+        return [*lines, f"GPU decode: not measured ({why})"]
+    rate = device_rate(images, size, device, seconds)
+    return [*lines, f"GPU decode: {rate:,.0f} images/s (nvJPEG, batches of {len(images)}, to {size} px on the device)"]
