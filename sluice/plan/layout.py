@@ -87,6 +87,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
         lineage=list(i.lineage),
         skipped=dict(i.skipped or {}),
         output_dtype=manifest.output.dtype,
+        content=manifest.input.content,
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,
         max_failed_fraction=manifest.max_failed_fraction,
