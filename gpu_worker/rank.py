@@ -553,7 +553,8 @@ def _load_embedders(rank: _Rank) -> list[Any]:
     """Each model of a text or video run on the rank's device (gpu_worker.kinds.load_embedder)."""
     import torch
 
-    from gpu_worker.kinds import Loading, load_embedder
+    from gpu_worker.kinds.base import Loading
+    from gpu_worker.kinds.load import load_embedder
 
     spec, cfg, plan = rank.spec, rank.cfg, rank.plan
     torch.set_num_threads(plan_loaders(cfg, spec.device, spec.world)[2])

@@ -58,9 +58,20 @@ def parquet_bytes(
     metadata: dict[str, str],
     objs: Sequence[ObjMeta],
     label: RecordLabel,
-    parts: Sequence[Part] | None = None,
 ) -> bytes:
-    """One output file: a row per part of a key, its embedding, its object's version and the model (sluice.outputs)."""
+    """One output file of one-part keys (images): a row per key (sluice.outputs)."""
+    return table_bytes(output_table(uris, emb, dtype, objs, label), metadata)
+
+
+def output_table(
+    uris: Sequence[str],
+    emb: np.ndarray,
+    dtype: str,
+    objs: Sequence[ObjMeta],
+    label: RecordLabel,
+    parts: Sequence[Part] | None = None,
+) -> pa.Table:
+    """A row per part of a key: its embedding, its object's version and the model (sluice.outputs)."""
     n, dim = emb.shape
     values = pa.array(np.ascontiguousarray(emb, dtype=np.dtype(dtype)).reshape(-1))
     const = {outputs.MODEL: label.model, outputs.MODEL_VERSION: label.model_version}
@@ -78,7 +89,11 @@ def parquet_bytes(
         outputs.VERSION_ID: pa.array([o[1] for o in objs], pa.string()),
         outputs.SIZE: pa.array([o[2] if o[2] >= 0 else None for o in objs], pa.int64()),
     }
-    table = pa.table([columns[f.name] for f in schema], schema=schema)
+    return pa.table([columns[f.name] for f in schema], schema=schema)
+
+
+def table_bytes(table: pa.Table, metadata: dict[str, str]) -> bytes:
+    """`table` as a zstd Parquet file, with `metadata` (each key prefixed "sluice.")."""
     table = table.replace_schema_metadata({f"sluice.{k}": str(v) for k, v in metadata.items()})
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
@@ -263,7 +278,7 @@ class ChunkSink:
             emb = np.stack([r[2] for r in rows])
             meta = {**self._metadata, "chunk": name}
             objs, parts = [r[3] for r in rows], [r[4] for r in rows]
-            data = parquet_bytes([r[1] for r in rows], emb, self._dtype, meta, objs, self._label, parts)
+            data = table_bytes(output_table([r[1] for r in rows], emb, self._dtype, objs, self._label, parts), meta)
             self._store.put(self._paths.parquet(name), data)
             file = name + ".parquet"
         marker = Marker(

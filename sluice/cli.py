@@ -557,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group()
     src.add_argument("--demo", type=_int_from(1), metavar="N", help="generate N varied demo JPEGs (default 200)")
     src.add_argument("--images", metavar="DIR", help="upload the files in DIR (subfolders kept as key prefixes)")
-    src.add_argument("--texts", metavar="DIR", help="like --images, for a text run: .txt, .md, .rst files (docs/kinds.md)")
+    src.add_argument(
+        "--texts", metavar="DIR", help="like --images, for a text run: .txt, .md, .rst files (docs/kinds.md)"
+    )
     src.add_argument("--demo-texts", type=_int_from(1), metavar="N", help="generate N demo texts, some long")
     run.add_argument(
         "--manifest",

@@ -149,7 +149,9 @@ class InputSpec(_ManifestPart):
         if self.frames_per_second is not None and self.frames_per_video is not None:
             raise ValueError("give frames_per_second or frames_per_video, not both")
         if self.chunk_tokens and self.overlap_tokens is not None and self.overlap_tokens >= self.chunk_tokens:
-            raise ValueError(f"overlap_tokens ({self.overlap_tokens}) must be less than chunk_tokens ({self.chunk_tokens})")
+            raise ValueError(
+                f"overlap_tokens ({self.overlap_tokens}) must be less than chunk_tokens ({self.chunk_tokens})"
+            )
         return self
 
     @property
@@ -336,9 +338,9 @@ class Manifest(_ManifestPart):
     @classmethod
     def _default_model(cls, data: Any) -> Any:
         """No model given: the builtin stand-in of the input's kind (a text run needs a text model)."""
-        if isinstance(data, dict) and "model" not in data and isinstance(data.get("input"), dict):
-            if data["input"].get("kind") == "text":
-                return {**data, "model": {"uri": "builtin:reference-text"}}
+        inp = data.get("input") if isinstance(data, dict) and "model" not in data else None
+        if isinstance(inp, dict) and inp.get("kind") == "text":
+            return {**data, "model": {"uri": "builtin:reference-text"}}
         return data
 
     @model_validator(mode="after")

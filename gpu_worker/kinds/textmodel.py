@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.errors import ConfigError
-from gpu_worker.kinds import Loading, Part, PartsInfo
+from gpu_worker.kinds.base import Loading, Part, PartsInfo
 from gpu_worker.kinds.text import ReferenceText, TextChunk, TextWindow, Tokenizer, WordTokenizer, pad_ids, text_chunks
 
 BUILTIN_TEXT = "builtin:reference-text"
@@ -46,10 +46,11 @@ def load_text(how: Loading) -> TextEmbedder:
     """The text embedder of `how.planned`: the window from the manifest, else the model's own."""
     if how.planned.uri != BUILTIN_TEXT:
         raise ConfigError(
-            f"model {how.planned.uri}: text runs take {BUILTIN_TEXT} in this version (docs/kinds.md, "
-            '"Text models")'
+            f'model {how.planned.uri}: text runs take {BUILTIN_TEXT} in this version (docs/kinds.md, "Text models")'
         )
     base = ReferenceText.WINDOW
     chunk = how.content.chunk_tokens or base.chunk_tokens
-    overlap = how.content.overlap_tokens if how.content.overlap_tokens is not None else min(base.overlap_tokens, chunk // 4)
+    overlap = (
+        how.content.overlap_tokens if how.content.overlap_tokens is not None else min(base.overlap_tokens, chunk // 4)
+    )
     return TextEmbedder(ReferenceText.build(), WordTokenizer(), TextWindow(chunk, overlap), how)

@@ -138,7 +138,9 @@ def duplicate_key(files: Files, uris: Iterable[str]) -> str | None:
         """The file's keys, one a key: its parts are one key's, written together."""
         try:
             with files.open(uri) as fh:
-                return list(dict.fromkeys(str(k) for k in pq.read_table(fh, columns=[outputs.KEY])[outputs.KEY].to_pylist()))
+                return list(
+                    dict.fromkeys(str(k) for k in pq.read_table(fh, columns=[outputs.KEY])[outputs.KEY].to_pylist())
+                )
         except Exception:  # read_chunk names the file when the merge reads it
             return []
 

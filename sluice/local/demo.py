@@ -27,11 +27,61 @@ def demo_images(n: int, seed: int = 1234) -> Iterator[tuple[str, bytes]]:
         yield f"demo/{i // 100:03d}/img-{i:05d}.jpg", buf.getvalue()
 
 
-_WORDS = (
-    "sluice river gate water flow basin channel lock weir bank stream current tide harbour canal bridge "
-    "embedding vector model batch shard worker queue manifest index search query chunk token window overlap "
-    "the a of and to in is that for on with as by at from it this be are was or an"
-).split()
+_WORDS = [
+    "sluice",
+    "river",
+    "gate",
+    "water",
+    "flow",
+    "basin",
+    "channel",
+    "lock",
+    "weir",
+    "bank",
+    "stream",
+    "current",
+    "tide",
+    "harbour",
+    "canal",
+    "bridge",
+    "embedding",
+    "vector",
+    "model",
+    "batch",
+    "shard",
+    "worker",
+    "queue",
+    "manifest",
+    "index",
+    "search",
+    "query",
+    "chunk",
+    "token",
+    "window",
+    "overlap",
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "this",
+    "be",
+    "are",
+    "was",
+    "or",
+    "an",
+]
 
 
 def demo_texts(n: int, seed: int = 1234) -> Iterator[tuple[str, bytes]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -45,7 +46,19 @@ def test_a_folder_of_texts_embeds_every_good_text_in_parts_and_names_the_bad_one
     good = _text_folder(tmp_path / "docs")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [*CLI, "local", "run", "--texts", str(tmp_path / "docs"), "--shards", "2", "--max-failed-fraction", "0.5", "--out", str(out)],
+        [
+            *CLI,
+            "local",
+            "run",
+            "--texts",
+            str(tmp_path / "docs"),
+            "--shards",
+            "2",
+            "--max-failed-fraction",
+            "0.5",
+            "--out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -65,7 +78,7 @@ def test_a_folder_of_texts_embeds_every_good_text_in_parts_and_names_the_bad_one
     assert len(report) >= 3 and [r["part"] for r in report] == list(range(len(report)))
     text = good["reports/2026/annual report.txt"]
     assert report[0]["part_start"] == 0 and report[-1]["part_end"] == len(text)
-    assert all(a["part_start"] < b["part_start"] < a["part_end"] for a, b in zip(report, report[1:]))  # overlap
+    assert all(a["part_start"] < b["part_start"] < a["part_end"] for a, b in itertools.pairwise(report))  # overlap
     emb = np.array([r["embedding"] for r in rows], np.float32)
     assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=2e-3)
     assert all(r["part"] == 0 for r in rows if not r["key"].endswith("annual report.txt"))

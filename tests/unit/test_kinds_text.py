@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import itertools
 
 import pytest
 from pydantic import ValidationError
@@ -44,7 +45,7 @@ def test_chunks_cover_every_token_with_the_overlap_and_character_offsets():
     assert [c.part for c in got] == list(range(len(got)))
     assert all(len(c.ids) == 32 for c in got[:-1])
     assert got[0].start == 0 and got[-1].end == len(text)
-    for a, b in zip(got, got[1:]):
+    for a, b in itertools.pairwise(got):
         assert a.ids[-8:] == b.ids[:8]  # the overlap
         assert text[b.start : a.end].split() == text[b.start : a.end].split()  # offsets at token bounds
     assert len({t for c in got for t in range(c.start, c.end)}) == len(text)  # nothing left out
@@ -70,14 +71,16 @@ def test_a_text_run_defaults_to_the_text_builtin_and_images_stay_the_default_kin
 def test_a_model_of_another_kind_is_rejected_naming_both():
     with pytest.raises(ValidationError, match=r"builtin:reference-cnn embeds image or video, but input.kind is 'text'"):
         _manifest({"kind": "text"}, model={"uri": "builtin:reference-cnn"})
-    with pytest.raises(ValidationError, match=r"model\[1\]: builtin:reference-text embeds text, but input.kind is 'image'"):
+    with pytest.raises(
+        ValidationError, match=r"model\[1\]: builtin:reference-text embeds text, but input.kind is 'image'"
+    ):
         _manifest({}, model=[{"uri": "builtin:resnet50"}, {"uri": "builtin:reference-text"}])
 
 
 def test_kind_options_belong_to_their_kind():
     with pytest.raises(ValidationError, match='chunk_tokens is for "kind": "text"'):
         _manifest({"chunk_tokens": 128})
-    with pytest.raises(ValidationError, match="overlap_tokens .64. must be less than chunk_tokens .64."):
+    with pytest.raises(ValidationError, match=r"overlap_tokens .64. must be less than chunk_tokens .64."):
         _manifest({"kind": "text", "chunk_tokens": 64, "overlap_tokens": 64})
     with pytest.raises(ValidationError, match="not both"):
         _manifest({"kind": "video", "frames_per_second": 1.0, "frames_per_video": 8})

@@ -89,7 +89,10 @@ def test_values_come_from_stats():
     assert samples[("sluice_gpu_utilization_ratio", None)] == 0.93
     assert samples[("sluice_prefetch_queue_depth", None)] == 2
     text = exposition.generate_latest(_worst_case_registry()).decode()
-    assert 'sluice_images_processed_total{attempt="2",gpu="1",instance_type="g6e.xlarge",kind="text",node="0",rank="1",' in text
+    assert (
+        'sluice_images_processed_total{attempt="2",gpu="1",instance_type="g6e.xlarge",kind="text",node="0",rank="1",'
+        in text
+    )
 
 
 def test_histogram_buckets_are_cumulative():
