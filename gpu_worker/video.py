@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -219,7 +219,10 @@ class VideoSampler:
                 f"{self.duration_s:.0f} s > max_duration_s {limits.max_duration_s:.0f}; raise the limit or cut it",
             )
         self.frame_period_s = 1.0 / float(self.stream.average_rate or self.stream.guessed_rate or 25)
-        self.targets = plan_targets(self.duration_s, limits)
+        # A stream that states no duration (a raw elementary stream) is sampled from the start until it ends.
+        self.targets: Iterable[float] = (
+            plan_targets(self.duration_s, limits) if self.duration_s > 0 else _open_ended(limits)
+        )
         self.frames_decoded = 0  # every frame the decoder produced, sampled or not (the cost)
         self.seeks = 0
 
@@ -249,6 +252,11 @@ class VideoSampler:
         """Record damage (the first note is kept: it says where the video broke)."""
         if not self.damaged:
             self.damaged, self.note = True, note
+
+
+def _open_ended(limits: VideoLimits) -> Iterator[float]:
+    """Targets at frames_per_second from 0, for a video of unknown duration (at most max_frames)."""
+    return (i / limits.frames_per_second for i in range(limits.max_frames))
 
 
 def _check_pixels(width: int, height: int, limits: VideoLimits) -> None:
@@ -333,8 +341,17 @@ class _Walk:
     def _timestamp(self, frame: av.VideoFrame) -> float:
         """Seconds from the start of the video (one frame on from the last when the frame has no pts)."""
         self.video.frames_decoded += 1
-        t = frame.time
-        self.position_s = (t - self.video.start_s) if t is not None else self.position_s + self.video.frame_period_s
+        v, t = self.video, frame.time
+        if t is not None:
+            self.position_s = t - v.start_s
+        else:
+            self.position_s = self.position_s + v.frame_period_s if self.position_s > -math.inf else 0.0
+        if self.position_s > v.limits.max_duration_s:  # only a video that did not state its duration gets here
+            raise VideoFailure(
+                VideoFailureReason.TOO_LONG,
+                f"still playing at {self.position_s:.0f} s > max_duration_s {v.limits.max_duration_s:.0f}; "
+                "raise the limit or cut it",
+            )
         return self.position_s
 
     def _learn_gop(self, frame: av.VideoFrame, t: float, target: float) -> None:

@@ -1,7 +1,8 @@
 """Deterministic test videos encoded with PyAV: one flat colour per second, so a sampled frame says its second.
 
 `make_video(...)` returns the bytes of an MP4 (moov first, so a truncated copy still opens) or
-another container; `colour_of(second)` is the colour every frame of that second is painted.
+of another container (`container="h264"`: a raw stream that states no duration);
+`colour_of(second)` is the colour every frame of that second is painted.
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ def colour_of(second: int) -> tuple[int, int, int]:
 
 
 def make_video(
-    seconds: float, fps: int = 10, size: tuple[int, int] = (64, 48), codec: str = "mpeg4", gop: int | None = None
+    seconds: float,
+    fps: int = 10,
+    size: tuple[int, int] = (64, 48),
+    codec: str = "mpeg4",
+    gop: int | None = None,
+    container: str = "mp4",
 ) -> bytes:
-    """An MP4 of `seconds` x `fps` frames of `size` (w, h); `gop` frames between keyframes (encoder's default)."""
+    """A video of `seconds` x `fps` frames of `size` (w, h); `gop` frames between keyframes (encoder's default)."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "v.mp4"
-        # faststart moves the index to the front (a second pass over a real file, hence not BytesIO).
-        with av.open(str(path), "w", format="mp4", options={"movflags": "+faststart"}) as out:
+        path = Path(tmp) / f"v.{container}"
+        # faststart moves the mp4 index to the front (a second pass over a real file, hence not BytesIO).
+        options = {"movflags": "+faststart"} if container == "mp4" else {}
+        with av.open(str(path), "w", format=container, options=options) as out:
             _encode(out, round(seconds * fps), fps, size, codec, gop)
         return path.read_bytes()
 
@@ -37,8 +44,8 @@ def _encode(
     stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
     if gop is not None:
         stream.codec_context.gop_size = gop
-        if codec == "libx264":  # no extra keyframes at scene cuts: every colour change would be one
-            stream.codec_context.options = {"sc_threshold": "0"}
+        # No extra keyframes at scene cuts: every colour change would be one.
+        stream.codec_context.options = {"sc_threshold": "0" if codec == "libx264" else "1000000000"}
     canvas = np.zeros((size[1], size[0], 3), np.uint8)
     for i in range(frames):
         canvas[:] = colour_of(i // fps)

@@ -22,7 +22,7 @@ from gpu_worker.video import (
 from tests.properties import examples
 from tests.videos import colour_of, make_video
 
-EXAMPLES = examples(6)
+EXAMPLES = examples(10)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,22 @@ def test_long_keyframe_interval_decodes_forward_rather_than_seeking_back() -> No
         decoded = v.frames_decoded
     assert [second_shown(f.image) for f in frames] == list(range(12))
     assert decoded <= 120 + 60  # never much worse than decoding every frame once
+
+
+def test_a_stream_without_a_duration_is_sampled_until_it_ends() -> None:
+    video = make_video(3, fps=25, codec="libx264", container="h264")  # raw H.264: no container, no duration
+    got = sample_frames(video)
+    assert got.duration_s == 0.0
+    assert [f.timestamp_s for f in got.frames] == pytest.approx([0, 1, 2])
+    assert [second_shown(f.image) for f in got.frames] == [0, 1, 2]
+    assert not got.damaged
+
+
+def test_a_stream_without_a_duration_fails_too_long_when_it_plays_past_the_limit() -> None:
+    video = make_video(3, fps=25, codec="libx264", container="h264")
+    with open_video(video, VideoLimits(max_duration_s=1.5)) as v, pytest.raises(VideoFailure) as info:
+        list(v)
+    assert info.value.reason == VideoFailureReason.TOO_LONG
 
 
 def test_path_file_and_bytes_sample_the_same(five_seconds: bytes, tmp_path: object) -> None:
