@@ -294,7 +294,7 @@ class _Walk:
         for target in self.video.targets:
             if target <= taken:
                 continue  # the frame taken for an earlier target already covers this one
-            if self.decoder is None or target - self.position_s > self.gop_s:
+            if self.decoder is None or self._worth_seeking(target):
                 self._seek(target)
             found = self._advance(target)
             if found is None:
@@ -304,6 +304,19 @@ class _Walk:
             self.failed_in_row = 0
             taken = found[0]
             yield found
+
+    def _worth_seeking(self, target: float) -> bool:
+        """Whether a keyframe lies after the last decoded frame and at or before `target`.
+
+        From the container's index when it covers the target (MP4, AVI); else guessed from the
+        keyframe interval seen so far (Matroska, MPEG-TS: their index grows as they are read).
+        """
+        v = self.video
+        entries = v.stream.index_entries
+        i = entries.search_timestamp(round((v.start_s + target) / v.time_base), backward=True)
+        if 0 <= i < len(entries) - 1:
+            return entries[i].timestamp * v.time_base - v.start_s > self.position_s + 1e-6
+        return target - self.position_s > self.gop_s
 
     def _seek(self, target: float) -> None:
         """Seek to the keyframe at or before `target` (from the start, for a target near 0)."""
