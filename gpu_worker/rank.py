@@ -563,7 +563,8 @@ def _load_embedders(rank: _Rank) -> list[Any]:
         torch.cuda.set_device(spec.local_rank)
     batch = cfg.batch_size or min(m.batch_size for m in plan.models)
     t0 = time.perf_counter()
-    out = [load_embedder(Loading(p, m, plan.content, device, batch)) for p, m in zip(spec.model_paths, plan.models)]
+    loads = [Loading(p, m, plan.content, device, batch, cfg) for p, m in zip(spec.model_paths, plan.models)]
+    out = [load_embedder(how) for how in loads]
     rank.stats.incr("model_load_seconds", time.perf_counter() - t0)
     return out
 

@@ -561,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--texts", metavar="DIR", help="like --images, for a text run: .txt, .md, .rst files (docs/kinds.md)"
     )
     src.add_argument("--demo-texts", type=_int_from(1), metavar="N", help="generate N demo texts, some long")
+    src.add_argument("--videos", metavar="DIR", help="like --images, for a video run: .mp4, .mov, .mkv, .webm files")
+    src.add_argument("--demo-videos", type=_int_from(1), metavar="N", help="generate N short demo MP4s")
     run.add_argument(
         "--manifest",
         metavar="FILE",

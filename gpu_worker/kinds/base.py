@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_worker.config import WorkerConfig
 from sluice.models import ContentSpec, PlannedModel
 
 
@@ -27,6 +28,7 @@ class Part:
     start: float
     end: float
     payload: Any
+    note: str = ""  # on an object's first part: what went wrong in a partly damaged one (kept, logged)
 
 
 class Embedder(Protocol):
@@ -51,3 +53,4 @@ class Loading:
     content: ContentSpec
     device: str
     batch: int
+    cfg: WorkerConfig

@@ -13,4 +13,8 @@ def load_embedder(how: Loading) -> Embedder:
         from gpu_worker.kinds.textmodel import load_text
 
         return load_text(how)
-    raise ConfigError(f"input.kind {kind!r} has no embedder in this worker (kinds: image, text)")
+    if kind == "video":
+        from gpu_worker.kinds.videomodel import load_video
+
+        return load_video(how)
+    raise ConfigError(f"input.kind {kind!r} has no parts embedder in this worker (kinds: text, video)")

@@ -21,6 +21,7 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.fetch import Fetcher, object_meta
 from gpu_worker.kinds.base import Embedder, Part
+from gpu_worker.log import logger
 from gpu_worker.loader import RETRY, FetcherLike, Item, ObjMeta
 from gpu_worker.metrics import MetricsObserver
 from gpu_worker.stats import Stats
@@ -77,6 +78,10 @@ def _split(run: PartsPass, fetcher: FetcherLike, item: Item, final: bool) -> Spl
         return Failed(item, str(FailureReason.CORRUPT), detail, False, (etag, version))
     finally:
         run.stats.incr("decode_seconds", time.perf_counter() - started)
+    notes = [p[0].note for p in parts if p and p[0].note]
+    if notes:  # a partly damaged video: its good frames are kept, and the log and counters say so
+        run.stats.incr("damaged_objects")
+        logger.warning("object partly damaged: its decodable parts kept", extra={"key": key, "note": notes[0]})
     return Split(item, (etag, version, len(data)), parts)
 
 

@@ -1,4 +1,4 @@
-"""Deterministic demo objects for `sluice local run --demo N` (images: Pillow, the worker extra) and --demo-texts N."""
+"""Deterministic demo objects for `sluice local run --demo N` (images: Pillow, the worker extra) --demo-texts N and --demo-videos N (PyAV)."""
 
 from __future__ import annotations
 
@@ -102,4 +102,8 @@ def demo_objects(kind: str, n: int) -> Iterator[tuple[str, bytes]]:
     """The demo objects of a kind: --demo (images), --demo-texts."""
     if kind == "text":
         return demo_texts(n)
+    if kind == "video":
+        from sluice.local.demovideo import demo_videos
+
+        return demo_videos(n)
     return demo_images(n)
