@@ -21,8 +21,8 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.fetch import Fetcher, object_meta
 from gpu_worker.kinds.base import Embedder, Part
-from gpu_worker.log import logger
 from gpu_worker.loader import RETRY, FetcherLike, Item, ObjMeta
+from gpu_worker.log import logger
 from gpu_worker.metrics import MetricsObserver
 from gpu_worker.stats import Stats
 from sluice.contracts import FailureReason

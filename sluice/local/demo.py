@@ -1,4 +1,4 @@
-"""Deterministic demo objects for `sluice local run --demo N` (images: Pillow, the worker extra) --demo-texts N and --demo-videos N (PyAV)."""
+"""Deterministic demo objects for `sluice local run`: --demo N images (Pillow), --demo-texts N, --demo-videos N."""
 
 from __future__ import annotations
 
