@@ -26,7 +26,19 @@ def test_a_folder_of_videos_gives_rows_per_sampled_frame_and_names_the_bad_files
     (root / "notes.txt").write_text("not a video")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [*CLI, "local", "run", "--videos", str(root), "--shards", "1", "--max-failed-fraction", "0.5", "--out", str(out)],
+        [
+            *CLI,
+            "local",
+            "run",
+            "--videos",
+            str(root),
+            "--shards",
+            "1",
+            "--max-failed-fraction",
+            "0.5",
+            "--out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=400,
