@@ -67,9 +67,23 @@ class Tokenizer(Protocol):
 class WordTokenizer:
     """Words and punctuation marks, each hashed (CRC-32 of its lower case) to an id in [1, VOCAB)."""
 
+    CACHE = 65_536  # words whose id is kept (a text's vocabulary repeats: most tokens are a dict hit)
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def _id(self, word: str) -> int:
+        i = 1 + zlib.crc32(word.lower().encode()) % (VOCAB - 1)
+        if len(self._ids) < self.CACHE:
+            self._ids[word] = i
+        return i
+
     def tokens(self, text: str) -> Iterator[tuple[int, int, int]]:
+        ids = self._ids
         for m in _WORD.finditer(text):
-            yield 1 + zlib.crc32(m.group().lower().encode()) % (VOCAB - 1), m.start(), m.end()
+            word = m.group()
+            a, b = m.span()
+            yield ids.get(word) or self._id(word), a, b
 
 
 def decode_text(data: bytes) -> str:
