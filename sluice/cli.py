@@ -346,6 +346,13 @@ def cmd_model_export(args: argparse.Namespace) -> int:
         if result.uri.startswith("s3://")
         else "copy both files to S3 and set the manifest's model.uri to the file's s3:// URI (docs/models.md)"
     )
+    if "text" in spec.get("kinds", ()):  # a text artifact: for input.kind text (docs/kinds.md)
+        print(
+            f"{result.uri} (text, {spec['format']}): {spec['name']} {spec['version']}, {spec['context_length']} "
+            f"tokens -> {spec['output_dim']}-d, tokenizer inside, max |exported - eager| {result.max_abs_diff:.2e}"
+            f'\nspec: {result.uri}.json; {use}, with "input": {{..., "kind": "text"}}'
+        )
+        return EXIT_OK
     print(
         f"{result.uri} ({spec['format']}): {spec['name']} {spec['version']}, {spec['image_size']} px -> "
         f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "

@@ -129,12 +129,53 @@ def text_chunks(data: bytes, tokenizer: Tokenizer, window: TextWindow) -> list[T
     return out
 
 
-def pad_ids(parts: list[TextChunk], length: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, attention mask), both (len(parts), length) int64, padded with 0."""
-    ids = np.zeros((len(parts), length), np.int64)
+@dataclass(frozen=True)
+class Framing:
+    """How a model takes a chunk: special ids around it, padded with pad_id to `length` tokens."""
+
+    length: int
+    pad_id: int = 0
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+
+    @property
+    def room(self) -> int:
+        """Tokens of text a chunk can hold."""
+        return self.length - len(self.prefix) - len(self.suffix)
+
+
+def pad_ids(parts: list[TextChunk], framing: Framing) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, attention mask), both (len(parts), framing.length) int64: prefix, the chunk, suffix, padding."""
+    ids = np.full((len(parts), framing.length), framing.pad_id, np.int64)
+    mask = np.zeros((len(parts), framing.length), np.int64)
     for i, p in enumerate(parts):
-        ids[i, : len(p.ids)] = p.ids
-    return ids, (ids != 0).astype(np.int64)
+        row = [*framing.prefix, *p.ids[: framing.room], *framing.suffix]
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+class FileTokenizer:
+    """A `tokenizers` tokenizer (the artifact's tokenizer.json), fed blocks of text so memory stays bounded."""
+
+    BLOCK = 100_000  # characters an encode call takes (cut at a space when there is one)
+
+    def __init__(self, tok: Any) -> None:
+        tok.no_truncation()
+        tok.no_padding()
+        self._tok = tok
+
+    def tokens(self, text: str) -> Iterator[tuple[int, int, int]]:
+        start = 0
+        while start < len(text):
+            end = min(len(text), start + self.BLOCK)
+            if end < len(text):
+                cut = text.rfind(" ", start + self.BLOCK // 2, end)
+                end = cut if cut > start else end
+            enc = self._tok.encode(text[start:end], add_special_tokens=False)
+            for i, (a, b) in zip(enc.ids, enc.offsets):
+                yield int(i), start + a, start + b
+            start = end
 
 
 class ReferenceText:
