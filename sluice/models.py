@@ -377,6 +377,14 @@ def builtin_kinds(uri: str) -> tuple[str, ...] | None:
     return BUILTIN_KINDS.get(uri[8:]) if uri.startswith("builtin:") else None
 
 
+def file_kinds(spec: dict[str, Any]) -> tuple[str, ...]:
+    """The kinds a model file's spec names; a spec without `kinds` is an image model's (image and video)."""
+    kinds = spec.get("kinds")
+    if isinstance(kinds, list) and kinds:
+        return tuple(str(k) for k in kinds)
+    return ("image", "video")
+
+
 def _json_type(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"

@@ -86,3 +86,26 @@ def test_kind_options_belong_to_their_kind():
         _manifest({"kind": "video", "frames_per_second": 1.0, "frames_per_video": 8})
     content = _manifest({"kind": "text", "chunk_tokens": 128, "overlap_tokens": 16}).input.content
     assert (content.kind, content.chunk_tokens, content.overlap_tokens) == ("text", 128, 16)
+
+
+def test_a_model_file_whose_spec_names_other_kinds_is_rejected_at_upload(tmp_path):
+    from sluice.errors import Rejection
+    from sluice.input.checks import check_manifest
+    from sluice.settings import Settings
+
+    settings = Settings.from_values({"job_queue": "q", "local_mode": True})
+    text_model, image_model = tmp_path / "minilm.pt", tmp_path / "vit.pt"
+    text_model.write_bytes(b"model")
+    (tmp_path / "minilm.pt.json").write_text('{"kinds": ["text"], "context_length": 128}')
+    image_model.write_bytes(b"model")
+    (tmp_path / "vit.pt.json").write_text('{"image_size": 224}')
+    check_manifest(_manifest({"kind": "text"}, model={"uri": str(text_model)}), settings, control="c")
+    check_manifest(_manifest({"kind": "video"}, model={"uri": str(image_model)}), settings, control="c")
+    with pytest.raises(Rejection, match=r"minilm.pt embeds text \(its spec\), but input.kind is 'image'"):
+        check_manifest(_manifest({}, model={"uri": str(text_model)}), settings, control="c")
+    with pytest.raises(Rejection, match=r"model\[1\].uri: .*vit.pt embeds image or video \(its spec\), but input"):
+        check_manifest(
+            _manifest({"kind": "text"}, model=[{"uri": str(text_model)}, {"uri": str(image_model)}]),
+            settings,
+            control="c",
+        )
