@@ -143,3 +143,33 @@ def load_text(how: Loading) -> TextEmbedder:
     if overlap is None:
         overlap = min(base.overlap_tokens, chunk // 4)
     return TextEmbedder(model, TextWindow(chunk, overlap), how)
+
+
+def is_text_model(path: str) -> bool:
+    """Whether `path` (builtin:NAME or a local file) is a text run's model: its queries are texts."""
+    if path == BUILTIN_TEXT:
+        return True
+    if path.startswith("builtin:") or not os.path.isfile(path):
+        return False
+    from gpu_worker.modelspec import embedded_spec
+
+    try:
+        return "text" in (parse_spec(path, embedded_spec(path)).get("kinds") or [])
+    except ConfigError:
+        return False
+
+
+def embed_query(path: str, text: str) -> np.ndarray:
+    """(1, D) unit vector of a query text, as a text run embeds its first chunk (`sluice search --text`)."""
+    from gpu_worker.config import WorkerConfig
+    from sluice.models import ContentSpec, ModelSpec, PlannedModel
+
+    planned = PlannedModel.of(ModelSpec(uri=path))
+    embedder = load_text(Loading(path, planned, ContentSpec(kind="text"), "cpu", 1, WorkerConfig()))
+    from gpu_worker.errors import ObjectFailure
+
+    try:
+        first = embedder.split(text.encode())[0]
+    except ObjectFailure as exc:
+        raise ConfigError(f"--text {text[:40]!r}: nothing to embed ({exc.reason.value})") from None
+    return embedder.embed([first.payload])

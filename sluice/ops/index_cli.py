@@ -143,8 +143,11 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
         return v[None, :]
     artifact = _artifact(searcher.meta, args.artifact, work)
     if args.text is not None:
+        from gpu_worker.kinds.textmodel import embed_query, is_text_model
         from gpu_worker.texttower import encode_texts
 
+        if is_text_model(artifact):  # an index of a text run: the query goes the way its texts went
+            return embed_query(artifact, args.text)
         return encode_texts(artifact, [args.text])
     from gpu_worker.query import embed_images
 

@@ -35,6 +35,10 @@ def _text_folder(root: Path) -> dict[str, str]:
     return good
 
 
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=dict(os.environ))
+
+
 def _rows(run_dir: Path) -> list[dict]:
     rows: list[dict] = []
     for f in sorted((run_dir / "output").rglob("*.parquet")):
@@ -82,3 +86,14 @@ def test_a_folder_of_texts_embeds_every_good_text_in_parts_and_names_the_bad_one
     emb = np.array([r["embedding"] for r in rows], np.float32)
     assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=2e-3)
     assert all(r["part"] == 0 for r in rows if not r["key"].endswith("annual report.txt"))
+
+    # The run's index: a row per part; a query text finds the text it was cut from, and where.
+    built = _cli("index", "build", str(run_dir), "--out", str(tmp_path / "index"), "--json", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert json.loads(built.stdout)["rows"] == len(rows)
+    query = good["notes/été/café-menu.txt"]
+    found = _cli("search", str(tmp_path / "index"), "--text", query, "-k", "2", "--json", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr[-3000:]
+    [hits] = json.loads(found.stdout)["results"]
+    assert hits[0]["key"].endswith("/café-menu.txt") and hits[0]["score"] > 0.99, hits
+    assert (hits[0]["part"], hits[0]["part_start"], hits[0]["part_end"]) == (0, 0.0, len(query))
