@@ -53,7 +53,7 @@ class MemoryFetcher:
 def _loading(args: argparse.Namespace) -> Loading:
     planned = PlannedModel.of(ModelSpec(uri="builtin:reference-text", name="reference-text"))
     content = ContentSpec(kind="text", chunk_tokens=args.chunk_tokens, overlap_tokens=args.overlap_tokens)
-    return Loading("builtin:reference-text", planned, content, "cpu", args.batch, WorkerConfig())
+    return Loading("builtin:reference-text", planned, content, "cpu", args.batch, WorkerConfig.model_validate({}))
 
 
 def _sink(root: str, n: int, dim: int) -> ChunkSink:
@@ -75,7 +75,7 @@ def end_to_end(args: argparse.Namespace, objects: dict[str, bytes]) -> tuple[flo
     root = tempfile.mkdtemp(prefix="sluice-bench-text-")
     try:
         stats = Stats()
-        cfg = WorkerConfig().replace(fetch_concurrency=args.fetch_threads)
+        cfg = WorkerConfig.model_validate({}).replace(fetch_concurrency=args.fetch_threads)
         run = parts_pass(cfg, [embedder], lambda m, e: _sink(root, len(objects), e.output_dim), stats, args.batch)
         items = [(i, "bench", key, 0) for i, key in enumerate(objects)]
         t0 = time.perf_counter()

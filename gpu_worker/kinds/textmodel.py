@@ -165,7 +165,7 @@ def embed_query(path: str, text: str) -> np.ndarray:
     from sluice.models import ContentSpec, ModelSpec, PlannedModel
 
     planned = PlannedModel.of(ModelSpec(uri=path))
-    embedder = load_text(Loading(path, planned, ContentSpec(kind="text"), "cpu", 1, WorkerConfig()))
+    embedder = load_text(Loading(path, planned, ContentSpec(kind="text"), "cpu", 1, WorkerConfig.model_validate({})))
     from gpu_worker.errors import ObjectFailure
 
     try:
