@@ -114,8 +114,8 @@ def open_video(source: Source, limits: VideoLimits) -> VideoSampler:
     fileobj = _as_fileobj(source, limits)
     like_video = _looks_like_video(fileobj)
     try:
-        container = av.open(fileobj, "r")
-    except av.error.FFmpegError as exc:
+        container = av.open(fileobj, "r", metadata_errors="replace")
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
         _close(fileobj, source)
         raise _open_failure(like_video, str(exc)) from None
     try:
@@ -206,6 +206,11 @@ class VideoSampler:
         self.container, self.limits, self._on_close = container, limits, on_close
         self.damaged, self.note = False, ""
         self.stream = container.streams.video[0]
+        if self.stream.codec_context is None:  # no decoder for the stream's codec id
+            raise VideoFailure(
+                VideoFailureReason.CORRUPT,
+                "no decoder for its video stream: a damaged header, or a codec FFmpeg cannot decode; re-encode it",
+            )
         self.stream.codec_context.thread_count = (
             1  # one decode thread: a worker decodes many videos in parallel processes
         )
@@ -276,6 +281,13 @@ def _duration(container: av.container.InputContainer, stream: av.video.VideoStre
     return 0.0
 
 
+class _Overshot:
+    """A seek landed past its target: the frames before it were not decoded."""
+
+
+_OVERSHOT = _Overshot()
+
+
 @dataclass
 class _Walk:
     """Decoding state while sampling: where the decoder is, and the longest keyframe gap seen."""
@@ -284,7 +296,8 @@ class _Walk:
     position_s: float = -math.inf  # timestamp of the last decoded frame
     gop_s: float = _MIN_SEEK_GAP_S
     last_key_s: float | None = None
-    seeked: bool = False  # the next decoded frame is the keyframe a seek landed on
+    seeked_to: float | None = None  # where the last seek aimed, until its first frame is decoded
+    can_seek: bool = True
     failed_in_row: int = 0
     decoder: Iterator[av.VideoFrame] | None = field(default=None, repr=False)
 
@@ -294,9 +307,7 @@ class _Walk:
         for target in self.video.targets:
             if target <= taken:
                 continue  # the frame taken for an earlier target already covers this one
-            if self.decoder is None or self._worth_seeking(target):
-                self._seek(target)
-            found = self._advance(target)
+            found = self._reach(target)
             if found is None:
                 if self.decoder is None and self.failed_in_row < _MAX_FAILED_TARGETS:
                     continue  # a decode error: seek on to the next target
@@ -304,6 +315,21 @@ class _Walk:
             self.failed_in_row = 0
             taken = found[0]
             yield found
+
+    def _reach(self, target: float) -> tuple[float, Image.Image] | None:
+        """Seek if it skips decoding, then decode forward to `target`; aim further back while a seek overshoots."""
+        if self.decoder is None or (self.can_seek and self._worth_seeking(target)):
+            self._seek(target)
+        back = self.gop_s
+        while True:
+            found = self._advance(target)
+            if found is not _OVERSHOT:
+                return found
+            # The demuxer landed past the target (MPEG-TS seeks by bytes, then the decoder waits for a
+            # keyframe): aim earlier, doubling, down to the start; and seek less eagerly from now on.
+            self.gop_s = max(self.gop_s, back)
+            self._seek(max(0.0, target - back))
+            back *= 2
 
     def _worth_seeking(self, target: float) -> bool:
         """Whether a keyframe lies after the last decoded frame and at or before `target`.
@@ -318,29 +344,34 @@ class _Walk:
             return entries[i].timestamp * v.time_base - v.start_s > self.position_s + 1e-6
         return target - self.position_s > self.gop_s
 
-    def _seek(self, target: float) -> None:
-        """Seek to the keyframe at or before `target` (from the start, for a target near 0)."""
+    def _seek(self, aim: float) -> None:
+        """Seek to the keyframe at or before `aim` (none needed to start near the beginning)."""
         v = self.video
-        if target > self.gop_s or self.decoder is not None:
-            try:
-                v.container.seek(round((v.start_s + target) / v.time_base), stream=v.stream, backward=True)
-                v.seeks += 1
-            except av.error.FFmpegError as exc:
-                v.mark_damaged(f"seek to {target:.2f} s failed: {exc}")
-            else:
-                self.seeked = True
+        if self.decoder is None and self.position_s == -math.inf and aim <= self.gop_s:
+            self.decoder = v.container.decode(v.stream)
+            return
+        try:
+            v.container.seek(round((v.start_s + aim) / v.time_base), stream=v.stream, backward=True)
+        except av.error.FFmpegError:
+            self.can_seek = False  # a stream that cannot seek is decoded forward, which is only slower
+            if self.decoder is None:
+                self.decoder = v.container.decode(v.stream)
+            return
+        v.seeks += 1
+        self.seeked_to, self.last_key_s = aim, None
         self.decoder = v.container.decode(v.stream)
-        self.last_key_s = None
 
-    def _advance(self, target: float) -> tuple[float, Image.Image] | None:
+    def _advance(self, target: float) -> tuple[float, Image.Image] | _Overshot | None:
         """Decode forward to the first frame at or after `target` (within half a frame)."""
-        v = self.video
+        v, half = self.video, self.video.frame_period_s / 2
         assert self.decoder is not None
         try:
             for frame in self.decoder:
-                t = self._timestamp(frame)
+                t, seeked_to = self._timestamp(frame), self.seeked_to
                 self._learn_gop(frame, t, target)
-                if t >= target - v.frame_period_s / 2:
+                if t >= target - half:
+                    if seeked_to is not None and seeked_to > 0 and t > target + half:
+                        return _OVERSHOT
                     _check_pixels(frame.width, frame.height, v.limits)
                     return t, frame.to_image()
         except av.error.FFmpegError as exc:
@@ -369,9 +400,9 @@ class _Walk:
 
     def _learn_gop(self, frame: av.VideoFrame, t: float, target: float) -> None:
         """Grow the keyframe interval estimate: gaps between keyframes, and how far back a seek landed."""
-        if self.seeked and t < target:
+        if self.seeked_to is not None and t < target:
             self.gop_s = max(self.gop_s, target - t)
-        self.seeked = False
+        self.seeked_to = None
         if frame.key_frame:
             if self.last_key_s is not None:
                 self.gop_s = max(self.gop_s, t - self.last_key_s)
