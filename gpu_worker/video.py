@@ -323,7 +323,7 @@ class _Walk:
         back = self.gop_s
         while True:
             found = self._advance(target)
-            if found is not _OVERSHOT:
+            if not isinstance(found, _Overshot):
                 return found
             # The demuxer landed past the target (MPEG-TS seeks by bytes, then the decoder waits for a
             # keyframe): aim earlier, doubling, down to the start; and seek less eagerly from now on.
