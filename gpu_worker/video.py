@@ -3,11 +3,13 @@
 Sampling (docs/video.md): `frames_per_second` targets t = 0, 1/fps, 2/fps, ... before the end;
 `frames_per_video` N targets the centres of N equal slices of the duration; either way at most
 `max_frames` (past it, `max_frames` spread evenly). Each target takes the first frame at or
-after it, never the same frame twice. To reach a target the sampler seeks to the keyframe before
-it and decodes forward, unless the target is within one keyframe interval of the frame it has
-just decoded (then decoding forward is cheaper than seeking back), so a two-hour video costs
-about one GOP of decoding per sample, not every frame. One decoded frame is alive at a time;
-the bytes are read through a file-like object, so memory does not grow with the file.
+after it (within half a frame), never the same frame twice. To reach a target the sampler seeks
+to the keyframe before it and decodes forward, unless no keyframe lies between the frame it has
+just decoded and the target (then decoding on is cheaper): the container's index says where the
+keyframes are (MP4, AVI), else the keyframe interval seen so far stands in for it (Matroska,
+MPEG-TS). So a two-hour video costs at most about one keyframe interval of decoding per
+sample, not every frame. Iterating open_video keeps one decoded frame alive at a time, and the
+bytes are read through a file-like object, so memory does not grow with the file.
 
 Failures raise VideoFailure with a `reason` (VideoFailureReason); a video that breaks part way
 keeps the frames before the damage, with `damaged` set and a note saying where it broke.
@@ -41,10 +43,10 @@ _MAGIC_AT_4 = (b"ftyp", b"moov", b"mdat", b"wide", b"free", b"skip")
 
 
 class VideoFailureReason(StrEnum):
-    """Why a video gave no frames; the values match the run's failure reasons of the same name."""
+    """Why a video gave no frames: each value is the failure reason a run records for it."""
 
     NOT_VIDEO = "not_video"  # 0 bytes, bytes no demuxer recognises, or a container without a video stream
-    CORRUPT = "corrupt"  # starts like a video container but its header does not parse
+    CORRUPT = "corrupt"  # starts like a video container but does not open, or its stream has no decoder
     TOO_LARGE = "too_large"  # more bytes than max_bytes
     TOO_LONG = "too_long"  # longer than max_duration_s
     BOMB = "bomb"  # a frame larger than max_frame_pixels
@@ -103,14 +105,19 @@ Source = bytes | str | Path | IO[bytes]
 
 
 def sample_frames(source: Source, limits: VideoLimits | None = None) -> VideoFrames:
-    """Sample frames from a whole video (at most limits.max_frames of them are held)."""
-    with open_video(source, limits or VideoLimits()) as video:
+    """Sample a whole video, holding every sampled frame (for long or large videos iterate open_video)."""
+    with open_video(source, limits) as video:
         frames = list(video)
         return VideoFrames(frames, video.duration_s, video.damaged, video.note)
 
 
-def open_video(source: Source, limits: VideoLimits) -> VideoSampler:
-    """Open, check the limits, and plan the samples; iterate the result to decode them one by one."""
+def open_video(source: Source, limits: VideoLimits | None = None) -> VideoSampler:
+    """Open, check the limits, and plan the samples; iterate the result to decode them one by one.
+
+    Raises VideoFailure; so may the iteration (no_frames, bomb for a frame larger than its
+    header said, too_long for a stream of unknown duration that plays past the limit).
+    """
+    limits = limits or VideoLimits()
     fileobj = _as_fileobj(source, limits)
     like_video = _looks_like_video(fileobj)
     try:
@@ -167,13 +174,19 @@ def _close(fileobj: IO[bytes], source: Source) -> None:
 
 
 def _looks_like_video(fileobj: IO[bytes]) -> bool:
-    """Whether the first bytes are a video container's signature (the file is left at its start)."""
+    """Whether the first bytes are a video container's signature (the file is left where it was)."""
     try:
-        head = fileobj.read(12)
-        fileobj.seek(0)
+        here = fileobj.tell()
+        head = fileobj.read(189)
+        fileobj.seek(here)
     except (OSError, ValueError):
         return False
-    return head.startswith(_MAGIC_AT_0) or head[4:8] in _MAGIC_AT_4 or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
+    return (
+        head.startswith(_MAGIC_AT_0)
+        or head[4:8] in _MAGIC_AT_4
+        or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
+        or (len(head) == 189 and head[0] == head[188] == 0x47)  # MPEG-TS: a sync byte every 188
+    )
 
 
 def _open_failure(like_video: bool, why: str) -> VideoFailure:
@@ -211,9 +224,8 @@ class VideoSampler:
                 VideoFailureReason.CORRUPT,
                 "no decoder for its video stream: a damaged header, or a codec FFmpeg cannot decode; re-encode it",
             )
-        self.stream.codec_context.thread_count = (
-            1  # one decode thread: a worker decodes many videos in parallel processes
-        )
+        # One decode thread: a worker decodes many videos at once, one per loader process.
+        self.stream.codec_context.thread_count = 1
         _check_pixels(self.stream.codec_context.width, self.stream.codec_context.height, limits)
         self.time_base = float(self.stream.time_base or 0) or 1e-6
         self.start_s = (self.stream.start_time or 0) * self.time_base
@@ -390,7 +402,7 @@ class _Walk:
             self.position_s = t - v.start_s
         else:
             self.position_s = self.position_s + v.frame_period_s if self.position_s > -math.inf else 0.0
-        if self.position_s > v.limits.max_duration_s:  # only a video that did not state its duration gets here
+        if v.duration_s == 0 and self.position_s > v.limits.max_duration_s:  # it did not state its duration
             raise VideoFailure(
                 VideoFailureReason.TOO_LONG,
                 f"still playing at {self.position_s:.0f} s > max_duration_s {v.limits.max_duration_s:.0f}; "
