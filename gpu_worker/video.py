@@ -3,11 +3,13 @@
 Sampling (docs/video.md): `frames_per_second` targets t = 0, 1/fps, 2/fps, ... before the end;
 `frames_per_video` N targets the centres of N equal slices of the duration; either way at most
 `max_frames` (past it, `max_frames` spread evenly). Each target takes the first frame at or
-after it, never the same frame twice. To reach a target the sampler seeks to the keyframe before
-it and decodes forward, unless the target is within one keyframe interval of the frame it has
-just decoded (then decoding forward is cheaper than seeking back), so a two-hour video costs
-about one GOP of decoding per sample, not every frame. One decoded frame is alive at a time;
-the bytes are read through a file-like object, so memory does not grow with the file.
+after it (within half a frame), never the same frame twice. To reach a target the sampler seeks
+to the keyframe before it and decodes forward, unless no keyframe lies between the frame it has
+just decoded and the target (then decoding on is cheaper): the container's index says where the
+keyframes are (MP4, AVI), else the keyframe interval seen so far stands in for it (Matroska,
+MPEG-TS). So a two-hour video costs at most about one keyframe interval of decoding per
+sample, not every frame. Iterating open_video keeps one decoded frame alive at a time, and the
+bytes are read through a file-like object, so memory does not grow with the file.
 
 Failures raise VideoFailure with a `reason` (VideoFailureReason); a video that breaks part way
 keeps the frames before the damage, with `damaged` set and a note saying where it broke.
@@ -41,10 +43,10 @@ _MAGIC_AT_4 = (b"ftyp", b"moov", b"mdat", b"wide", b"free", b"skip")
 
 
 class VideoFailureReason(StrEnum):
-    """Why a video gave no frames; the values match the run's failure reasons of the same name."""
+    """Why a video gave no frames: each value is the failure reason a run records for it."""
 
     NOT_VIDEO = "not_video"  # 0 bytes, bytes no demuxer recognises, or a container without a video stream
-    CORRUPT = "corrupt"  # starts like a video container but its header does not parse
+    CORRUPT = "corrupt"  # starts like a video container but does not open, or its stream has no decoder
     TOO_LARGE = "too_large"  # more bytes than max_bytes
     TOO_LONG = "too_long"  # longer than max_duration_s
     BOMB = "bomb"  # a frame larger than max_frame_pixels
@@ -103,19 +105,24 @@ Source = bytes | str | Path | IO[bytes]
 
 
 def sample_frames(source: Source, limits: VideoLimits | None = None) -> VideoFrames:
-    """Sample frames from a whole video (at most limits.max_frames of them are held)."""
-    with open_video(source, limits or VideoLimits()) as video:
+    """Sample a whole video, holding every sampled frame (for long or large videos iterate open_video)."""
+    with open_video(source, limits) as video:
         frames = list(video)
         return VideoFrames(frames, video.duration_s, video.damaged, video.note)
 
 
-def open_video(source: Source, limits: VideoLimits) -> VideoSampler:
-    """Open, check the limits, and plan the samples; iterate the result to decode them one by one."""
+def open_video(source: Source, limits: VideoLimits | None = None) -> VideoSampler:
+    """Open, check the limits, and plan the samples; iterate the result to decode them one by one.
+
+    Raises VideoFailure; so may the iteration (no_frames, bomb for a frame larger than its
+    header said, too_long for a stream of unknown duration that plays past the limit).
+    """
+    limits = limits or VideoLimits()
     fileobj = _as_fileobj(source, limits)
     like_video = _looks_like_video(fileobj)
     try:
-        container = av.open(fileobj, "r")
-    except av.error.FFmpegError as exc:
+        container = av.open(fileobj, "r", metadata_errors="replace")
+    except (av.error.FFmpegError, UnicodeDecodeError) as exc:
         _close(fileobj, source)
         raise _open_failure(like_video, str(exc)) from None
     try:
@@ -167,13 +174,19 @@ def _close(fileobj: IO[bytes], source: Source) -> None:
 
 
 def _looks_like_video(fileobj: IO[bytes]) -> bool:
-    """Whether the first bytes are a video container's signature (the file is left at its start)."""
+    """Whether the first bytes are a video container's signature (the file is left where it was)."""
     try:
-        head = fileobj.read(12)
-        fileobj.seek(0)
+        here = fileobj.tell()
+        head = fileobj.read(189)
+        fileobj.seek(here)
     except (OSError, ValueError):
         return False
-    return head.startswith(_MAGIC_AT_0) or head[4:8] in _MAGIC_AT_4 or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
+    return (
+        head.startswith(_MAGIC_AT_0)
+        or head[4:8] in _MAGIC_AT_4
+        or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
+        or (len(head) == 189 and head[0] == head[188] == 0x47)  # MPEG-TS: a sync byte every 188
+    )
 
 
 def _open_failure(like_video: bool, why: str) -> VideoFailure:
@@ -206,9 +219,13 @@ class VideoSampler:
         self.container, self.limits, self._on_close = container, limits, on_close
         self.damaged, self.note = False, ""
         self.stream = container.streams.video[0]
-        self.stream.codec_context.thread_count = (
-            1  # one decode thread: a worker decodes many videos in parallel processes
-        )
+        if self.stream.codec_context is None:  # no decoder for the stream's codec id
+            raise VideoFailure(
+                VideoFailureReason.CORRUPT,
+                "no decoder for its video stream: a damaged header, or a codec FFmpeg cannot decode; re-encode it",
+            )
+        # One decode thread: a worker decodes many videos at once, one per loader process.
+        self.stream.codec_context.thread_count = 1
         _check_pixels(self.stream.codec_context.width, self.stream.codec_context.height, limits)
         self.time_base = float(self.stream.time_base or 0) or 1e-6
         self.start_s = (self.stream.start_time or 0) * self.time_base
@@ -276,6 +293,13 @@ def _duration(container: av.container.InputContainer, stream: av.video.VideoStre
     return 0.0
 
 
+class _Overshot:
+    """A seek landed past its target: the frames before it were not decoded."""
+
+
+_OVERSHOT = _Overshot()
+
+
 @dataclass
 class _Walk:
     """Decoding state while sampling: where the decoder is, and the longest keyframe gap seen."""
@@ -284,7 +308,8 @@ class _Walk:
     position_s: float = -math.inf  # timestamp of the last decoded frame
     gop_s: float = _MIN_SEEK_GAP_S
     last_key_s: float | None = None
-    seeked: bool = False  # the next decoded frame is the keyframe a seek landed on
+    seeked_to: float | None = None  # where the last seek aimed, until its first frame is decoded
+    can_seek: bool = True
     failed_in_row: int = 0
     decoder: Iterator[av.VideoFrame] | None = field(default=None, repr=False)
 
@@ -294,9 +319,7 @@ class _Walk:
         for target in self.video.targets:
             if target <= taken:
                 continue  # the frame taken for an earlier target already covers this one
-            if self.decoder is None or self._worth_seeking(target):
-                self._seek(target)
-            found = self._advance(target)
+            found = self._reach(target)
             if found is None:
                 if self.decoder is None and self.failed_in_row < _MAX_FAILED_TARGETS:
                     continue  # a decode error: seek on to the next target
@@ -304,6 +327,21 @@ class _Walk:
             self.failed_in_row = 0
             taken = found[0]
             yield found
+
+    def _reach(self, target: float) -> tuple[float, Image.Image] | None:
+        """Seek if it skips decoding, then decode forward to `target`; aim further back while a seek overshoots."""
+        if self.decoder is None or (self.can_seek and self._worth_seeking(target)):
+            self._seek(target)
+        back = self.gop_s
+        while True:
+            found = self._advance(target)
+            if not isinstance(found, _Overshot):
+                return found
+            # The demuxer landed past the target (MPEG-TS seeks by bytes, then the decoder waits for a
+            # keyframe): aim earlier, doubling, down to the start; and seek less eagerly from now on.
+            self.gop_s = max(self.gop_s, back)
+            self._seek(max(0.0, target - back))
+            back *= 2
 
     def _worth_seeking(self, target: float) -> bool:
         """Whether a keyframe lies after the last decoded frame and at or before `target`.
@@ -318,29 +356,34 @@ class _Walk:
             return entries[i].timestamp * v.time_base - v.start_s > self.position_s + 1e-6
         return target - self.position_s > self.gop_s
 
-    def _seek(self, target: float) -> None:
-        """Seek to the keyframe at or before `target` (from the start, for a target near 0)."""
+    def _seek(self, aim: float) -> None:
+        """Seek to the keyframe at or before `aim` (none needed to start near the beginning)."""
         v = self.video
-        if target > self.gop_s or self.decoder is not None:
-            try:
-                v.container.seek(round((v.start_s + target) / v.time_base), stream=v.stream, backward=True)
-                v.seeks += 1
-            except av.error.FFmpegError as exc:
-                v.mark_damaged(f"seek to {target:.2f} s failed: {exc}")
-            else:
-                self.seeked = True
+        if self.decoder is None and self.position_s == -math.inf and aim <= self.gop_s:
+            self.decoder = v.container.decode(v.stream)
+            return
+        try:
+            v.container.seek(round((v.start_s + aim) / v.time_base), stream=v.stream, backward=True)
+        except av.error.FFmpegError:
+            self.can_seek = False  # a stream that cannot seek is decoded forward, which is only slower
+            if self.decoder is None:
+                self.decoder = v.container.decode(v.stream)
+            return
+        v.seeks += 1
+        self.seeked_to, self.last_key_s = aim, None
         self.decoder = v.container.decode(v.stream)
-        self.last_key_s = None
 
-    def _advance(self, target: float) -> tuple[float, Image.Image] | None:
+    def _advance(self, target: float) -> tuple[float, Image.Image] | _Overshot | None:
         """Decode forward to the first frame at or after `target` (within half a frame)."""
-        v = self.video
+        v, half = self.video, self.video.frame_period_s / 2
         assert self.decoder is not None
         try:
             for frame in self.decoder:
-                t = self._timestamp(frame)
+                t, seeked_to = self._timestamp(frame), self.seeked_to
                 self._learn_gop(frame, t, target)
-                if t >= target - v.frame_period_s / 2:
+                if t >= target - half:
+                    if seeked_to is not None and seeked_to > 0 and t > target + half:
+                        return _OVERSHOT
                     _check_pixels(frame.width, frame.height, v.limits)
                     return t, frame.to_image()
         except av.error.FFmpegError as exc:
@@ -359,7 +402,7 @@ class _Walk:
             self.position_s = t - v.start_s
         else:
             self.position_s = self.position_s + v.frame_period_s if self.position_s > -math.inf else 0.0
-        if self.position_s > v.limits.max_duration_s:  # only a video that did not state its duration gets here
+        if v.duration_s == 0 and self.position_s > v.limits.max_duration_s:  # it did not state its duration
             raise VideoFailure(
                 VideoFailureReason.TOO_LONG,
                 f"still playing at {self.position_s:.0f} s > max_duration_s {v.limits.max_duration_s:.0f}; "
@@ -369,9 +412,9 @@ class _Walk:
 
     def _learn_gop(self, frame: av.VideoFrame, t: float, target: float) -> None:
         """Grow the keyframe interval estimate: gaps between keyframes, and how far back a seek landed."""
-        if self.seeked and t < target:
+        if self.seeked_to is not None and t < target:
             self.gop_s = max(self.gop_s, target - t)
-        self.seeked = False
+        self.seeked_to = None
         if frame.key_frame:
             if self.last_key_s is not None:
                 self.gop_s = max(self.gop_s, t - self.last_key_s)

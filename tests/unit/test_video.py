@@ -100,6 +100,33 @@ def test_long_keyframe_interval_decodes_forward_rather_than_seeking_back() -> No
     assert decoded <= 120 + 60  # never much worse than decoding every frame once
 
 
+def test_the_keyframe_index_lets_samples_skip_whole_keyframe_intervals() -> None:
+    video = make_video(10, fps=10, codec="libx264", gop=20)  # keyframes at even seconds; one sample a second
+    with open_video(video, VideoLimits(frames_per_second=1)) as v:
+        frames = list(v)
+        decoded = v.frames_decoded
+    assert [second_shown(f.image) for f in frames] == list(range(10))
+    assert decoded <= 75  # the odd-to-even second stretches are skipped by seeks, of 100 frames
+
+
+@pytest.mark.parametrize(("container", "codec"), [("matroska", "libx264"), ("mpegts", "libx264"), ("avi", "mpeg4")])
+def test_other_containers_sample_the_same_frames(container: str, codec: str) -> None:
+    video = make_video(6, fps=10, codec=codec, gop=20, container=container)
+    got = sample_frames(video, VideoLimits(frames_per_second=0.5))
+    assert [f.timestamp_s for f in got.frames] == pytest.approx([0, 2, 4])
+    assert [second_shown(f.image) for f in got.frames] == [0, 2, 4]
+    assert not got.damaged
+
+
+def test_seeking_past_the_end_of_a_truncated_video_keeps_what_decoded() -> None:
+    video = make_video(10, fps=10, codec="libx264", gop=10)
+    data = video.index(b"mdat")
+    got = sample_frames(video[: data + (len(video) - data) * 6 // 10], VideoLimits(frames_per_second=0.25))
+    assert [f.timestamp_s for f in got.frames] == pytest.approx([0, 4])  # the sample at 8 s is cut off
+    assert [second_shown(f.image) for f in got.frames] == [0, 4]
+    assert got.damaged and "truncated" in got.note
+
+
 def test_a_stream_without_a_duration_is_sampled_until_it_ends() -> None:
     video = make_video(3, fps=25, codec="libx264", container="h264")  # raw H.264: no container, no duration
     got = sample_frames(video)
