@@ -1,4 +1,4 @@
-"""A text or video rank's parts pass: a key's parts land in one chunk, settle once, and failures follow the image path."""
+"""A text or video rank's parts pass: a key's parts land in one chunk, settle once; failures go as images' do."""
 
 from __future__ import annotations
 
