@@ -80,8 +80,16 @@ def test_parts_of_a_key_settle_once_and_a_deferred_key_comes_back_in_the_final_p
             rows += pq.read_table(f"{paths.output_dir}/{m.file}").to_pylist()
     got = [(r["key"].rsplit("/", 1)[-1], r["part"], r["part_start"], r["part_end"]) for r in rows]
     assert sorted(got) == sorted(
-        [("one", 0, 0, 1), ("one", 1, 2, 4), ("one", 2, 5, 8), ("flaky", 0, 0, 4), ("flaky", 1, 5, 10)]
-        + [("two", 0, 0, 6), ("three", 0, 0, 1), ("three", 1, 2, 4)]
+        [
+            ("one", 0, 0, 1),
+            ("one", 1, 2, 4),
+            ("one", 2, 5, 8),
+            ("flaky", 0, 0, 4),
+            ("flaky", 1, 5, 10),
+            ("two", 0, 0, 6),
+            ("three", 0, 0, 1),
+            ("three", 1, 2, 4),
+        ]
     )
     retry = [m for m in state.markers if m.kind == "retry"]
     assert len(retry) == 1 and retry[0].rows == 1  # the flaky key: one key, two rows, in the final pass
