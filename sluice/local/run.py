@@ -370,7 +370,8 @@ def _say_started(args: argparse.Namespace, outcome: dict[str, Any], endpoint: st
         f"sluice: run {run_id}: about {outcome['total_keys']} keys to prepare with "
         f"{len(outcome['job_ids'])} prepare job(s) (map, then reduce), then {layout} jobs; emulator {endpoint}"
         if outcome["status"] == "preparing"
-        else f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
+        else f"sluice: run {run_id}: {outcome['total_keys']} {local_manifest.content_source(args)[0]}s in "
+        f"{outcome['shards']} shard(s) "
         f"({layout}); emulator {endpoint}",
         file=sys.stderr,
     )
