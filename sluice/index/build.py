@@ -168,6 +168,11 @@ def _merge(files: Files, index: str, out: RunOutput, report: BuildReport) -> Non
         return
     meta = TableMeta.of(shape, out.model_uri or rows.model_uri, out.image_size)
     table = IndexTable.open_or_create(index_table_uri(index, shape.model), meta)
+    if outputs.PART not in table.dataset.schema.names:
+        raise IndexBuildError(
+            f"{table.uri} was built before output rows had parts (key, part, model_id): delete it and build the "
+            "index again from its runs"
+        )
     tr = _report_for(report, table)
     if out.run_id and out.run_id in table.runs():
         tr.skipped.append(out.run_id)

@@ -66,7 +66,7 @@ _COMMITTED = """committed AS (  -- a chunk counts only with its commit marker: o
 """
 _RECIPE = """-- The embeddings of run {run} and the runs it completes, newest first ({names}):
 -- the rows of each (key, model_id) (one a part: part, part_start, part_end) from the newest run that
--- embedded the key with that model artifact; output from before parts counts as part 0.
+-- embedded the key with that model artifact (output from before parts: part NULL, an image).
 WITH lineage(run, rank) AS (VALUES {ranks}),
 {committed}rows AS (
     SELECT o.*, lineage.rank
@@ -74,9 +74,7 @@ WITH lineage(run, rank) AS (VALUES {ranks}),
     JOIN lineage USING (run)
     WHERE o.model_id IN ({model_ids}){where_committed}
 )
-SELECT * EXCLUDE (filename, rank)
-    REPLACE (coalesce(part, 0) AS part, coalesce(part_start, 0) AS part_start, coalesce(part_end, 0) AS part_end)
-FROM rows
+SELECT * EXCLUDE (filename, rank) FROM rows
 QUALIFY rank = min(rank) OVER (PARTITION BY key, model_id)"""
 
 
