@@ -137,6 +137,9 @@ def chunk_bytes(rows: list[tuple[str, str]], dim: int, rng: np.random.Generator)
     table = pa.table(
         {
             "key": pa.array([f"s3://{IMAGES}/{k}" for k, _ in rows], pa.string()),
+            "part": pa.array([0] * n, pa.int32()),
+            "part_start": pa.array([0.0] * n),
+            "part_end": pa.array([0.0] * n),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
             "model": pa.array(["reference-cnn"] * n).dictionary_encode(),
             "model_version": pa.array([""] * n).dictionary_encode(),

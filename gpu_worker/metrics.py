@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = child("metrics")
 
-LABELS = ("run_id", "shard", "node", "rank", "gpu", "attempt", "instance_type")
+LABELS = ("run_id", "shard", "node", "rank", "gpu", "attempt", "instance_type", "kind")
 INFER_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)  # seconds per batch (copy + forward + normalize)
 FETCH_BUCKETS = (0.01, 0.05, 0.2, 1.0, 5.0)  # seconds per GET
 RETRY_CLASSES = ("throttle", "server", "timeout", "other", "sdk")  # sdk: botocore's own retries (code unknown)

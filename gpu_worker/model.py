@@ -27,6 +27,7 @@ from torch import nn
 from gpu_worker.errors import ConfigError
 from gpu_worker.modelspec import META_NAME, parse_spec
 from gpu_worker.modelspec import resolve_uri as resolve_uri  # its old home: autotune and callers import it here
+from sluice.models import file_kinds
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -205,7 +206,10 @@ def load_model(uri: str, image_size: int) -> tuple[Any, ModelInfo]:
     except Exception as exc:
         hint = "torch.export.save" if base.kind == "export" else "torch.jit.save (or name the file *.pt2)"
         raise ConfigError(f"cannot load model {uri}: {type(exc).__name__}: {exc}; expected a {hint} file") from None
-    info = _apply_meta(base, parse_spec(uri, extra.get(META_NAME)))
+    meta = parse_spec(uri, extra.get(META_NAME))
+    if "image" not in file_kinds(meta):  # a text artifact named in an image or video run
+        raise ConfigError(f"model {uri} embeds {' or '.join(file_kinds(meta))} (its spec's kinds), not images")
+    info = _apply_meta(base, meta)
     if info.image_size != image_size:
         from gpu_worker.log import logger
 

@@ -31,7 +31,8 @@ META_NAME = "sluice.json"
 # adaptive, 10 attempts), with SIDECAR_BACKOFF_S, twice that, ... between them.
 SIDECAR_ATTEMPTS = 3
 SIDECAR_BACKOFF_S = 1.0
-# The worker uses the first six; the rest describe the artifact (docs/models.md) and are kept as read.
+# The worker uses the first six; the rest describe the artifact (docs/models.md) and are kept as read;
+# a text artifact's (gpu_worker.kinds.textmodel) come last.
 SPEC_KEYS = {
     "name",
     "image_size",
@@ -45,6 +46,14 @@ SPEC_KEYS = {
     "format",
     "weights_sha256",
     "exported_with",
+    "kinds",
+    "context_length",
+    "pad_id",
+    "inputs",
+    "prefix_ids",
+    "suffix_ids",
+    "overlap_tokens",
+    "pooling",
 }
 
 

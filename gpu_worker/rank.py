@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -266,14 +266,11 @@ def run_rank(
     # Progress beats, and the watchdog that ends this rank when its count stops (gpu_worker.watchdog).
     ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
     dog = watchdog.for_rank(ids, plan.stall_after_s, stats, cfg.beat_interval_s)
+    reader_factory = lambda: ShardReader(rank.store.range_source(plan.shard_uri(spec.shard)))  # noqa: E731
     try:
-        return _pipeline(
-            rank,
-            _Work(lambda: ShardReader(rank.store.range_source(plan.shard_uri(spec.shard))), remaining, retry, todos),
-            summary,
-            started,
-            fetcher,
-        )
+        if plan.content.kind != "image":  # text, video: many parts an object (gpu_worker.kinds)
+            return _run_parts(rank, _Work(reader_factory, remaining, retry, todos), fetcher, summary)
+        return _pipeline(rank, _Work(reader_factory, remaining, retry, todos), summary, started, fetcher)
     finally:
         dog.stop()
 
@@ -285,7 +282,7 @@ def _pipeline(
     stats = rank.stats
     pipe = _build_pipeline(rank, work, fetcher)
     stats.incr("model_ready_seconds", time.perf_counter() - started)
-    metrics = _start_metrics(rank, pipe)
+    metrics = _start_metrics(rank, pipe.reasons, pipe.loaders.out_q.qsize)
     t_pipe, window_start = time.perf_counter(), time.time()
     try:
         _stream(pipe, stats)
@@ -489,10 +486,9 @@ def _rows(sink: Any, msg: BatchMsg, emb: Any) -> None:
         )
 
 
-def _start_metrics(rank: _Rank, pipe: _Pipeline) -> RankMetrics:
+def _start_metrics(rank: _Rank, reasons: Counter[str], queue_depth: Callable[[], int]) -> RankMetrics:
     """This rank's registry: served on /metrics (port + local rank) and pushed to AMP when configured."""
     cfg, plan, spec = rank.cfg, rank.plan, rank.spec
-    reasons, loaders = pipe.reasons, pipe.loaders
     env = ContainerEnv.from_env()
     labels = {
         "run_id": plan.run_id,
@@ -502,12 +498,13 @@ def _start_metrics(rank: _Rank, pipe: _Pipeline) -> RankMetrics:
         "gpu": str(spec.local_rank) if spec.device == "cuda" else "",
         "attempt": str(spec.attempt),
         "instance_type": instance_type(env.instance_type),
+        "kind": plan.content.kind,  # one value a run: no more series
     }
     collector = RankCollector(
         rank.stats.snapshot,
         labels,
         reasons=lambda: dict(reasons),
-        queue_depth=loaders.out_q.qsize,
+        queue_depth=queue_depth,
         gpu=GpuProbe(spec.local_rank if spec.device == "cuda" else None),
     )
     return RankMetrics(
@@ -516,6 +513,78 @@ def _start_metrics(rank: _Rank, pipe: _Pipeline) -> RankMetrics:
         remote_write_url=env.remote_write_url or (plan.remote_write_url or ""),
         push=PushPolicy(interval_s=cfg.push_interval_s, keep=keep_list(cfg.push_metrics)),
     )
+
+
+def _keys(work: _Work) -> Iterator[tuple[int, str, str, int]]:
+    """The rank's keys as (position, bucket, key, phase): its remaining spans, then the deferred keys."""
+    remaining = work.remaining
+    if remaining:
+        pos = remaining[0][0]
+        for bucket, keys in work.reader_factory().groups(remaining[0][0], remaining[-1][1]):
+            for key in keys:
+                if intervals.contains(remaining, pos):
+                    yield pos, bucket, key, 0
+                pos += 1
+    for pos, uri in work.retry:
+        bucket, key = parse_s3_uri(uri)
+        yield pos, bucket, key, 1
+
+
+def _run_parts(rank: _Rank, work: _Work, fetcher: FetcherLike | None, summary: dict[str, Any]) -> dict[str, Any]:
+    """A rank of a text or video run (gpu_worker.kinds.parts): the image path's sinks, metrics and summary."""
+    from gpu_worker.kinds.parts import parts_pass, run_parts
+
+    started, window_start = time.perf_counter(), time.time()
+    embedders = _load_embedders(rank)
+    rank.stats.incr("model_ready_seconds", time.perf_counter() - started)  # the watchdog's load grace ends
+    batch = rank.cfg.batch_size or min(m.batch_size for m in rank.plan.models)
+    run = parts_pass(rank.cfg, embedders, lambda m, e: _open_sink(rank, m, work.todos[m], e), rank.stats, batch)
+    metrics = _start_metrics(rank, run.reasons, lambda: 0)
+    ok = False
+    try:
+        run_parts(run, _keys(work), fetcher)
+        for sink in run.sinks:
+            sink.close()
+        ok = True
+    finally:
+        if not ok:
+            for sink in run.sinks:
+                sink.abort()
+        summary["metrics_series"] = metrics.series()
+        metrics.stop()
+    took = time.perf_counter() - started
+    rank.stats.incr("rank_cpu_seconds", time.process_time())
+    summary.update(
+        seconds=round(took, 3),
+        models=[e.info.name for e in embedders],
+        pipeline_seconds=round(took, 3),
+        pipeline_window=[round(window_start, 3), round(window_start + took, 3)],
+        chunks=sum(sink.committed for sink in run.sinks),
+        stats=rank.stats.snapshot(),
+        reasons=dict(run.reasons),
+    )
+    logger.info("rank done", extra={k: v for k, v in summary.items() if k != "stats"} | {"stats": summary["stats"]})
+    return summary
+
+
+def _load_embedders(rank: _Rank) -> list[Any]:
+    """Each model of a text or video run on the rank's device (gpu_worker.kinds.load_embedder)."""
+    import torch
+
+    from gpu_worker.kinds.base import Loading
+    from gpu_worker.kinds.load import load_embedder
+
+    spec, cfg, plan = rank.spec, rank.cfg, rank.plan
+    torch.set_num_threads(plan_loaders(cfg, spec.device, spec.world)[2])
+    device = f"cuda:{spec.local_rank}" if spec.device == "cuda" else "cpu"
+    if spec.device == "cuda":
+        torch.cuda.set_device(spec.local_rank)
+    batch = cfg.batch_size or min(m.batch_size for m in plan.models)
+    t0 = time.perf_counter()
+    loads = [Loading(p, m, plan.content, device, batch, cfg) for p, m in zip(spec.model_paths, plan.models)]
+    out = [load_embedder(how) for how in loads]
+    rank.stats.incr("model_load_seconds", time.perf_counter() - t0)
+    return out
 
 
 def _next_message(loaders: _Loaders, stats: Stats, done: set[int], feed_errors: list[BaseException]) -> Any:

@@ -47,6 +47,8 @@ class RecordLabel:
 
 
 UNKNOWN_OBJ: ObjMeta = ("", None, -1)  # a fetcher that reports no version (test doubles): etag "", size null
+Part = tuple[int, float, float]  # (part, part_start, part_end) of one row (sluice.outputs)
+WHOLE: Part = (0, 0.0, 0.0)  # an image: one part
 
 
 def parquet_bytes(
@@ -57,7 +59,19 @@ def parquet_bytes(
     objs: Sequence[ObjMeta],
     label: RecordLabel,
 ) -> bytes:
-    """One output file: a row per key with its embedding, its object's version and the model (sluice.outputs)."""
+    """One output file of one-part keys (images): a row per key (sluice.outputs)."""
+    return table_bytes(output_table(uris, emb, dtype, objs, label), metadata)
+
+
+def output_table(
+    uris: Sequence[str],
+    emb: np.ndarray,
+    dtype: str,
+    objs: Sequence[ObjMeta],
+    label: RecordLabel,
+    parts: Sequence[Part] | None = None,
+) -> pa.Table:
+    """A row per part of a key: its embedding, its object's version and the model (sluice.outputs)."""
     n, dim = emb.shape
     values = pa.array(np.ascontiguousarray(emb, dtype=np.dtype(dtype)).reshape(-1))
     const = {outputs.MODEL: label.model, outputs.MODEL_VERSION: label.model_version}
@@ -65,6 +79,7 @@ def parquet_bytes(
     schema = outputs.arrow_schema(dim, dtype)
     columns = {
         outputs.KEY: pa.array(list(uris), pa.string()),
+        **_part_columns(parts or [WHOLE] * n),
         outputs.EMBEDDING: pa.FixedSizeListArray.from_arrays(values, dim),
         **{
             name: pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([value], pa.string()))
@@ -74,25 +89,39 @@ def parquet_bytes(
         outputs.VERSION_ID: pa.array([o[1] for o in objs], pa.string()),
         outputs.SIZE: pa.array([o[2] if o[2] >= 0 else None for o in objs], pa.int64()),
     }
-    table = pa.table([columns[f.name] for f in schema], schema=schema)
+    return pa.table([columns[f.name] for f in schema], schema=schema)
+
+
+def table_bytes(table: pa.Table, metadata: dict[str, str]) -> bytes:
+    """`table` as a zstd Parquet file, with `metadata` (each key prefixed "sluice.")."""
     table = table.replace_schema_metadata({f"sluice.{k}": str(v) for k, v in metadata.items()})
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()
 
 
+def _part_columns(parts: Sequence[Part]) -> dict[str, Any]:
+    """The part, part_start and part_end columns of `parts`."""
+    return {
+        outputs.PART: pa.array([p[0] for p in parts], pa.int32()),
+        outputs.PART_START: pa.array([p[1] for p in parts], pa.float64()),
+        outputs.PART_END: pa.array([p[2] for p in parts], pa.float64()),
+    }
+
+
 @dataclass
 class _Chunk:
     expected: int  # positions to settle (windows); -1 for retry chunks (size-bounded)
     spans: list[Span]
-    rows: list[tuple[int, str, np.ndarray, ObjMeta]] = field(default_factory=list)
+    rows: list[tuple[int, str, np.ndarray, ObjMeta, Part]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     deferred: list[tuple[int, str]] = field(default_factory=list)
     committed: bool = False
+    embedded: set[int] = field(default_factory=set)  # positions with rows: a text or video key has several
 
     @property
     def settled(self) -> int:
-        return len(self.rows) + len(self.failed) + len(self.deferred)
+        return len(self.embedded) + len(self.failed) + len(self.deferred)
 
 
 @dataclass(frozen=True)
@@ -163,12 +192,22 @@ class ChunkSink:
         phases: Sequence[int],
         emb: np.ndarray,
         objs: Sequence[ObjMeta] | None = None,
+        parts: Sequence[Part] | None = None,
     ) -> None:
-        """Embedded keys: row i of `emb` is positions[i]; `objs` their (etag, version id, size)."""
+        """Embedded keys: row i of `emb` is positions[i]; `objs` their (etag, version id, size).
+
+        A key of several parts (`parts`: (part, start, end) per row) comes in one call with all
+        its rows, so it settles once, whole.
+        """
         self._check()
+        fresh: list[tuple[_Chunk, int, int]] = []
         for i, (pos, uri, phase) in enumerate(zip(positions, uris, phases)):
             chunk = self._retry if phase == RETRY else self._window(pos)
-            chunk.rows.append((pos, uri, emb[i], objs[i] if objs else UNKNOWN_OBJ))
+            chunk.rows.append((pos, uri, emb[i], objs[i] if objs else UNKNOWN_OBJ, parts[i] if parts else WHOLE))
+            if pos not in chunk.embedded:
+                chunk.embedded.add(pos)
+                fresh.append((chunk, pos, phase))
+        for chunk, pos, phase in fresh:  # every row is in before any chunk commits
             if phase == RETRY:  # settled: a second final-pass result for it (another model's fetch) is not ours
                 self._retry_owed.discard(pos)
             self._settled(chunk, phase)
@@ -197,7 +236,7 @@ class ChunkSink:
         if phase == RETRY:
             if chunk.settled >= self._chunk_keys:
                 self._commit_retry()
-        elif chunk.settled == chunk.expected:
+        elif chunk.settled == chunk.expected and not chunk.committed:
             self._commit(chunk, "range")
 
     def _commit_retry(self) -> None:
@@ -231,20 +270,21 @@ class ChunkSink:
                 self._error = exc
 
     def _write(self, name: str, chunk: _Chunk, kind: str) -> None:
-        rows = sorted(chunk.rows, key=lambda r: r[0])
+        rows = sorted(chunk.rows, key=lambda r: (r[0], r[4][0]))
         deferred = {p for p, _ in chunk.deferred}
         covers = intervals.subtract(chunk.spans, intervals.from_points(deferred)) if kind == "range" else chunk.spans
         file = None
         if rows:
             emb = np.stack([r[2] for r in rows])
             meta = {**self._metadata, "chunk": name}
-            data = parquet_bytes([r[1] for r in rows], emb, self._dtype, meta, [r[3] for r in rows], self._label)
+            objs, parts = [r[3] for r in rows], [r[4] for r in rows]
+            data = table_bytes(output_table([r[1] for r in rows], emb, self._dtype, objs, self._label, parts), meta)
             self._store.put(self._paths.parquet(name), data)
             file = name + ".parquet"
         marker = Marker(
             name=name,
             kind=kind,
-            rows=len(rows),
+            rows=len(chunk.embedded),
             covers=covers,
             deferred=sorted(chunk.deferred),
             failed=sorted(chunk.failed, key=lambda f: f["pos"]),

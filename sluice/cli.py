@@ -370,6 +370,13 @@ def cmd_model_export(args: argparse.Namespace) -> int:
         if result.uri.startswith("s3://")
         else "copy both files to S3 and set the manifest's model.uri to the file's s3:// URI (docs/models.md)"
     )
+    if "text" in spec.get("kinds", ()):  # a text artifact: for input.kind text (docs/kinds.md)
+        print(
+            f"{result.uri} (text, {spec['format']}): {spec['name']} {spec['version']}, {spec['context_length']} "
+            f"tokens -> {spec['output_dim']}-d, tokenizer inside, max |exported - eager| {result.max_abs_diff:.2e}"
+            f'\nspec: {result.uri}.json; {use}, with "input": {{..., "kind": "text"}}'
+        )
+        return EXIT_OK
     print(
         f"{result.uri} ({spec['format']}): {spec['name']} {spec['version']}, {spec['image_size']} px -> "
         f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "
@@ -606,6 +613,12 @@ def build_parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group()
     src.add_argument("--demo", type=_int_from(1), metavar="N", help="generate N varied demo JPEGs (default 200)")
     src.add_argument("--images", metavar="DIR", help="upload the files in DIR (subfolders kept as key prefixes)")
+    src.add_argument(
+        "--texts", metavar="DIR", help="like --images, for a text run: .txt, .md, .rst files (docs/kinds.md)"
+    )
+    src.add_argument("--demo-texts", type=_int_from(1), metavar="N", help="generate N demo texts, some long")
+    src.add_argument("--videos", metavar="DIR", help="like --images, for a video run: .mp4, .mov, .mkv, .webm files")
+    src.add_argument("--demo-videos", type=_int_from(1), metavar="N", help="generate N short demo MP4s")
     run.add_argument(
         "--manifest",
         metavar="FILE",

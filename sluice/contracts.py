@@ -83,14 +83,55 @@ class FailureReason(StrEnum):
     NOT_IMAGE = "not_image"  # bytes no image decoder recognises
     CORRUPT = "corrupt"  # looks like an image (magic bytes) but does not decode: truncated or damaged
     UNSUPPORTED = "unsupported"  # an image Pillow cannot turn into RGB (missing codec, odd mode)
+    NOT_TEXT = "not_text"  # input.kind text: not UTF-8 nor UTF-16 with a BOM (a binary file named .txt)
+    EMPTY = "empty"  # input.kind text: no characters (0 bytes, or only a BOM / whitespace)
+    NOT_VIDEO = "not_video"  # input.kind video: no container or video stream recognised
+    TOO_LONG = "too_long"  # input.kind video: longer than the worker's duration limit
+    NO_FRAMES = "no_frames"  # input.kind video: not one sampled frame decoded
 
 
 # Failures worth the run's retry pass; permanent ones (missing, corrupt, not_image, ...) never are.
 TRANSIENT_FAILURE_REASONS = frozenset({FailureReason.S3_ERROR_TRANSIENT})
 # Failures of the bytes themselves: the same object version fails the same way again.
 BYTES_FAILURE_REASONS = frozenset(
-    {FailureReason.NOT_IMAGE, FailureReason.CORRUPT, FailureReason.BOMB, FailureReason.UNSUPPORTED}
+    {
+        FailureReason.NOT_IMAGE,
+        FailureReason.CORRUPT,
+        FailureReason.BOMB,
+        FailureReason.UNSUPPORTED,
+        FailureReason.NOT_TEXT,
+        FailureReason.EMPTY,
+        FailureReason.NOT_VIDEO,
+        FailureReason.TOO_LONG,
+        FailureReason.NO_FRAMES,
+    }
 )
+
+# The reasons a run of each content kind can record: a rank's failure series stay within the
+# metrics budget (docs/metrics.md) because a run has one kind.
+_ANY_KIND = {
+    FailureReason.MISSING,
+    FailureReason.ACCESS_DENIED,
+    FailureReason.S3_ERROR,
+    FailureReason.S3_ERROR_TRANSIENT,
+    FailureReason.TOO_LARGE,
+}
+KIND_FAILURE_REASONS: dict[str, frozenset[FailureReason]] = {
+    "image": frozenset(
+        _ANY_KIND | {FailureReason.NOT_IMAGE, FailureReason.CORRUPT, FailureReason.BOMB, FailureReason.UNSUPPORTED}
+    ),
+    "text": frozenset(_ANY_KIND | {FailureReason.NOT_TEXT, FailureReason.EMPTY}),
+    "video": frozenset(
+        _ANY_KIND
+        | {
+            FailureReason.NOT_VIDEO,
+            FailureReason.CORRUPT,
+            FailureReason.TOO_LONG,
+            FailureReason.BOMB,
+            FailureReason.NO_FRAMES,
+        }
+    ),
+}
 
 
 # ---- what a worker writes per shard ------------------------------------------------------
@@ -315,6 +356,11 @@ class CounterItem(_Written):
     failed_not_image: int = 0
     failed_corrupt: int = 0
     failed_unsupported: int = 0
+    failed_not_text: int = 0
+    failed_empty: int = 0
+    failed_not_video: int = 0
+    failed_too_long: int = 0
+    failed_no_frames: int = 0
 
 
 class Counts(BaseModel):

@@ -20,7 +20,14 @@ from sluice.paths import RunPaths
 MANIFEST_VERSION = 1
 # The worker's builtin networks (gpu_worker.model.BUILTINS; a unit test keeps the two equal),
 # named here so the manifest Lambda, which never imports torch, can check model.uri.
-BUILTIN_MODELS = ("reference-cnn", "resnet50")
+BUILTIN_MODELS = ("reference-cnn", "resnet50", "reference-text")
+# The content kinds each builtin accepts (an image model embeds a video's sampled frames too).
+BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
+    "reference-cnn": ("image", "video"),
+    "resnet50": ("image", "video"),
+    "reference-text": ("text",),
+}
+Kind = Literal["image", "text", "video"]
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)
@@ -54,6 +61,16 @@ def _s3_uri(value: str | None, *, allow_empty_key: bool = False) -> str | None:
     return value
 
 
+class ContentSpec(_Strict):
+    """What the objects are and how each becomes parts (docs/kinds.md): planned into plan.json as given."""
+
+    kind: Kind = "image"
+    chunk_tokens: int | None = None  # text: tokens a chunk holds (default: the model's window)
+    overlap_tokens: int | None = None  # text: tokens a chunk shares with the one before (default: the model's)
+    frames_per_second: float | None = None  # video: frames sampled a second
+    frames_per_video: int | None = None  # video: frames sampled evenly over the whole video
+
+
 class InputSpec(_ManifestPart):
     """Where the keys come from: exactly one of keys, key_list, prefix, inventory."""
 
@@ -66,6 +83,19 @@ class InputSpec(_ManifestPart):
     bucket: str | None = Field(default=None, description="Bucket for bare keys.")
     suffixes: list[str] | None = Field(
         default=None, description="Keep only keys ending with one of these (case-insensitive)."
+    )
+    kind: Kind = Field(default="image", description="What the objects are: image, text or video (docs/kinds.md).")
+    chunk_tokens: Annotated[int, Field(ge=8, le=65_536)] | None = Field(
+        default=None, description="Text: tokens per chunk (one output row each); default: the model's window."
+    )
+    overlap_tokens: Annotated[int, Field(ge=0, le=65_535)] | None = Field(
+        default=None, description="Text: tokens each chunk repeats from the one before; default: the model's."
+    )
+    frames_per_second: Annotated[float, Field(gt=0, le=60)] | None = Field(
+        default=None, description="Video: frames sampled per second of video (one output row each)."
+    )
+    frames_per_video: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
+        default=None, description="Video: frames sampled evenly over each video, whatever its length."
     )
     since_run: Annotated[str, Field(pattern=RUN_ID)] | None = Field(
         default=None,
@@ -108,6 +138,32 @@ class InputSpec(_ManifestPart):
                 + (f" (got {', '.join(given)})" if given else " (got none)")
             )
         return self
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> InputSpec:
+        own = {"text": ("chunk_tokens", "overlap_tokens"), "video": ("frames_per_second", "frames_per_video")}
+        for kind, names in own.items():
+            given = [n for n in names if getattr(self, n) is not None]
+            if given and self.kind != kind:
+                raise ValueError(f'{given[0]} is for "kind": "{kind}" (this input\'s kind is {self.kind!r})')
+        if self.frames_per_second is not None and self.frames_per_video is not None:
+            raise ValueError("give frames_per_second or frames_per_video, not both")
+        if self.chunk_tokens and self.overlap_tokens is not None and self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError(
+                f"overlap_tokens ({self.overlap_tokens}) must be less than chunk_tokens ({self.chunk_tokens})"
+            )
+        return self
+
+    @property
+    def content(self) -> ContentSpec:
+        """The kind and its options, as plan.json carries them to the worker."""
+        return ContentSpec(
+            kind=self.kind,
+            chunk_tokens=self.chunk_tokens,
+            overlap_tokens=self.overlap_tokens,
+            frames_per_second=self.frames_per_second,
+            frames_per_video=self.frames_per_video,
+        )
 
 
 class ModelSpec(_ManifestPart):
@@ -321,6 +377,15 @@ class Manifest(_ManifestPart):
             raise ValueError(f'{_json_type(v)} is not a version: write "version": 1')
         raise ValueError(f'unsupported manifest version {v!r}: this Sluice reads version 1 (write "version": 1)')
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_model(cls, data: Any) -> Any:
+        """No model given: the builtin stand-in of the input's kind (a text run needs a text model)."""
+        inp = data.get("input") if isinstance(data, dict) and "model" not in data else None
+        if isinstance(inp, dict) and inp.get("kind") == "text":
+            return {**data, "model": {"uri": "builtin:reference-text"}}
+        return data
+
     @model_validator(mode="after")
     def _model_names(self) -> Manifest:
         names = [m.output_name for m in self.models]
@@ -331,10 +396,36 @@ class Manifest(_ManifestPart):
             )
         return self
 
+    @model_validator(mode="after")
+    def _model_kinds(self) -> Manifest:
+        kind = self.input.kind
+        for i, m in enumerate(self.models):
+            kinds = builtin_kinds(m.uri)
+            if kinds is not None and kind not in kinds:
+                where = "model" if len(self.models) == 1 else f"model[{i}]"
+                raise ValueError(
+                    f"{where}: {m.uri} embeds {' or '.join(kinds)}, but input.kind is {kind!r}: "
+                    f"pick a model for {kind} (builtins: {', '.join(k for k, v in BUILTIN_KINDS.items() if kind in v)})"
+                )
+        return self
+
     @property
     def models(self) -> list[ModelSpec]:
         """The run's models, in the manifest's order (one for `"model": {...}`)."""
         return list(self.model) if isinstance(self.model, list) else [self.model]
+
+
+def builtin_kinds(uri: str) -> tuple[str, ...] | None:
+    """The kinds a builtin model accepts; None for a file (its spec's `kinds` says, checked at plan time)."""
+    return BUILTIN_KINDS.get(uri[8:]) if uri.startswith("builtin:") else None
+
+
+def file_kinds(spec: dict[str, Any]) -> tuple[str, ...]:
+    """The kinds a model file's spec names; a spec without `kinds` is an image model's (image and video)."""
+    kinds = spec.get("kinds")
+    if isinstance(kinds, list) and kinds:
+        return tuple(str(k) for k in kinds)
+    return ("image", "video")
 
 
 def _json_type(v: object) -> str:
@@ -411,6 +502,7 @@ class RunPlan(_Strict):
     index: IndexTarget | None = None  # the search index the index stage updates (output.index); None: off
     decode: Decode = "auto"  # job.decode
     decode_binds: bool = False  # the preflight's estimate: CPU decode would hold the GPUs back (auto decodes on GPU)
+    content: ContentSpec = ContentSpec()  # what the objects are (input.kind) and how each becomes parts
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,9 @@
     timm:NAME                 e.g. timm:vit_small_patch16_224
     open_clip:MODEL/TAG       e.g. open_clip:ViT-B-32/laion2b_s34b_b79k (the image tower, and the text
                               tower and tokenizer beside it: gpu_worker.texttower)
-    hf:REPO                   e.g. hf:openai/clip-vit-base-patch32, hf:google/siglip-base-patch16-224
+    hf:REPO                   e.g. hf:openai/clip-vit-base-patch32, hf:google/siglip-base-patch16-224; a text
+                              encoder (sentence-transformers, BERT-like) becomes a text artifact for text
+                              runs, its tokenizer inside (gpu_worker.export.textrun)
 
 The artifact is a TorchScript (`torch.jit.save`) or torch.export (`*.pt2`) file plus its spec
 (`<file>.json`, also embedded): input size, mean/std, output dim, name, version, weights
@@ -78,6 +80,11 @@ def export(
     if fmt is not None and fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     uri, fmt = _target(spec, out, fmt)
+    from gpu_worker.export.textrun import text_source
+
+    text_model = text_source(spec, pretrained)
+    if text_model is not None:
+        return _export_text(text_model, uri, fmt)
     src = load_source(spec, pretrained=pretrained, image_size=image_size)
     if not uri.startswith("s3://"):
         meta, result, text = _write(src, fmt, uri)
@@ -94,6 +101,27 @@ def export(
                     kind = "application/json" if suffix.endswith(".json") else "application/octet-stream"
                     store.put(uri + suffix, fh.read(), content_type=kind)
     return ExportResult(uri, meta, result.max_abs_diff, result.max_abs_diff_normalized, text)
+
+
+def _export_text(src: Any, uri: str, fmt: str) -> ExportResult:
+    """A text encoder -> a text artifact at `uri` (TorchScript only: its extra files hold the tokenizer)."""
+    from gpu_worker.export.textrun import write_text_model
+
+    if fmt != "torchscript":
+        raise ExportError(f"{src.name} is a text encoder: text artifacts are TorchScript files (not *.pt2)")
+    if not uri.startswith("s3://"):
+        meta, diff = write_text_model(src, uri)
+        return ExportResult(uri, meta, diff, diff)
+    from gpu_worker.store import RunStore
+
+    with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
+        local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
+        meta, diff = write_text_model(src, local)
+        for suffix in ("", ".json"):
+            with open(local + suffix, "rb") as fh:
+                kind = "application/json" if suffix else "application/octet-stream"
+                RunStore().put(uri + suffix, fh.read(), content_type=kind)
+    return ExportResult(uri, meta, diff, diff)
 
 
 def _write(src: Source, fmt: str, path: str) -> tuple[dict[str, Any], Any, Any]:

@@ -1,6 +1,8 @@
 """The text tower of a CLIP-style (open_clip) model -> the sidecars gpu_worker.texttower reads.
 
-The tower is traced at the model's context length (ids padded with 0, as open_clip pads);
+The tower is traced at the model's context length (ids padded with 0, as open_clip pads), and
+its file holds its spec and tokenizer as extra files too, so it is also a text artifact for
+text runs (model.uri = <file>.text.pt with input.kind text: gpu_worker.kinds.textmodel);
 the tokenizer is open_clip's byte-level BPE rebuilt in the `tokenizers` library's format
 (same vocabulary, merges, pre-tokenisation, lower-casing), so a query needs neither
 open_clip nor ftfy. Before the files are kept, the tokenizer's ids are compared with
@@ -9,6 +11,7 @@ open_clip's on sample texts and the traced tower with the eager one (TOLERANCE).
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ import torch
 from torch import nn
 
 from gpu_worker.export.sources import ExportError
+from gpu_worker.modelspec import META_NAME
 from gpu_worker.texttower import SPEC_SUFFIX, TEXT_SUFFIX, TOKENIZER_SUFFIX, TextSpec, encode_texts
 
 TOLERANCE = 1e-3
@@ -101,8 +105,11 @@ def write_text(src: TextSource, artifact: str, image_weights_sha256: str) -> Tex
         version=src.version,
         image_weights_sha256=image_weights_sha256,
     )
-    torch.jit.save(traced, artifact + TEXT_SUFFIX)
-    bpe_tokenizer(src.tokenizer).save(artifact + TOKENIZER_SUFFIX)
+    tok = bpe_tokenizer(src.tokenizer)
+    # The tower file is also a text artifact for text runs (gpu_worker.kinds.textmodel): spec and tokenizer inside.
+    extra = {META_NAME: json.dumps(run_spec(spec, src.tokenizer), sort_keys=True), "tokenizer.json": tok.to_str()}
+    torch.jit.save(traced, artifact + TEXT_SUFFIX, _extra_files=extra)
+    tok.save(artifact + TOKENIZER_SUFFIX)
     with open(artifact + SPEC_SUFFIX, "w") as fh:
         fh.write(spec.to_json())
     try:
@@ -112,6 +119,23 @@ def write_text(src: TextSource, artifact: str, image_weights_sha256: str) -> Tex
             os.unlink(artifact + suffix)
         raise
     return spec
+
+
+def run_spec(spec: TextSpec, simple: Any) -> dict[str, Any]:
+    """The `sluice.json` that makes the tower file a text artifact: <start_of_text> chunk <end_of_text>, 0 pads."""
+    return {
+        "name": spec.name,
+        "version": spec.version,
+        "kinds": ["text"],
+        "output_dim": spec.output_dim,
+        "context_length": spec.context_length,
+        "pad_id": spec.pad_id,
+        "inputs": list(spec.inputs),
+        "prefix_ids": [int(simple.sot_token_id)],
+        "suffix_ids": [int(simple.eot_token_id)],
+        "overlap_tokens": max(0, (spec.context_length - 2) // 8),
+        "format": "torchscript",
+    }
 
 
 def _check(src: TextSource, artifact: str, ids: torch.Tensor, want: torch.Tensor) -> None:

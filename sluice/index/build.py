@@ -96,6 +96,8 @@ class _Rows:
         self.model_uri: str | None = None  # the first chunk's `sluice.model` metadata (the worker writes it)
         self._first: Any = None
         self.error: BaseException | None = None
+        self.keys: set[str] = set()  # the keys merged, noted when `track` (the table holds keys of several parts)
+        self.track = False
 
     def _matching(self, uri: str, table: Any) -> Any:
         """The chunk's rows of the model asked for (all, when none was); None when it holds none."""
@@ -127,12 +129,18 @@ class _Rows:
                 f"{self.shape.dim}-d rows of model {self.shape.model!r} (model_id {self.shape.model_id}): "
                 "one model artifact a table: pick one (--model NAME) or build them into separate indexes"
             )
-        return to_index_rows(rows, target, self.out.order, self.out.run_id)
+        return self._seen(to_index_rows(rows, target, self.out.order, self.out.run_id))
+
+    def _seen(self, rows: Any) -> Any:
+        """Note the keys of `rows` when tracked: their older rows are dropped after the merge (whole keys)."""
+        if self.track:
+            self.keys.update(rows[outputs.KEY].to_pylist())
+        return rows
 
     def batches(self, shape: Shape) -> Iterator[Any]:
         """Every row as record batches of the table's `shape` (an error is kept in .error: Lance raises its own)."""
         try:
-            yield from to_index_rows(self._first[1], shape, self.out.order, self.out.run_id).to_batches()
+            yield from self._seen(to_index_rows(self._first[1], shape, self.out.order, self.out.run_id)).to_batches()
             for uri, table in self._chunks:
                 rows = self._matching(uri, table)
                 if rows is not None:
@@ -160,11 +168,19 @@ def _merge(files: Files, index: str, out: RunOutput, report: BuildReport) -> Non
         return
     meta = TableMeta.of(shape, out.model_uri or rows.model_uri, out.image_size)
     table = IndexTable.open_or_create(index_table_uri(index, shape.model), meta)
+    if outputs.PART not in table.dataset.schema.names:
+        raise IndexBuildError(
+            f"{table.uri} was built before output rows had parts (key, part, model_id): delete it and build the "
+            "index again from its runs"
+        )
     tr = _report_for(report, table)
     if out.run_id and out.run_id in table.runs():
         tr.skipped.append(out.run_id)
         return
     target = table.meta.shape  # the table's dtype wins: a lineage may have changed output.dtype
+    # A table of one-part keys (images) merges on (key, part 0) alone: only one holding a key of
+    # several parts can keep an older part the new rows do not replace.
+    rows.track = table.has_parts()
     reader = pa.RecordBatchReader.from_batches(index_schema(target), rows.batches(target))
     started = time.perf_counter()
     try:
@@ -173,6 +189,8 @@ def _merge(files: Files, index: str, out: RunOutput, report: BuildReport) -> Non
         if rows.error is not None:
             raise rows.error from None
         raise
+    if rows.track:  # keys of several parts: a newer key's rows replace all its older ones
+        retry_conflicts(lambda: table.drop_stale_parts(rows.keys, out.order), "drop stale parts")
     if out.run_id:
         retry_conflicts(lambda: table.record_run(out.run_id or ""), "record the run")
     tr.inserted += stats.get("num_inserted_rows", 0)

@@ -35,13 +35,16 @@ class Shape:
 
 
 def index_schema(shape: Shape, metadata: dict[str, str] | None = None) -> Any:
-    """The Lance table's Arrow schema: the output columns, keyed by (key, model_id), plus run_order."""
+    """The Lance table's Arrow schema: the output columns, keyed by (key, part, model_id), plus run_order."""
     import pyarrow as pa
 
     value = pa.float16() if shape.dtype == "float16" else pa.float32()
     string = pa.string()
     fields = [
         pa.field(outputs.KEY, string, nullable=False, metadata=PRIMARY_KEY),
+        pa.field(outputs.PART, pa.int32(), nullable=False, metadata=PRIMARY_KEY),
+        pa.field(outputs.PART_START, pa.float64(), nullable=False),
+        pa.field(outputs.PART_END, pa.float64(), nullable=False),
         pa.field(outputs.EMBEDDING, pa.list_(value, shape.dim), nullable=False),
         pa.field(outputs.MODEL, string),
         pa.field(outputs.MODEL_VERSION, string),
@@ -102,6 +105,8 @@ def to_index_rows(table: Any, shape: Shape, order: str, run: str | None) -> Any:
             cols.append(table[f.name].cast(f.type))
         elif f.name == outputs.RUN and run:
             cols.append(pa.array([run] * n, pa.string()))
+        elif f.name in (outputs.PART, outputs.PART_START, outputs.PART_END):  # output from before parts: whole
+            cols.append(pa.array([0] * n, f.type))
         else:
             cols.append(pa.nulls(n, f.type))
     return pa.table(cols, schema=schema)
@@ -130,9 +135,12 @@ def duplicate_key(files: Files, uris: Iterable[str]) -> str | None:
     import pyarrow.parquet as pq
 
     def keys(uri: str) -> list[str]:
+        """The file's keys, one a key: its parts are one key's, written together."""
         try:
             with files.open(uri) as fh:
-                return [str(k) for k in pq.read_table(fh, columns=[outputs.KEY])[outputs.KEY].to_pylist()]
+                return list(
+                    dict.fromkeys(str(k) for k in pq.read_table(fh, columns=[outputs.KEY])[outputs.KEY].to_pylist())
+                )
         except Exception:  # read_chunk names the file when the merge reads it
             return []
 

@@ -25,10 +25,16 @@ class QueryError(SluiceError):
     """A query the index cannot answer (wrong dimension, unknown key, another model's artifact)."""
 
 
+PART_COLUMNS = ("part", "part_start", "part_end")
+
+
 @dataclass(frozen=True)
 class Hit:
     key: str
     score: float  # cosine similarity of the query and the key's embedding (1 = same direction)
+    part: int = 0  # which part of the key (a text's chunk, a video's frame: docs/kinds.md); 0 for an image
+    part_start: float = 0.0  # where it starts: character offset, seconds
+    part_end: float = 0.0
 
 
 def _table_uris(files: Files, index: str) -> list[str]:
@@ -84,9 +90,14 @@ class Searcher:
             nearest["use_index"] = False
         else:
             nearest |= {"nprobes": self.probe.nprobes, "refine_factor": self.probe.refine_factor}
-        got = self._ds.to_table(columns=["key", "_distance"], nearest=nearest)
+        parts = [c for c in PART_COLUMNS if c in self._ds.schema.names]  # a table from before parts: none
+        got = self._ds.to_table(columns=["key", "_distance", *parts], nearest=nearest)
         keys, dist = got["key"].to_pylist(), got["_distance"].to_pylist()
-        return [Hit(str(key), round(1.0 - float(d), 6)) for key, d in zip(keys, dist)]
+        where = zip(*(got[c].to_pylist() for c in parts)) if parts else ((0, 0.0, 0.0) for _ in keys)
+        return [
+            Hit(str(key), round(1.0 - float(d), 6), int(p), float(a), float(b))
+            for key, d, (p, a, b) in zip(keys, dist, where)
+        ]
 
     def search(self, vectors: Any, k: int = 10) -> list[list[Hit]]:
         """The k nearest keys of each row of `vectors` ((Q, dim) or (dim,)), best first, one list per query."""
@@ -105,12 +116,13 @@ class Searcher:
         with ThreadPoolExecutor(min(QUERY_THREADS, len(qs))) as pool:
             return list(pool.map(lambda q: self._one(q, k), qs))
 
-    def vector_of(self, key: str) -> Any:
-        """The embedding the index holds for `key` (float32), or None."""
+    def vector_of(self, key: str, part: int = 0) -> Any:
+        """The embedding the index holds for `key` (its part `part`: a text's chunk, a video's frame), or None."""
         import numpy as np
 
         literal = "'" + key.replace("'", "''") + "'"
-        got = self._ds.to_table(columns=[ann.COLUMN], filter=f"key = {literal}", limit=1)
+        where = f"key = {literal}" + (f" AND part = {int(part)}" if "part" in self._ds.schema.names else "")
+        got = self._ds.to_table(columns=[ann.COLUMN], filter=where, limit=1)
         if got.num_rows == 0:
             return None
         return np.asarray(got[ann.COLUMN][0].values.to_numpy(zero_copy_only=False), dtype=np.float32)

@@ -34,7 +34,8 @@ RUNS_KEY = "sluice.runs"
 FORMAT = 1
 CONFLICT_RETRIES = 20  # merges re-run on the newer version; each retry re-reads the source
 RETRY_TIMEOUT = timedelta(minutes=30)
-MERGE_ON = ["key", "model_id"]
+MERGE_ON = ["key", "part", "model_id"]
+DROP_KEYS = 500  # keys a delete of stale parts names at once
 # <table>.lance/_sluice_create_claim.json: written once, by the build that creates the table (inside the
 # table's folder, so a table deleted to be rebuilt takes its claim along).
 CREATE_CLAIM = "_sluice_create_claim.json"
@@ -239,6 +240,18 @@ class IndexTable:
                 ) from None
             raise
         return {k: int(v) for k, v in dict(stats).items()}
+
+    def drop_stale_parts(self, keys: set[str], order: str) -> None:
+        """Delete the rows of `keys` from older runs: a key is replaced whole (a shorter text leaves no old chunk)."""
+        ds = self.dataset
+        todo = sorted(keys)
+        for i in range(0, len(todo), DROP_KEYS):
+            names = ", ".join("'" + k.replace("'", "''") + "'" for k in todo[i : i + DROP_KEYS])
+            ds.delete(f"{RUN_ORDER} < '{order}' AND key IN ({names})")
+
+    def has_parts(self) -> bool:
+        """Whether the table holds a key of several parts (text, video): only then can a merge leave stale ones."""
+        return bool(self.dataset.count_rows("part > 0"))
 
     def count_rows(self) -> int:
         return int(self.dataset.count_rows())

@@ -1,7 +1,8 @@
 """The checks of a parsed manifest that need the settings or S3, and the one way reading input fails.
 
 `check_manifest` runs before anything is planned (in the manifest Lambda and in `sluice plan` /
-`sluice submit`): output prefix, job queue, model URI (a HEAD), inventory checksum. A manifest
+`sluice submit`): output prefix, job queue, model URI (a HEAD) and the kinds its spec names,
+inventory checksum. A manifest
 that would only fail later on Batch is rejected here, with every reason at once.
 
 `reading_input` / `guarded` classify each exception raised while reading input, once: a
@@ -23,7 +24,7 @@ from sluice.aws.errors import AwsFatalError, Kind, classify
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.errors import Rejection, RetriableError, TooBigForLambda
 from sluice.log import logger
-from sluice.models import Manifest
+from sluice.models import Manifest, file_kinds
 from sluice.settings import Settings
 
 if TYPE_CHECKING:
@@ -135,6 +136,42 @@ def _model_problem(uri: str, field: str, settings: Settings, s3: S3Client | None
     return None
 
 
+def _spec_of(uri: str, s3: S3Client | None) -> dict[str, object] | None:
+    """A model file's sidecar spec (`<file>.json`, written by `sluice model export`), or None when there is none."""
+    import json
+
+    try:
+        if uri.startswith("s3://"):
+            if s3 is None:
+                return None
+            bucket, key = parse_s3_uri(uri + ".json")
+            raw = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        else:
+            with open(uri + ".json", "rb") as fh:
+                raw = fh.read()
+        spec = json.loads(raw)
+    except (ClientError, BotoCoreError, OSError, ValueError):
+        return None  # no sidecar, or not one to read here: the worker checks the file's own spec
+    return spec if isinstance(spec, dict) else None
+
+
+def _kind_problem(manifest: Manifest, i: int, s3: S3Client | None) -> str | None:
+    """A model file whose spec names kinds without the input's (builtins: Manifest checks them)."""
+    m, kind = manifest.models[i], manifest.input.kind
+    if m.uri.startswith("builtin:"):
+        return None
+    spec = _spec_of(m.uri, s3)
+    if spec is None:
+        return None
+    kinds = file_kinds(spec)
+    if kind in kinds:
+        return None
+    where = "model.uri" if len(manifest.models) == 1 else f"model[{i}].uri"
+    return (
+        f"{where}: {m.uri} embeds {' or '.join(kinds)} (its spec), but input.kind is {kind!r}: pick a model for {kind}"
+    )
+
+
 def check_manifest(manifest: Manifest, settings: Settings, *, control: str | None, s3: S3Client | None = None) -> None:
     """Reject what the manifest dooms to fail: every reason at once. `s3`: None skips the S3 checks."""
     reasons = [
@@ -146,6 +183,7 @@ def check_manifest(manifest: Manifest, settings: Settings, *, control: str | Non
                 _model_problem(m.uri, "model.uri" if len(manifest.models) == 1 else f"model[{i}].uri", settings, s3)
                 for i, m in enumerate(manifest.models)
             ),
+            *(_kind_problem(manifest, i, s3) for i in range(len(manifest.models))),
         )
         if r
     ]

@@ -1,4 +1,4 @@
-"""Deterministic demo images for `sluice local run --demo N` (needs Pillow: the worker extra)."""
+"""Deterministic demo objects for `sluice local run`: --demo N images (Pillow), --demo-texts N, --demo-videos N."""
 
 from __future__ import annotations
 
@@ -25,3 +25,85 @@ def demo_images(n: int, seed: int = 1234) -> Iterator[tuple[str, bytes]]:
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=rnd.randint(60, 95))
         yield f"demo/{i // 100:03d}/img-{i:05d}.jpg", buf.getvalue()
+
+
+_WORDS = [
+    "sluice",
+    "river",
+    "gate",
+    "water",
+    "flow",
+    "basin",
+    "channel",
+    "lock",
+    "weir",
+    "bank",
+    "stream",
+    "current",
+    "tide",
+    "harbour",
+    "canal",
+    "bridge",
+    "embedding",
+    "vector",
+    "model",
+    "batch",
+    "shard",
+    "worker",
+    "queue",
+    "manifest",
+    "index",
+    "search",
+    "query",
+    "chunk",
+    "token",
+    "window",
+    "overlap",
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "this",
+    "be",
+    "are",
+    "was",
+    "or",
+    "an",
+]
+
+
+def demo_texts(n: int, seed: int = 1234) -> Iterator[tuple[str, bytes]]:
+    """(key, UTF-8 text): short notes and, every tenth, a long report of several thousand words."""
+    rnd = random.Random(seed)
+    for i in range(n):
+        words = rnd.randint(3_000, 6_000) if i % 10 == 9 else rnd.randint(20, 200)
+        sentences, left = [], words
+        while left > 0:
+            k = min(left, rnd.randint(5, 18))
+            sentences.append(" ".join(rnd.choice(_WORDS) for _ in range(k)).capitalize() + ".")
+            left -= k
+        suffix = "md" if i % 4 == 3 else "txt"
+        yield f"demo/{i // 100:03d}/text-{i:05d}.{suffix}", (" ".join(sentences) + "\n").encode()
+
+
+def demo_objects(kind: str, n: int) -> Iterator[tuple[str, bytes]]:
+    """The demo objects of a kind: --demo (images), --demo-texts."""
+    if kind == "text":
+        return demo_texts(n)
+    if kind == "video":
+        from sluice.local.demovideo import demo_videos
+
+        return demo_videos(n)
+    return demo_images(n)

@@ -67,6 +67,19 @@ class Earlier:
         return prefix[len(head) :] if prefix.startswith(head) and prefix != head else None
 
 
+# --images/--demo, --texts/--demo-texts, --videos/--demo-videos: (kind, folder flag, demo flag).
+SOURCES = (("image", "images", "demo"), ("text", "texts", "demo_texts"), ("video", "videos", "demo_videos"))
+DEFAULT_MODEL = {"image": "builtin:reference-cnn", "text": "builtin:reference-text", "video": "builtin:reference-cnn"}
+
+
+def content_source(args: argparse.Namespace) -> tuple[str, str | None, int | None]:
+    """(kind, folder, demo count) of the run's upload flags; ("image", None, None) when none is given."""
+    for kind, folder, demo in SOURCES:
+        if getattr(args, folder, None) or getattr(args, demo, None) is not None:
+            return kind, getattr(args, folder, None), getattr(args, demo, None)
+    return "image", None, None
+
+
 def given(args: argparse.Namespace, dest: str) -> bool:
     """Whether a flag was given (argparse leaves an absent one None)."""
     return getattr(args, dest, None) is not None
@@ -87,7 +100,7 @@ def model_specs(args: argparse.Namespace, earlier: Earlier | None = None) -> lis
             dict(m, **({"image_size": args.image_size} if given(args, "image_size") else {})) for m in earlier.models
         ]
     specs = []
-    for value in args.model or ["builtin:reference-cnn"]:
+    for value in args.model or [DEFAULT_MODEL[content_source(args)[0]]]:
         name, uri = parse_model(value)
         if not uri.startswith(("builtin:", "s3://")):
             if not Path(uri).expanduser().is_file():
@@ -136,11 +149,12 @@ def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None)
     if getattr(args, "decode", None):
         job["decode"] = args.decode
     specs = model_specs(args, earlier)
-    name = "local-images" if args.images else ("local-incremental" if earlier and not uploaded.count else "local-demo")
+    kind, folder, _ = content_source(args)
+    name = f"local-{kind}s" if folder else ("local-incremental" if earlier and not uploaded.count else "local-demo")
     manifest: dict[str, Any] = {
         "version": 1,
         "name": name,
-        "input": {"prefix": uploaded.uri} if uploaded.count else dict(earlier.input if earlier else {}),
+        "input": _input(uploaded, kind) if uploaded.count else dict(earlier.input if earlier else {}),
         "model": specs[0] if len(specs) == 1 else specs,
         "job": job,
     }
@@ -149,6 +163,11 @@ def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None)
     if given(args, "max_failed_fraction"):
         manifest["max_failed_fraction"] = args.max_failed_fraction
     return "local-run.json", json.dumps(manifest, indent=2).encode(), []
+
+
+def _input(uploaded: Uploaded, kind: str) -> dict[str, Any]:
+    """The manifest's input for what this run uploaded: its prefix, and its kind unless images."""
+    return {"prefix": uploaded.uri} | ({"kind": kind} if kind != "image" else {})
 
 
 def _from_file(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> tuple[str, bytes, list[str]]:
@@ -175,7 +194,7 @@ def apply(manifest: dict[str, Any], args: argparse.Namespace, uploaded: Uploaded
     """The JSON manifest with the given flags on top (a flag that cannot apply is refused: SystemExit)."""
     m = dict(manifest)
     if "input" not in m and uploaded.count:
-        m["input"] = {"prefix": uploaded.uri}  # a manifest without input reads the uploaded images
+        m["input"] = _input(uploaded, content_source(args)[0])  # a manifest without input reads the upload
     inp = m.get("input") if isinstance(m.get("input"), dict) else None
     if earlier is not None:
         if inp is None:
@@ -198,7 +217,7 @@ def apply(manifest: dict[str, Any], args: argparse.Namespace, uploaded: Uploaded
     if given(args, "shards"):
         if job.get("mode", "array") == "multinode":
             raise SystemExit("sluice: --shards is for array jobs; the manifest's job is multinode: use --nodes")
-        if not uploaded.count or inp != {"prefix": uploaded.uri}:
+        if not uploaded.count or not inp or inp.get("prefix") != uploaded.uri:
             raise SystemExit(
                 "sluice: --shards needs the number of keys, known only for the images this run uploads: "
                 "give job.keys_per_shard in the manifest, or leave input out of it and use --images DIR"

@@ -46,6 +46,12 @@ from sluice.paths import MANIFESTS_PREFIX
 
 LOCAL_CHUNK_KEYS = 16
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# Files each kind's folder flag uploads, by name (--texts, --videos); other files are skipped and counted.
+KIND_SUFFIXES = {
+    "image": IMAGE_SUFFIXES,
+    "text": (".txt", ".md", ".markdown", ".rst", ".text"),
+    "video": (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"),
+}
 NotePid = Callable[[int], None]
 
 
@@ -82,9 +88,9 @@ class Router:
                     os.environ[k] = v
 
 
-def is_image_name(path: Path) -> bool:
-    """An image by its name: a known suffix, not hidden (.DS_Store, ._x.jpg from macOS)."""
-    return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
+def is_image_name(path: Path, kind: str = "image") -> bool:
+    """An image (or a text, a video) by its name: a known suffix, not hidden (.DS_Store, ._x.jpg from macOS)."""
+    return path.suffix.lower() in KIND_SUFFIXES[kind] and not path.name.startswith(".")
 
 
 @dataclass(frozen=True)
@@ -94,28 +100,30 @@ class Folder:
     root: Path
     images: list[Path]
     skipped: list[str]
+    kind: str = "image"
 
     @classmethod
-    def read(cls, images: str) -> Folder:
-        """DIR's files; SystemExit when it is missing or holds no image (before any server starts)."""
+    def read(cls, images: str, kind: str = "image") -> Folder:
+        """DIR's files of the kind; SystemExit when it is missing or holds none (before any server starts)."""
         root = Path(images).expanduser()
+        flag = f"--{kind}s"
         if not root.is_dir():
-            raise SystemExit(f"sluice: --images {root}: " + ("not a directory" if root.exists() else "no such folder"))
+            raise SystemExit(f"sluice: {flag} {root}: " + ("not a directory" if root.exists() else "no such folder"))
         files = sorted(p for p in root.rglob("*") if p.is_file())
-        images_ = [p for p in files if is_image_name(p)]
-        skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p)]
+        images_ = [p for p in files if is_image_name(p, kind)]
+        skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p, kind)]
         if not images_:
             raise SystemExit(
-                f"sluice: --images {root}: no image files ({len(skipped)} other files; "
-                f"images are named {', '.join(IMAGE_SUFFIXES)})"
+                f"sluice: {flag} {root}: no {kind} files ({len(skipped)} other files; "
+                f"{kind}s are named {', '.join(KIND_SUFFIXES[kind])})"
             )
-        return cls(root, images_, skipped)
+        return cls(root, images_, skipped, kind)
 
 
-def say_skipped(skipped: list[str]) -> None:
+def say_skipped(skipped: list[str], kind: str = "image") -> None:
     if skipped:
         shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
-        print(f"sluice: skipped {len(skipped)} file(s) that are not images by name: {shown}", file=sys.stderr)
+        print(f"sluice: skipped {len(skipped)} file(s) that are not {kind}s by name: {shown}", file=sys.stderr)
 
 
 def _upload_images(c: Any, args: argparse.Namespace, folder: Folder | None, earlier: Earlier | None) -> Uploaded:
@@ -124,22 +132,23 @@ def _upload_images(c: Any, args: argparse.Namespace, folder: Folder | None, earl
     With --since-run, DIR goes to the prefix that run read (its unchanged images keep their ETags).
     """
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    if folder is None and args.demo is None and (args.manifest or earlier):
+    kind, _, demo = local_manifest.content_source(args)
+    if folder is None and demo is None and (args.manifest or earlier):
         return Uploaded("", 0)
     with contextlib.suppress(c.s3.exceptions.BucketAlreadyOwnedByYou):
         c.s3.create_bucket(Bucket=INPUT_BUCKET)
     if folder is not None:
-        prefix = (earlier.local_prefix if earlier else None) or f"images/{folder.root.resolve().name}-{stamp}/"
+        prefix = (earlier.local_prefix if earlier else None) or f"{kind}s/{folder.root.resolve().name}-{stamp}/"
         for p in folder.images:  # subfolders are kept as key prefixes; images that do not decode are reported
             c.s3.put_object(
                 Bucket=INPUT_BUCKET, Key=prefix + p.relative_to(folder.root).as_posix(), Body=p.read_bytes()
             )
         return Uploaded(prefix, len(folder.images), folder.skipped)
-    from sluice.local.demo import demo_images
+    from sluice.local.demo import demo_objects
 
-    n = 200 if args.demo is None else args.demo
+    n = 200 if demo is None else demo
     prefix = f"demo-{stamp}/"
-    for key, data in demo_images(n):
+    for key, data in demo_objects(kind, n):
         c.s3.put_object(Bucket=INPUT_BUCKET, Key=prefix + key, Body=data)
     return Uploaded(prefix, n)
 
@@ -194,7 +203,8 @@ def _run_local(args: argparse.Namespace) -> int:
                 fh.write(f"{pid}\n")
 
     local_manifest.check_flags(args)
-    folder = Folder.read(args.images) if args.images else None  # a missing or empty folder: before anything starts
+    kind, source, _ = local_manifest.content_source(args)
+    folder = Folder.read(source, kind) if source else None  # a missing or empty folder: before anything starts
     if args.model:
         local_manifest.model_specs(args)  # so does a --model file that is not there
     out = OutputDir.check(args.out)  # and an unusable --out, not after the run
@@ -379,7 +389,8 @@ def _say_started(args: argparse.Namespace, outcome: dict[str, Any], endpoint: st
         f"sluice: run {run_id}: about {outcome['total_keys']} keys to prepare with "
         f"{len(outcome['job_ids'])} prepare job(s) (map, then reduce), then {layout} jobs; emulator {endpoint}"
         if outcome["status"] == "preparing"
-        else f"sluice: run {run_id}: {outcome['total_keys']} images in {outcome['shards']} shard(s) "
+        else f"sluice: run {run_id}: {outcome['total_keys']} {local_manifest.content_source(args)[0]}s in "
+        f"{outcome['shards']} shard(s) "
         f"({layout}); emulator {endpoint}",
         file=sys.stderr,
     )
@@ -401,9 +412,10 @@ def _submit(c: Any, stack: Any, router: Router, start: _Start) -> tuple[dict[str
     earlier = local_manifest.read_earlier(c.s3, control, args.since_run) if args.since_run else None
     uploaded = _upload_images(c, args, start.folder, earlier)
     if not args.json:
-        say_skipped(uploaded.skipped)
+        kind = local_manifest.content_source(args)[0]
+        say_skipped(uploaded.skipped, kind)
         if uploaded.count:
-            print(f"sluice: uploaded {uploaded.count} image(s) to {uploaded.uri}", file=sys.stderr)
+            print(f"sluice: uploaded {uploaded.count} {kind}(s) to {uploaded.uri}", file=sys.stderr)
     name, body, applied = local_manifest.build(args, uploaded, earlier)
     if applied and not args.json:
         print(f"sluice: --manifest {args.manifest} with {', '.join(applied)} applied on top", file=sys.stderr)

@@ -148,8 +148,11 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
         return v[None, :]
     artifact = _artifact(searcher.meta, args.artifact, work)
     if args.text is not None:
+        from gpu_worker.kinds.textmodel import embed_query, is_text_model
         from gpu_worker.texttower import encode_texts
 
+        if is_text_model(artifact):  # an index of a text run: the query goes the way its texts went
+            return embed_query(artifact, args.text)
         return encode_texts(artifact, [args.text])
     from gpu_worker.query import embed_images
 
@@ -180,11 +183,20 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"sluice: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        print(json.dumps({"results": [[{"key": h.key, "score": h.score} for h in hits] for hits in results]}))
+        print(json.dumps({"results": [[_hit_json(h) for h in hits] for hits in results]}))
         return EXIT_OK
     for i, hits in enumerate(results):
         if len(results) > 1:
             print(f"query {i}")
         for rank, h in enumerate(hits, 1):
-            print(f"{rank:>4}  {h.score:.4f}  {h.key}")
+            where = f"  part {h.part} [{h.part_start:g}, {h.part_end:g})" if h.part or h.part_end else ""
+            print(f"{rank:>4}  {h.score:.4f}  {h.key}{where}")
     return EXIT_OK
+
+
+def _hit_json(h: Any) -> dict[str, Any]:
+    """One hit as JSON: key and score, and where in the object for a text's chunk or a video's frame."""
+    out: dict[str, Any] = {"key": h.key, "score": h.score}
+    if h.part or h.part_end:
+        out |= {"part": h.part, "part_start": h.part_start, "part_end": h.part_end}
+    return out

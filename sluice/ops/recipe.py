@@ -1,7 +1,8 @@
 """The read recipe: a run and its lineage as one complete, duplicate-free set of embeddings (duckdb SQL).
 
 Rows of every run of the lineage for this run's models (model_id), newest run first per
-(key, model_id): the row an incremental run left in place is, by its skip rule
+(key, model_id), a key whole: every part (text chunk, video frame) of that run's version of
+it, none of an older run's (sluice.outputs). The row an incremental run left in place is, by its skip rule
 (sluice.incremental), one of the key's current version. On S3 a Parquet chunk counts only
 with its commit marker (gpu_worker/commits.py: a chunk without one is a killed attempt's
 leftover); a local copy (`sluice local run --out`) holds committed chunks only.
@@ -64,7 +65,8 @@ _COMMITTED = """committed AS (  -- a chunk counts only with its commit marker: o
 ),
 """
 _RECIPE = """-- The embeddings of run {run} and the runs it completes, newest first ({names}):
--- one row per (key, model_id), from the newest run that embedded the key with that model artifact.
+-- the rows of each (key, model_id) (one a part: part, part_start, part_end) from the newest run that
+-- embedded the key with that model artifact (output from before parts: part NULL, an image).
 WITH lineage(run, rank) AS (VALUES {ranks}),
 {committed}rows AS (
     SELECT o.*, lineage.rank
@@ -73,7 +75,7 @@ WITH lineage(run, rank) AS (VALUES {ranks}),
     WHERE o.model_id IN ({model_ids}){where_committed}
 )
 SELECT * EXCLUDE (filename, rank) FROM rows
-QUALIFY row_number() OVER (PARTITION BY key, model_id ORDER BY rank) = 1"""
+QUALIFY rank = min(rank) OVER (PARTITION BY key, model_id)"""
 
 
 def recipe_sql(sources: Sequence[Source], model_ids: Sequence[str], *, markers: bool = True) -> str:

@@ -98,6 +98,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
         lineage=list(i.lineage),
         skipped=dict(i.skipped or {}),
         output_dtype=manifest.output.dtype,
+        content=manifest.input.content,
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,

@@ -172,7 +172,11 @@ def read_versions(store: PrepareStore, uri: str, size: int) -> list[list[Any]] |
                 extra={"uri": uri, "error": str(exc)[:300]},
             )
             return None
-    return [table.column(c).to_pylist() for c in (KEY, ETAG, VERSION_ID, MODEL_ID)]
+    cols = [table.column(c).to_pylist() for c in (KEY, ETAG, VERSION_ID, MODEL_ID)]
+    keys = cols[0]
+    # A text's or video's parts are consecutive rows of one key and version: one record each key.
+    first = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
+    return cols if len(first) == len(keys) else [[c[i] for i in first] for c in cols]
 
 
 def map_earlier(task: EarlierOutput, store: PrepareStore, sink: VersionRouter, problems: TaskProblems) -> int:

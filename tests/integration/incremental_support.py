@@ -36,14 +36,20 @@ def md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
-def chunk_bytes(rows: Sequence[Row], model: str, model_id: str, run_id: str, dtype: str = "float16") -> bytes:
-    """One output chunk, as the worker writes it (sluice.outputs.arrow_schema)."""
+def chunk_bytes(
+    rows: Sequence[Row], model: str, model_id: str, run_id: str, dtype: str = "float16", parts: Sequence[int] = ()
+) -> bytes:
+    """One output chunk, as the worker writes it (sluice.outputs.arrow_schema); `parts`: each row's part (0)."""
     n = len(rows)
+    part = list(parts) or [0] * n
     emb = np.random.default_rng(n).standard_normal((n, DIM)).astype(dtype)
     schema = arrow_schema(DIM, dtype)
     table = pa.table(
         {
             "key": pa.array([r[0] for r in rows], pa.string()),
+            "part": pa.array(part, pa.int32()),
+            "part_start": pa.array([float(10 * p) for p in part]),
+            "part_end": pa.array([float(10 * p + 12) for p in part]),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), DIM),
             "model": pa.array([model] * n).dictionary_encode(),
             "model_version": pa.array([""] * n).dictionary_encode(),

@@ -110,3 +110,20 @@ def test_a_closed_pipe_stops_the_writes_not_the_caller():
 class _Failing:
     def fileno(self) -> int:
         raise ValueError("no descriptor")
+
+
+def test_texts_and_videos_flags_give_their_kind_and_its_model(tmp_path):
+    texts = Uploaded("texts/docs-1/", 4)
+    m = _build(tmp_path, None, "--texts", str(tmp_path), uploaded=texts)
+    assert m["name"] == "local-texts" and m["input"] == {
+        "prefix": f"s3://sluice-local-images/{texts.prefix}",
+        "kind": "text",
+    }
+    assert m["model"]["uri"] == "builtin:reference-text"
+    m = _build(tmp_path, None, "--demo-videos", "3", uploaded=Uploaded("demo-1/", 3))
+    assert m["input"]["kind"] == "video" and m["model"]["uri"] == "builtin:reference-cnn"
+    # A manifest without input reads the upload, with the upload's kind.
+    m = _build(tmp_path, {"version": 1}, "--texts", str(tmp_path), uploaded=texts)
+    assert m["input"]["kind"] == "text"
+    with pytest.raises(SystemExit):
+        _args("--texts", "a", "--images", "b")  # one source at a time

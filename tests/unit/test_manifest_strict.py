@@ -98,7 +98,8 @@ def test_a_valid_manifest_normalises_its_output_prefix():
 
 def test_builtin_names_match_the_worker():
     model = pytest.importorskip("gpu_worker.model")
-    assert set(BUILTIN_MODELS) == set(model.BUILTINS)
+    textmodel = pytest.importorskip("gpu_worker.kinds.textmodel")
+    assert set(BUILTIN_MODELS) == set(model.BUILTINS) | {textmodel.BUILTIN_TEXT.split(":", 1)[1]}
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,30 @@ def test_the_tokenizer_and_tower_match_open_clip(clip):
     assert np.linalg.norm(vectors, axis=1) == pytest.approx(np.ones(len(TEXTS)), abs=1e-5)
 
 
+def test_the_tower_file_is_a_text_artifact_for_text_runs(clip):
+    """model.uri = <m>.text.pt in a text run: chunks framed <start_of_text> ... <end_of_text>, as open_clip does."""
+    import open_clip
+
+    from gpu_worker.config import WorkerConfig
+    from gpu_worker.kinds.base import Loading
+    from gpu_worker.kinds.textmodel import load_text
+    from sluice.models import ContentSpec, ModelSpec, PlannedModel
+
+    path = clip[0] + ".text.pt"
+    planned = PlannedModel.of(ModelSpec(uri=path))
+    how = Loading(path, planned, ContentSpec(kind="text"), "cpu", 4, WorkerConfig())
+    embedder = load_text(how)
+    assert (embedder.window.chunk_tokens, embedder.output_dim) == (10, 16)  # 12 less <start>, <end>
+    text = "a photo of a cat"
+    [part] = embedder.split(text.encode())
+    got = embedder.embed([part.payload])
+    ids = open_clip.get_tokenizer("sluice-text-clip")([text], context_length=12)
+    want = torch.nn.functional.normalize(torch.jit.load(path)(ids), dim=1).detach().numpy()
+    assert np.abs(got - want).max() < 1e-5 and (part.start, part.end) == (0.0, len(text))
+    long = embedder.split(("word " * 40).encode())
+    assert [p.part for p in long] == list(range(len(long))) and len(long) >= 4
+
+
 def test_other_models_get_none_and_say_so(tmp_path):
     result = export("torchvision:mobilenet_v3_small", str(tmp_path / "m.pt"), pretrained=False, image_size=32)
     assert result.text is None and not has_text_tower(str(tmp_path / "m.pt"))

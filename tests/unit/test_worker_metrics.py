@@ -26,6 +26,7 @@ from gpu_worker.metrics import (
 from gpu_worker.remote_write import PushPolicy, RemoteWriter
 from gpu_worker.stats import Stats
 from gpu_worker.write_request import registry_series
+from sluice.contracts import KIND_FAILURE_REASONS, FailureReason
 
 LBL = {
     "run_id": "r1",
@@ -35,21 +36,10 @@ LBL = {
     "gpu": "1",
     "attempt": "2",
     "instance_type": "g6e.xlarge",
+    "kind": "text",
 }
-ALL_REASONS = {
-    r: 1
-    for r in (
-        "missing",
-        "access_denied",
-        "s3_error",
-        "s3_error_transient",
-        "too_large",
-        "bomb",
-        "not_image",
-        "corrupt",
-        "unsupported",
-    )
-}
+# Every reason a run of the kind with the most can record, present at once (a run has one kind).
+ALL_REASONS = {r.value: 1 for r in max(KIND_FAILURE_REASONS.values(), key=len)}
 
 
 class FakeGpu:
@@ -69,6 +59,10 @@ def _worst_case_registry():
         observe(s, "fetch", v, FETCH_BUCKETS)
     col = RankCollector(s.snapshot, LBL, reasons=lambda: ALL_REASONS, queue_depth=lambda: 2, gpu=FakeGpu())
     return rank_registry(col)
+
+
+def test_every_reason_belongs_to_some_kind():
+    assert set().union(*KIND_FAILURE_REASONS.values()) == set(FailureReason)
 
 
 def test_worst_case_stays_within_40_series_and_labels_are_bounded():
@@ -95,7 +89,10 @@ def test_values_come_from_stats():
     assert samples[("sluice_gpu_utilization_ratio", None)] == 0.93
     assert samples[("sluice_prefetch_queue_depth", None)] == 2
     text = exposition.generate_latest(_worst_case_registry()).decode()
-    assert 'sluice_images_processed_total{attempt="2",gpu="1",instance_type="g6e.xlarge",node="0",rank="1",' in text
+    assert (
+        'sluice_images_processed_total{attempt="2",gpu="1",instance_type="g6e.xlarge",kind="text",node="0",rank="1",'
+        in text
+    )
 
 
 def test_histogram_buckets_are_cumulative():

@@ -1,0 +1,175 @@
+"""A text model on a device: its tokenizer and window, chunks in, unit vectors out.
+
+Two sources: builtin:reference-text (gpu_worker.kinds.text.ReferenceText, the word tokenizer),
+or a text artifact (docs/models.md "Text models"): one TorchScript file whose extra files hold
+its spec (`sluice.json`: kinds ["text"], context_length, pad_id, inputs, prefix_ids,
+suffix_ids, output_dim) and its tokenizer (`tokenizer.json`, the `tokenizers` library's
+format), so a worker needs no other file and downloads nothing. `sluice model export` writes
+them for sentence-transformers models (hf:REPO) and CLIP text towers (open_clip:MODEL/TAG,
+the `.text.pt` file).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.errors import ConfigError
+from gpu_worker.kinds.base import Loading, Part, PartsInfo
+from gpu_worker.kinds.text import (
+    FileTokenizer,
+    Framing,
+    ReferenceText,
+    TextChunk,
+    TextWindow,
+    Tokenizer,
+    WordTokenizer,
+    pad_ids,
+    text_chunks,
+)
+from gpu_worker.modelspec import META_NAME, parse_spec
+
+BUILTIN_TEXT = "builtin:reference-text"
+TOKENIZER_NAME = "tokenizer.json"
+INPUTS = ("input_ids", "attention_mask")
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """A loaded text model: its network, tokenizer, framing, default window and what it says of itself."""
+
+    net: Any
+    tokenizer: Tokenizer
+    framing: Framing
+    window: TextWindow  # the model's default chunking
+    inputs: tuple[str, ...] = INPUTS
+    version: str = ""
+
+
+class TextEmbedder:
+    """Chunks a text with the model's tokenizer and window; embeds chunks in batches of `batch`."""
+
+    def __init__(self, model: TextModel, window: TextWindow, how: Loading) -> None:
+        window.check()
+        if window.chunk_tokens > model.framing.room:
+            raise ConfigError(
+                f"model {how.planned.uri}: chunk_tokens {window.chunk_tokens} is over the {model.framing.room} "
+                "tokens its context holds: give input.chunk_tokens at most that"
+            )
+        self.info = PartsInfo(how.planned.name, model.version)
+        self.window = window
+        self._model = model
+        self._device = torch.device(how.device)
+        self._net = model.net.to(self._device)
+        f = model.framing
+        # A traced file takes sequences of its context's length; the builtin any length: the chunk's.
+        traced = isinstance(model.net, torch.jit.ScriptModule)
+        length = f.length if traced else window.chunk_tokens + len(f.prefix) + len(f.suffix)
+        self._framing = Framing(length, f.pad_id, f.prefix, f.suffix)
+        self._batch = how.batch
+        self.output_dim = int(self.embed([TextChunk(0, 0, 1, [1])]).shape[1])
+
+    def split(self, data: bytes) -> list[Part]:
+        chunks = text_chunks(data, self._model.tokenizer, self.window)
+        return [Part(c.part, float(c.start), float(c.end), c) for c in chunks]
+
+    def embed(self, payloads: Sequence[Any]) -> np.ndarray:
+        out = []
+        for i in range(0, len(payloads), self._batch):
+            ids, mask = pad_ids(list(payloads[i : i + self._batch]), self._framing)
+            args = [torch.from_numpy(ids).to(self._device)]
+            if "attention_mask" in self._model.inputs:
+                args.append(torch.from_numpy(mask).to(self._device))
+            with torch.inference_mode():
+                y = self._net(*args)
+                y = y[0] if isinstance(y, tuple | list) else y
+                out.append(F.normalize(y.float(), dim=1).cpu().numpy())
+        return np.concatenate(out).astype(np.float32, copy=False)
+
+
+def reference_model() -> TextModel:
+    """builtin:reference-text: seeded weights, the word tokenizer, a 256-token window by default."""
+    w = ReferenceText.WINDOW
+    return TextModel(ReferenceText.build(), WordTokenizer(), Framing(65_536), w)  # no context limit
+
+
+def file_model(path: str) -> TextModel:
+    """A text artifact: TorchScript with its spec and tokenizer inside (module docstring)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"model file {path!r} does not exist (a text run takes {BUILTIN_TEXT} or a text artifact)")
+    extra = {META_NAME: "", TOKENIZER_NAME: ""}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            net = torch.jit.load(path, map_location="cpu", _extra_files=extra).eval()
+    except Exception as exc:
+        raise ConfigError(f"cannot load text model {path}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    spec = parse_spec(path, extra[META_NAME] or None)
+    kinds = spec.get("kinds") or ["image"]
+    if "text" not in kinds or not extra[TOKENIZER_NAME]:
+        raise ConfigError(
+            f"model {path} embeds {' or '.join(kinds)}, not text (its spec's kinds), or holds no tokenizer.json: "
+            "export a text model with `sluice model export hf:<sentence-transformers model>` (docs/models.md)"
+        )
+    raw = extra[TOKENIZER_NAME]
+    tok = HFTokenizer.from_str(raw.decode() if isinstance(raw, bytes) else raw)
+    framing = Framing(
+        int(spec["context_length"]),
+        int(spec.get("pad_id", 0)),
+        tuple(int(i) for i in spec.get("prefix_ids", ())),
+        tuple(int(i) for i in spec.get("suffix_ids", ())),
+    )
+    room = framing.room
+    window = TextWindow(room, int(spec.get("overlap_tokens", room // 8)))
+    inputs = tuple(spec.get("inputs", ("input_ids",)))
+    return TextModel(net, FileTokenizer(tok), framing, window, inputs, str(spec.get("version", "")))
+
+
+def load_text(how: Loading) -> TextEmbedder:
+    """The text embedder of `how.planned`: the window from the manifest, else the model's own."""
+    model = reference_model() if how.planned.uri == BUILTIN_TEXT else file_model(how.path)
+    base = model.window
+    chunk = how.content.chunk_tokens or base.chunk_tokens
+    overlap = how.content.overlap_tokens
+    if overlap is None:
+        overlap = min(base.overlap_tokens, chunk // 4)
+    return TextEmbedder(model, TextWindow(chunk, overlap), how)
+
+
+def is_text_model(path: str) -> bool:
+    """Whether `path` (builtin:NAME or a local file) is a text run's model: its queries are texts."""
+    if path == BUILTIN_TEXT:
+        return True
+    if path.startswith("builtin:") or not os.path.isfile(path):
+        return False
+    from gpu_worker.modelspec import embedded_spec
+
+    try:
+        return "text" in (parse_spec(path, embedded_spec(path)).get("kinds") or [])
+    except ConfigError:
+        return False
+
+
+def embed_query(path: str, text: str) -> np.ndarray:
+    """(1, D) unit vector of a query text, as a text run embeds its first chunk (`sluice search --text`)."""
+    from gpu_worker.config import WorkerConfig
+    from sluice.models import ContentSpec, ModelSpec, PlannedModel
+
+    planned = PlannedModel.of(ModelSpec(uri=path))
+    embedder = load_text(Loading(path, planned, ContentSpec(kind="text"), "cpu", 1, WorkerConfig.model_validate({})))
+    from gpu_worker.errors import ObjectFailure
+
+    try:
+        first = embedder.split(text.encode())[0]
+    except ObjectFailure as exc:
+        raise ConfigError(f"--text {text[:40]!r}: nothing to embed ({exc.reason.value})") from None
+    return embedder.embed([first.payload])

@@ -1,0 +1,71 @@
+"""`sluice local run --videos DIR` on unseen small MP4s and two bad files: a row a sampled frame, bad files named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from tests.videos import make_video
+
+CLI = [sys.executable, "-m", "sluice.cli"]
+
+
+def test_a_folder_of_videos_gives_rows_per_sampled_frame_and_names_the_bad_files(tmp_path):
+    root = tmp_path / "clips"
+    (root / "holiday").mkdir(parents=True)
+    seconds = {"holiday/beach.mp4": 4.0, "holiday/été.mp4": 3.0, "talk.mp4": 5.5}
+    for name, s in seconds.items():
+        (root / name).write_bytes(make_video(s, size=(80, 60)))
+    (root / "random.mp4").write_bytes(np.random.default_rng(3).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    (root / "zero.mp4").write_bytes(b"")
+    (root / "notes.txt").write_text("not a video")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            *CLI,
+            "local",
+            "run",
+            "--videos",
+            str(root),
+            "--shards",
+            "1",
+            "--max-failed-fraction",
+            "0.5",
+            "--image-size",
+            "32",  # small frames: the reference CNN traces and runs in a fraction of the time
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "SLUICE_LOCAL_PROGRESS_S": "5"},
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "skipped 1 file(s) that are not videos by name: notes.txt" in proc.stderr
+    (run_dir,) = list(out.iterdir())
+    failures = [json.loads(line) for f in sorted((run_dir / "failures").glob("*.jsonl")) for line in f.open()]
+    assert {f["key"].rsplit("/", 1)[-1]: f["reason"] for f in failures} == {
+        "random.mp4": "not_video",
+        "zero.mp4": "not_video",
+    }, failures
+    rows = [r for f in sorted((run_dir / "output").rglob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    by_key: dict[str, list[dict]] = {}
+    for r in rows:
+        by_key.setdefault(r["key"].split("/", 5)[-1], []).append(r)
+    assert set(by_key) == set(seconds)
+    for name, s in seconds.items():
+        frames = sorted(by_key[name], key=lambda r: r["part"])
+        # One frame a second by default: a row for each started second, at its timestamp.
+        assert [r["part"] for r in frames] == list(range(len(frames))) and len(frames) == int(np.ceil(s))
+        starts = [r["part_start"] for r in frames]
+        assert starts == sorted(starts) and starts[0] < 0.2 and abs(starts[-1] - (len(frames) - 1)) < 0.2
+        assert all(r["part_end"] > r["part_start"] for r in frames)
+    emb = np.array([r["embedding"] for r in rows], np.float32)
+    assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=2e-3)

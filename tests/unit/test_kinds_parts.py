@@ -1,0 +1,99 @@
+"""A text or video rank's parts pass: a key's parts land in one chunk, settle once; failures go as images' do."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from gpu_worker import intervals
+from gpu_worker.commits import Paths, load_state
+from gpu_worker.config import WorkerConfig
+from gpu_worker.errors import ObjectFailure
+from gpu_worker.kinds.base import Part, PartsInfo
+from gpu_worker.kinds.parts import parts_pass, run_parts
+from gpu_worker.sink import ChunkSink, RecordLabel, SinkSpec
+from gpu_worker.stats import Stats
+from gpu_worker.store import RunStore
+from sluice.contracts import FailureReason
+
+
+class WordsEmbedder:
+    """A part a word (its offsets), embedded as a one-hot of its length: enough to check where rows go."""
+
+    info = PartsInfo("words")
+    output_dim = 8
+
+    def split(self, data: bytes) -> list[Part]:
+        if data.startswith(b"\x00"):
+            raise ObjectFailure(FailureReason.NOT_TEXT, "binary")
+        parts, at = [], 0
+        for i, word in enumerate(data.decode().split()):
+            start = data.decode().index(word, at)
+            at = start + len(word)
+            parts.append(Part(i, float(start), float(at), len(word)))
+        return parts
+
+    def embed(self, payloads):
+        out = np.zeros((len(payloads), self.output_dim), np.float32)
+        out[np.arange(len(payloads)), np.minimum(payloads, 7)] = 1.0
+        return out
+
+
+class FlakyFetcher:
+    """Object bytes by key; "flaky" is a transient failure until the final pass."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+
+    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
+        if key == "flaky" and not final:
+            raise ObjectFailure(FailureReason.S3_ERROR_TRANSIENT, "503 SlowDown")
+        return self.objects[key]
+
+
+def test_parts_of_a_key_settle_once_and_a_deferred_key_comes_back_in_the_final_pass(tmp_path):
+    objects = {"one": b"a bb ccc", "flaky": b"dddd eeeee", "bad": b"\x00\x01", "two": b"ffffff", "three": b"g hh"}
+    keys = list(objects)
+    paths = Paths.for_shard(f"{tmp_path}/out/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 0)
+    spec = SinkSpec(
+        rank=0,
+        attempt=1,
+        windows=intervals.cut([(0, len(keys))], 2),  # chunks of 2 keys: parts never split a key's chunk
+        chunk_keys=2,
+        dtype="float32",
+        metadata={"model": "words"},
+        label=RecordLabel("words", "", "test@1", "r"),
+    )
+    cfg = WorkerConfig.model_validate({}).replace(final_backoff_base_s=0.0, fetch_concurrency=3)
+    run = parts_pass(cfg, [WordsEmbedder()], lambda m, e: ChunkSink(RunStore(), paths, spec), Stats(), batch=3)
+    run_parts(run, [(i, "b", k, 0) for i, k in enumerate(keys)], FlakyFetcher(objects))
+    run.sinks[0].close()
+
+    state = load_state(RunStore(), paths)
+    assert intervals.count(state.covered) == len(keys) and not state.overlaps()
+    assert dict(run.reasons) == {"not_text": 1}
+    rows = []
+    for m in sorted(state.markers, key=lambda m: m.name):
+        if m.file:
+            rows += pq.read_table(f"{paths.output_dir}/{m.file}").to_pylist()
+    got = [(r["key"].rsplit("/", 1)[-1], r["part"], r["part_start"], r["part_end"]) for r in rows]
+    assert sorted(got) == sorted(
+        [
+            ("one", 0, 0, 1),
+            ("one", 1, 2, 4),
+            ("one", 2, 5, 8),
+            ("flaky", 0, 0, 4),
+            ("flaky", 1, 5, 10),
+            ("two", 0, 0, 6),
+            ("three", 0, 0, 1),
+            ("three", 1, 2, 4),
+        ]
+    )
+    retry = [m for m in state.markers if m.kind == "retry"]
+    assert len(retry) == 1 and retry[0].rows == 1  # the flaky key: one key, two rows, in the final pass
+    failed = [f for m in state.markers for f in m.failed]
+    assert [(f["key"], f["reason"]) for f in failed] == [("s3://b/bad", "not_text")]
+    marker_rows = sum(m.rows for m in state.markers)
+    assert marker_rows == 4, json.dumps([m.rows for m in state.markers])  # keys embedded, not parts
