@@ -96,8 +96,9 @@ def _run_figures(ctx: Context, run: RunItem, n_total: int, retries_left: bool) -
             jobs = live_jobs(run, ctx.records.job_items(run.run_id)) if run.jobs_failed and not fails else []
             failed = [(m.shard, m.why or "failed") for m in fails]
             return figures_from_counts(n_total, counts, failed, [m.shard for m in marked], jobs)
+    shards = ctx.records.shard_items(run.run_id)
     jobs = live_jobs(run, ctx.records.job_items(run.run_id))  # less those Sluice ended to re-submit a stall
-    return figures_from_items(n_total, ctx.records.shard_items(run.run_id), jobs)
+    return figures_from_items(n_total, shards, jobs)
 
 
 def _record_success(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, *, retry_passes: int) -> str:

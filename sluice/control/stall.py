@@ -76,7 +76,12 @@ def read_beats(ctx: Context, run_id: str) -> list[Beat]:
         "ExpressionAttributeValues": {":pk": {"S": run_id}},
     }
     while True:
-        resp = ctx.clients.dynamodb.query(**kwargs)
+        try:
+            resp = ctx.clients.dynamodb.query(**kwargs)
+        except ctx.clients.dynamodb.exceptions.ResourceNotFoundException:
+            # No beats table (SLUICE_BEATS_TABLE unset by hand, a stack from before beats): no stall to find.
+            logger.warning("no beats table: stalls are not detected", extra={"table": ctx.settings.beats_table})
+            return out
         out += [Beat.of(i) for i in resp.get("Items", [])]
         if not resp.get("LastEvaluatedKey"):
             return out

@@ -124,6 +124,8 @@ def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -
             "SLUICE_PLAN_URI": str(row.plan_uri),
             "SLUICE_RUN_ID": run_id,
             "SLUICE_SHARD_OFFSET": str(layout.shard_offset),
+            # A stalled MNP job re-submitted by Sluice (sluice.control.stall): its attempts follow the ended ones.
+            **({"SLUICE_ATTEMPT_BASE": str(layout.attempt_base)} if layout.attempt_base else {}),
         }
         kind, size = "multinode", int(layout.shard_count)
     elif (j.get("arrayProperties") or {}).get("size"):

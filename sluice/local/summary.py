@@ -196,6 +196,10 @@ def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("models", ", ".join(s.get("models") or []) or "-"),
         ("shards", s["shards"]),
         ("retry passes", s["retry_passes"]),
+        *(
+            ("stalled", f"shard {st['shard']} attempt {st['attempt']}: ended after {st['after_s']} s without progress")
+            for st in s.get("stalled") or []
+        ),
         ("wall time", f"{s['wall_s']} s"),
         ("images/s", s["images_per_s"]),
         ("output (S3)", s.get("output_prefix")),

@@ -146,3 +146,28 @@ def test_a_shard_stalled_on_its_last_attempt_is_ended_and_not_resubmitted(aws, s
     assert len(all_jobs(aws)) == n_jobs  # bounded: no attempt left, nothing re-submitted
     (stalled,) = stalled_attempts(aws.dynamodb, stack.names["RunsTable"], run_id)
     assert stalled.redo_job_id is None
+
+
+def test_a_stalled_mnp_node_ends_the_mnp_job_and_resubmits_it_whole(aws, stack, monkeypatch):
+    out = submit_run(aws, stack, monkeypatch, n_keys=20, mode="multinode", nodes=2, name="stall-mnp")
+    run_id, job_id = out["run_id"], out["job_ids"][0]
+    queue = stack.names["MnpJobQueue"]
+    for node in (0, 1):
+        ev = job_event("batch-mnp-main-node-running", run_id=run_id, job_id=job_id, queue=queue, node=node)
+        deliver_job_event(stack, ev, monkeypatch)
+    _beat(aws, stack, run_id, f"{job_id}#1", 1, still_s=100)
+    _beat(aws, stack, run_id, f"{job_id}#0", 0, still_s=5)
+    (rec,) = reconcile(_ctx(stack, monkeypatch), run_id, now=time.time())
+    assert "stalled: shard 1 attempt 1 after 100 s, ended" in rec.actions
+    mnp = aws.batch.describe_jobs(jobs=[job_id])["jobs"][0]
+    assert mnp["statusReason"].startswith(STALLED_REASON)  # the whole MNP job: its nodes cannot run alone
+    entry = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id).jobs[-1]
+    assert (entry.kind, entry.shard_offset, entry.shard_count, entry.attempt_base, entry.replaces) == (
+        "multinode",
+        0,
+        2,
+        1,
+        job_id,
+    )
+    (stalled,) = stalled_attempts(aws.dynamodb, stack.names["RunsTable"], run_id)
+    assert stalled.redo_job_id == entry.id
