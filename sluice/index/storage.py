@@ -70,7 +70,14 @@ class Files:
         from pyarrow import fs
 
         endpoint = _endpoint(self._env)
-        kwargs: dict[str, Any] = {"region": _region(self._env) or "us-east-1"}
+        # Generous timeouts and retries: the AWS SDK's defaults (1 s to connect, 3 s a request) fail a
+        # whole index build on one slow answer (a busy emulator, a throttled prefix).
+        kwargs: dict[str, Any] = {
+            "region": _region(self._env) or "us-east-1",
+            "connect_timeout": 10,
+            "request_timeout": 60,
+            "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=8),
+        }
         if endpoint:
             scheme, _, host = endpoint.partition("://")
             kwargs |= {"endpoint_override": host.rstrip("/"), "scheme": scheme}
