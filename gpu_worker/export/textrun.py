@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -161,7 +162,7 @@ def _check(path: str, want: torch.Tensor) -> float:
     from gpu_worker.kinds.textmodel import file_model
 
     model = file_model(path)
-    chunks = [TextChunk(0, 0, 0, [t[0] for t in model.tokenizer.tokens(s)]) for s in SAMPLES]
+    chunks = [TextChunk(0, 0, 0, np.array([t[0] for t in model.tokenizer.tokens(s)], np.int32)) for s in SAMPLES]
     f = model.framing
     ids, mask = pad_ids(chunks, Framing(f.length, f.pad_id, f.prefix, f.suffix))
     with torch.no_grad():

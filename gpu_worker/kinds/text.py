@@ -5,7 +5,7 @@ An object is text when it is UTF-8 (a BOM accepted) or UTF-16 with a BOM; anythi
 no characters but whitespace is `empty`. Its tokens are cut into chunks of `chunk_tokens` that
 repeat the last `overlap_tokens` of the chunk before; each chunk is one output row whose
 part_start / part_end are the character offsets it covers. Chunks are made lazily from a
-token stream, so a text's memory is its characters plus its chunks' ids, and the worker's
+token stream, so a text's memory is its characters plus its chunks' ids (int32), and the worker's
 max_object_bytes (64 MiB) refuses a larger object (`too_large`) before its body is read.
 
 Models: builtin:reference-text (seeded random weights, a word tokenizer that needs no file:
@@ -55,7 +55,7 @@ class TextChunk:
     part: int
     start: int
     end: int
-    ids: list[int]
+    ids: np.ndarray  # int32: 4 bytes a token, so a long text's chunks stay small
 
 
 class Tokenizer(Protocol):
@@ -114,11 +114,11 @@ def chunks(tokens: Iterable[tuple[int, int, int]], window: TextWindow) -> Iterat
         buf.append(tok)
         fresh += 1
         if len(buf) == window.chunk_tokens:
-            yield TextChunk(part, buf[0][1], buf[-1][2], [t[0] for t in buf])
+            yield TextChunk(part, buf[0][1], buf[-1][2], np.array([t[0] for t in buf], np.int32))
             part += 1
             buf, fresh = buf[step:], 0
     if fresh:
-        yield TextChunk(part, buf[0][1], buf[-1][2], [t[0] for t in buf])
+        yield TextChunk(part, buf[0][1], buf[-1][2], np.array([t[0] for t in buf], np.int32))
 
 
 def text_chunks(data: bytes, tokenizer: Tokenizer, window: TextWindow) -> list[TextChunk]:
@@ -148,10 +148,14 @@ def pad_ids(parts: list[TextChunk], framing: Framing) -> tuple[np.ndarray, np.nd
     """(ids, attention mask), both (len(parts), framing.length) int64: prefix, the chunk, suffix, padding."""
     ids = np.full((len(parts), framing.length), framing.pad_id, np.int64)
     mask = np.zeros((len(parts), framing.length), np.int64)
+    head, tail = len(framing.prefix), len(framing.suffix)
     for i, p in enumerate(parts):
-        row = [*framing.prefix, *p.ids[: framing.room], *framing.suffix]
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
+        body = p.ids[: framing.room]
+        n = head + len(body) + tail
+        ids[i, :head] = framing.prefix
+        ids[i, head : head + len(body)] = body
+        ids[i, head + len(body) : n] = framing.suffix
+        mask[i, :n] = 1
     return ids, mask
 
 

@@ -74,7 +74,7 @@ class TextEmbedder:
         length = f.length if traced else window.chunk_tokens + len(f.prefix) + len(f.suffix)
         self._framing = Framing(length, f.pad_id, f.prefix, f.suffix)
         self._batch = how.batch
-        self.output_dim = int(self.embed([TextChunk(0, 0, 1, [1])]).shape[1])
+        self.output_dim = int(self.embed([TextChunk(0, 0, 1, np.ones(1, np.int32))]).shape[1])
 
     def split(self, data: bytes) -> list[Part]:
         chunks = text_chunks(data, self._model.tokenizer, self.window)
