@@ -337,8 +337,9 @@ class _Walk:
             found = self._advance(target)
             if not isinstance(found, _Overshot):
                 return found
-            # The demuxer landed past the target (MPEG-TS seeks by bytes, then the decoder waits for a
-            # keyframe): aim earlier, doubling, down to the start; and seek less eagerly from now on.
+            # The demuxer landed past the target, or past the last keyframe (MPEG-TS seeks by bytes,
+            # then the decoder waits for a keyframe): aim earlier, doubling, down to the start; and
+            # seek less eagerly from now on.
             self.gop_s = max(self.gop_s, back)
             self._seek(max(0.0, target - back))
             back *= 2
@@ -362,10 +363,13 @@ class _Walk:
         if self.decoder is None and self.position_s == -math.inf and aim <= self.gop_s:
             self.decoder = v.container.decode(v.stream)
             return
+        # Aiming at the start, aim before it: MPEG-TS lands on the next keyframe when asked for the first one.
+        at = v.start_s + aim if aim > 0 else v.start_s - 1.0
         try:
-            v.container.seek(round((v.start_s + aim) / v.time_base), stream=v.stream, backward=True)
+            v.container.seek(round(at / v.time_base), stream=v.stream, backward=True)
         except av.error.FFmpegError:
             self.can_seek = False  # a stream that cannot seek is decoded forward, which is only slower
+            self.seeked_to = None
             if self.decoder is None:
                 self.decoder = v.container.decode(v.stream)
             return
@@ -390,6 +394,8 @@ class _Walk:
             v.mark_damaged(f"decoding broke near {max(self.position_s, 0):.2f} s: {exc}")
             self.decoder, self.failed_in_row = None, self.failed_in_row + 1
             return None
+        if self.seeked_to is not None and self.seeked_to > 0:
+            return _OVERSHOT  # not one frame after the seek: it landed past the last keyframe it could use
         if target < v.duration_s - v.frame_period_s * 1.5:
             v.mark_damaged(f"the data ends at {max(self.position_s, 0):.2f} s of {v.duration_s:.2f} s: truncated")
         return None
