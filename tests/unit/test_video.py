@@ -32,6 +32,12 @@ def five_seconds() -> bytes:
     return make_video(5, fps=10)
 
 
+@functools.cache
+def bframe_video(gop: int, container: str) -> bytes:
+    """12 s of H.264 with B-frames (x264's default), a keyframe every `gop` frames."""
+    return make_video(12, fps=10, codec="libx264", gop=gop, container=container)
+
+
 def second_shown(image: object) -> int:
     """Which second's colour a sampled frame shows (the nearest of the first 40), asserting it is close."""
     pixel = image.getpixel((image.width // 2, image.height // 2))  # type: ignore[attr-defined]
@@ -138,6 +144,15 @@ def test_a_stream_without_a_duration_is_sampled_until_it_ends() -> None:
     assert not got.damaged
 
 
+def test_a_stream_without_a_duration_is_decoded_forward_for_sparse_samples() -> None:
+    video = make_video(12, fps=25, codec="libx264", gop=50, container="h264")
+    with open_video(video, VideoLimits(frames_per_second=0.25)) as v:
+        frames = list(v)
+        seeks, damaged = v.seeks, v.damaged
+    assert [second_shown(f.image) for f in frames] == [0, 4, 8]
+    assert (seeks, damaged) == (0, False)
+
+
 def test_a_stream_without_a_duration_fails_too_long_when_it_plays_past_the_limit() -> None:
     video = make_video(3, fps=25, codec="libx264", container="h264")
     with open_video(video, VideoLimits(max_duration_s=1.5)) as v, pytest.raises(VideoFailure) as info:
@@ -219,9 +234,13 @@ def test_truncated_video_keeps_its_early_frames(five_seconds: bytes) -> None:
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(st.binary(min_size=1, max_size=64), st.integers(min_value=0, max_value=10**6))
-def test_damage_anywhere_fails_typed_or_keeps_frames(garbage: bytes, where: int) -> None:
-    video = make_video(2, fps=10)
+@given(
+    st.binary(min_size=1, max_size=64),
+    st.integers(min_value=0, max_value=10**6),
+    st.sampled_from(["mp4", "avi", "matroska", "mpegts"]),
+)
+def test_damage_anywhere_fails_typed_or_keeps_frames(garbage: bytes, where: int, container: str) -> None:
+    video = bframe_video(5, container)
     at = where % len(video)
     damaged = video[:at] + garbage + video[at + len(garbage) :]
     try:
@@ -249,12 +268,6 @@ def test_any_duration_and_rate(seconds: float, video_fps: int, sample_fps: float
     assert [f.timestamp_s for f in got.frames] == pytest.approx(expected)
     assert [second_shown(f.image) for f in got.frames] == [math.floor(t + 1e-9) for t in expected]
     assert not got.damaged
-
-
-@functools.cache
-def bframe_video(gop: int, container: str) -> bytes:
-    """12 s of H.264 with B-frames (x264's default), a keyframe every `gop` frames."""
-    return make_video(12, fps=10, codec="libx264", gop=gop, container=container)
 
 
 def decode_everything(video: bytes, targets: list[float], half: float) -> list[float]:
