@@ -256,7 +256,7 @@ class VideoSampler:
             self._on_close.close()
 
     def __iter__(self) -> Iterator[VideoFrame]:
-        walk = _Walk(self)
+        walk = _Walk(self, can_seek=self.duration_s > 0)  # a raw stream without a duration cannot seek
         part = 0
         for frame in walk.frames():
             yield VideoFrame(part, frame[0], frame[1])
@@ -337,8 +337,9 @@ class _Walk:
             found = self._advance(target)
             if not isinstance(found, _Overshot):
                 return found
-            # The demuxer landed past the target (MPEG-TS seeks by bytes, then the decoder waits for a
-            # keyframe): aim earlier, doubling, down to the start; and seek less eagerly from now on.
+            # The demuxer landed past the target, or past the last keyframe (MPEG-TS seeks by bytes,
+            # then the decoder waits for a keyframe): aim earlier, doubling, down to the start; and
+            # seek less eagerly from now on.
             self.gop_s = max(self.gop_s, back)
             self._seek(max(0.0, target - back))
             back *= 2
@@ -359,15 +360,19 @@ class _Walk:
     def _seek(self, aim: float) -> None:
         """Seek to the keyframe at or before `aim` (none needed to start near the beginning)."""
         v = self.video
-        if self.decoder is None and self.position_s == -math.inf and aim <= self.gop_s:
-            self.decoder = v.container.decode(v.stream)
+        starting = self.decoder is None and self.position_s == -math.inf and aim <= self.gop_s
+        if starting or not self.can_seek:
+            self.decoder = self.decoder or v.container.decode(v.stream)
             return
+        # Aiming at the start, aim before it: MPEG-TS lands on the next keyframe when asked for the first one.
+        at = v.start_s + aim if aim > 0 else v.start_s - 1.0
         try:
-            v.container.seek(round((v.start_s + aim) / v.time_base), stream=v.stream, backward=True)
-        except av.error.FFmpegError:
-            self.can_seek = False  # a stream that cannot seek is decoded forward, which is only slower
-            if self.decoder is None:
-                self.decoder = v.container.decode(v.stream)
+            v.container.seek(round(at / v.time_base), stream=v.stream, backward=True)
+        except av.error.FFmpegError as exc:
+            # Decoded forward from here on; what the failed seek did to the demuxer is unknown.
+            v.mark_damaged(f"seek to {aim:.2f} s failed ({exc}): later samples may be missing")
+            self.can_seek, self.seeked_to = False, None
+            self.decoder = self.decoder or v.container.decode(v.stream)
             return
         v.seeks += 1
         self.seeked_to, self.last_key_s = aim, None
@@ -390,6 +395,8 @@ class _Walk:
             v.mark_damaged(f"decoding broke near {max(self.position_s, 0):.2f} s: {exc}")
             self.decoder, self.failed_in_row = None, self.failed_in_row + 1
             return None
+        if self.seeked_to is not None and self.seeked_to > 0:
+            return _OVERSHOT  # not one frame after the seek: it landed past the last keyframe it could use
         if target < v.duration_s - v.frame_period_s * 1.5:
             v.mark_damaged(f"the data ends at {max(self.position_s, 0):.2f} s of {v.duration_s:.2f} s: truncated")
         return None
