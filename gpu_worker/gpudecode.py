@@ -4,13 +4,14 @@
 (size, size, 3) uint8 RGB array or the ObjectFailure the CPU path (gpu_worker.decode) gives:
 
 1. A header probe on the host (Pillow reads the header only; no pixel is decoded) routes each
-   image: a baseline or progressive YCbCr/greyscale JPEG without an EXIF rotation goes to the
-   device; anything else (PNG, CMYK, rotated, unreadable headers) goes to the CPU path one by
-   one, which gives its usual reason. The bomb guard runs here, on the header's dimensions,
-   before any device allocation.
+   image: a baseline or progressive YCbCr/greyscale JPEG with its end marker and without an
+   EXIF rotation goes to the device; anything else (PNG, CMYK, rotated, truncated, unreadable
+   headers) goes to the CPU path one by one, which gives its usual reason. The bomb guard runs
+   here, on the header's dimensions, before any device allocation.
 2. The device JPEG decoder (injectable: `JpegDecode`, bytes -> uint8 CHW tensors on `device`)
    decodes the routed images as one batch; when the batch call fails, each image is tried
-   alone, and an image the device decoder refuses falls back to the CPU path.
+   alone, and an image the device decoder refuses (or returns at other dimensions than its
+   header's) falls back to the CPU path.
 3. On the device: centre crop of the shorter side, antialiased bilinear resize to `size`
    (Pillow's BILINEAR resize is antialiased too), rounding to uint8. Normalisation stays in
    gpu_worker.infer.Engine, as for CPU-decoded batches.
@@ -42,6 +43,8 @@ Decoded = np.ndarray | ObjectFailure
 DEVICE_MODES = ("RGB", "L")  # JPEG colour spaces nvJPEG turns into RGB (YCbCr, greyscale)
 EXIF_ORIENTATION = 0x0112
 JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_END = b"\xff\xd9"  # EOI
+TAIL = 4096  # where EOI must be: some files carry a little trailing data, which Pillow ignores too
 
 
 def torchvision_jpeg(datas: Sequence[bytes], device: str) -> list[Any]:
@@ -81,29 +84,33 @@ def nvjpeg_problem(device: str, decode: JpegDecode = torchvision_jpeg) -> str | 
     return None
 
 
-def route(data: bytes, max_pixels: int) -> bool:
-    """True when the device should decode these bytes; raises BOMB from the header's dimensions."""
-    if not data.startswith(JPEG_MAGIC):
-        return False
+def route(data: bytes, max_pixels: int) -> tuple[int, int] | None:
+    """The header's (width, height) when the device should decode these bytes, else None (the CPU path).
+
+    Raises BOMB from the header's dimensions. A JPEG without its end marker (truncated) goes to
+    the CPU path, whose decoder reports it as corrupt; a GPU decoder may fill the rest in grey.
+    """
+    if not data.startswith(JPEG_MAGIC) or JPEG_END not in data[-TAIL:]:
+        return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             im = Image.open(io.BytesIO(data))  # reads the header only
     except Image.DecompressionBombError as exc:  # over twice Pillow's limit (decode_image sets it)
         raise ObjectFailure(FailureReason.BOMB, str(exc)) from None
-    except Exception:  # unreadable headers and Pillow's own 2x bomb error: the CPU path names them
-        return False
+    except Exception:  # unreadable headers: the CPU path names them
+        return None
     with im:
         w, h = im.size
         if w * h > max_pixels:
             raise ObjectFailure(FailureReason.BOMB, f"{w}x{h} = {w * h} pixels > {max_pixels}")
         if im.format != "JPEG" or im.mode not in DEVICE_MODES or w < 1 or h < 1:
-            return False
+            return None
         try:
             orientation = im.getexif().get(EXIF_ORIENTATION, 1)
         except Exception:
-            return False
-        return orientation in (1, None)
+            return None
+        return (w, h) if orientation in (1, None) else None
 
 
 def draft_scale(w: int, h: int, size: int) -> int:
@@ -148,17 +155,19 @@ class DeviceDecoder:
     def decode_batch(self, datas: Sequence[bytes]) -> list[Decoded]:
         """One result per input, in order: an array, or the failure the CPU path gives."""
         out: list[Decoded | None] = [None] * len(datas)
-        on_device: list[int] = []
+        on_device: dict[int, tuple[int, int]] = {}
         for i, data in enumerate(datas):
             try:
-                if route(data, self.max_pixels):
-                    on_device.append(i)
-                    continue
+                dims = route(data, self.max_pixels)
             except ObjectFailure as f:
                 out[i] = f
                 continue
-            out[i] = self._cpu(data)
-        for i, arr in zip(on_device, self._device([datas[i] for i in on_device])):
+            if dims is None:
+                out[i] = self._cpu(data)
+            else:
+                on_device[i] = dims
+        idx = list(on_device)
+        for i, arr in zip(idx, self._device([datas[i] for i in idx], [on_device[i] for i in idx])):
             out[i] = arr if arr is not None else self._cpu(datas[i], refused=True)
         return [r if r is not None else ObjectFailure(FailureReason.CORRUPT, "no result") for r in out]
 
@@ -169,8 +178,9 @@ class DeviceDecoder:
         except ObjectFailure as f:
             return f
 
-    def _device(self, datas: list[bytes]) -> list[np.ndarray | None]:
-        """Decode on the device as one batch, else one by one; None where the decoder refuses."""
+    def _device(self, datas: list[bytes], dims: list[tuple[int, int]]) -> list[np.ndarray | None]:
+        """Decode on the device as one batch, else one by one; None where the decoder refuses
+        or returns other dimensions than the header's."""
         if not datas:
             return []
         try:
@@ -178,7 +188,7 @@ class DeviceDecoder:
         except Exception:  # one bad image fails a batched call: find it
             imgs = [self._one(d) for d in datas]
         arrays: list[np.ndarray | None] = []
-        resized = [crop_resize(img, self.size) if _rgb(img) else None for img in imgs]
+        resized = [crop_resize(img, self.size) if _rgb(img, wh) else None for img, wh in zip(imgs, dims)]
         ok = [r for r in resized if r is not None]
         host = iter(_to_host(ok))
         for r in resized:
@@ -193,8 +203,9 @@ class DeviceDecoder:
             return None
 
 
-def _rgb(img: Any) -> bool:
-    return img is not None and img.dim() == 3 and img.shape[0] == 3 and img.shape[1] > 0 and img.shape[2] > 0
+def _rgb(img: Any, wh: tuple[int, int]) -> bool:
+    """A (3, H, W) image with the header's width and height."""
+    return img is not None and tuple(img.shape) == (3, wh[1], wh[0])
 
 
 def _to_host(imgs: list[Any]) -> list[np.ndarray]:

@@ -50,6 +50,7 @@ FUNCTION_ACTIONS = {
         "sqs:SendMessage",
         "s3:GetObject",
         "s3:ListBucket",
+        "s3:GetBucketLocation",  # the preflight's data-locality check (input buckets only)
         "s3:PutObject",
         "s3:AbortMultipartUpload",
         "s3:PutObjectTagging",
@@ -322,7 +323,8 @@ def test_functions_cannot_read_images() -> None:
     for action, resource, _ in manifest:
         if not action.startswith("s3:"):
             continue
-        if action == "s3:ListBucket":
+        if action in ("s3:ListBucket", "s3:GetBucketLocation"):  # bucket-level: no object is read
+            assert action == "s3:ListBucket" or resource.startswith(INPUTS), (action, resource)
             continue
         if resource.startswith(INPUTS) or resource.startswith(f"{CONTROL}/inputs/"):
             assert action == "s3:GetObject" and resource.endswith(LIST_SUFFIXES), (action, resource)

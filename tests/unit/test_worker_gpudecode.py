@@ -97,9 +97,8 @@ def test_one_mixed_batch_takes_the_right_paths_and_reasons():
     dec = DeviceDecoder("cpu", 32, LIMIT, rec)
     out = dict(zip(objs, dec.decode_batch(list(objs.values()))))
     by_bytes = {v: k for k, v in objs.items()}
-    # JPEGs nvJPEG takes went to the device as one batch; the truncated one was refused there, alone.
-    assert [by_bytes[d] for d in rec.calls[0]] == ["baseline", "grey", "progressive", "truncated"]
-    assert {by_bytes[d] for d in rec.seen} == {"baseline", "grey", "progressive", "truncated"}
+    # JPEGs nvJPEG takes went to the device as one batch; the truncated one (no end marker) did not.
+    assert [[by_bytes[d] for d in call] for call in rec.calls] == [["baseline", "grey", "progressive"]]
     for name in ("baseline", "grey", "progressive", "png", "cmyk", "rotated"):
         assert isinstance(out[name], np.ndarray) and out[name].shape == (32, 32, 3), name
     reasons = {k: v.reason for k, v in out.items() if isinstance(v, ObjectFailure)}
@@ -116,7 +115,30 @@ def test_one_mixed_batch_takes_the_right_paths_and_reasons():
     # Images the CPU decoded give the CPU path's pixels exactly.
     for name in ("png", "cmyk", "rotated"):
         assert np.array_equal(out[name], _cpu(objs[name], 32)), name
-    assert dec.counts == {"device": 3, "cpu": 6, "refused": 1}
+    assert dec.counts == {"device": 3, "cpu": 7, "refused": 0}
+
+
+def test_what_the_device_decoder_refuses_goes_to_the_cpu_path():
+    """A JPEG nvJPEG refuses, or returns at other dimensions than its header's, gets the CPU path's result."""
+    good = jpeg(_picture(120, 90, 8))
+    damaged = good[:300] + bytes(200) + good[500:]  # header and end marker intact, scan data zeroed
+    calls: list[int] = []
+
+    def nvjpeg_like(datas: Sequence[bytes], device: str) -> list[Any]:
+        calls.append(len(datas))
+        if any(d == damaged for d in datas):
+            raise RuntimeError("nvjpegDecode failed")
+        return [torch.zeros(3, 10, 10, dtype=torch.uint8)]  # the wrong size for a 120x90 image
+
+    dec = DeviceDecoder("cpu", 32, LIMIT, nvjpeg_like)
+    out = dec.decode_batch([good, damaged])
+    assert calls == [2, 1, 1]  # the batch, then each alone
+    assert np.array_equal(out[0], decode_image(good, 32, LIMIT))
+    cpu = _cpu(damaged, 32)
+    assert type(out[1]) is type(cpu)
+    if isinstance(cpu, ObjectFailure):
+        assert out[1].reason == cpu.reason
+    assert dec.counts == {"device": 0, "cpu": 0, "refused": 2}
 
 
 def test_the_bomb_guard_reads_the_header_before_the_device():
@@ -127,7 +149,8 @@ def test_the_bomb_guard_reads_the_header_before_the_device():
         route(header_bomb_jpeg(60_000), LIMIT)
     assert exc.value.reason == FailureReason.BOMB
     small = jpeg(_picture(30, 20, 5))
-    assert route(small, 600) is True
+    assert route(small, 600) == (30, 20)
+    assert route(small[:-2], 600) is None  # no end marker: the CPU path
     with pytest.raises(ObjectFailure):  # the limit is the worker's own
         route(small, 599)
 
