@@ -28,7 +28,7 @@ from sluice.control.batch import RUN_TAG
 from sluice.control.context import Context, control_bucket
 from sluice.control.ddb import item
 from sluice.control.ledger import RUN_SK, staged
-from sluice.control.policy import retry_strategy
+from sluice.control.policy import index_retry_strategy
 from sluice.errors import RetriableError, SubmissionError
 from sluice.log import logger
 from sluice.models import RunPlan
@@ -68,7 +68,7 @@ def request(run: RunItem, settings: Any) -> dict[str, Any]:
         "jobName": job_name(run.run_id),
         "jobQueue": settings.prepare_job_queue,
         "jobDefinition": settings.index_job_definition,
-        "retryStrategy": retry_strategy(ATTEMPTS),
+        "retryStrategy": index_retry_strategy(ATTEMPTS),
         "timeout": {"attemptDurationSeconds": TIMEOUT_S},
         "tags": {RUN_TAG: run.run_id},
         "propagateTags": True,

@@ -36,6 +36,12 @@ def retry_strategy(attempts: int) -> dict[str, Any]:
     return {"attempts": attempts, "evaluateOnExit": [dict(r) for r in EVALUATE_ON_EXIT]}
 
 
+def index_retry_strategy(attempts: int) -> dict[str, Any]:
+    """The index stage's `retryStrategy`: a lost host retried; it has no watchdog, so no stall rule."""
+    rules = [dict(r) for r in EVALUATE_ON_EXIT if r.get("onExitCode") != str(STALLED_EXIT)]
+    return {"attempts": attempts, "evaluateOnExit": rules}
+
+
 PREPARE_ATTEMPTS = 3  # prepare workers are idempotent and bad input exits 0: any failure is worth a retry
 PREPARE_TIMEOUT_S = 4 * 3600
 
