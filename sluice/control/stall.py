@@ -6,7 +6,8 @@ stall_after_s, and that the ledger does not show finished or superseded, is stal
 container could not end itself (stopped, frozen host, a GIL-holding native call). The sweep
 records it once (a STALL# item, a conditional put), ends it with TerminateJob (the array
 child, the plain job, or the whole MNP job, reason "sluice: stalled ..."), and, since Batch
-does not retry a job ended by TerminateJob (it moves to FAILED), re-submits the shard itself
+does not retry a job ended by TerminateJob (it moves to FAILED; "jobs that are cancelled or
+terminated aren't retried", AWS Batch User Guide, "Automated job retries"), re-submits the shard itself
 as a plain job (or the MNP job) whose attempts follow the terminated one's (SLUICE_ATTEMPT_BASE):
 it resumes from the committed chunks, and its events outrank the terminated attempt's. The
 attempts in all stay the plan's: a shard stalled on its last attempt is not re-submitted and
