@@ -61,6 +61,17 @@ def values(raw: dict[str, Any]) -> dict[str, Any]:
     return {k: _de.deserialize(v) for k, v in raw.items()}
 
 
+def prefixed(dynamodb: Any, table: str, pk: str, prefix: str) -> list[dict[str, Any]]:
+    """One partition's items whose sort key starts with prefix, as plain values (one consistent page)."""
+    resp = dynamodb.query(
+        TableName=table,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
+        ExpressionAttributeValues={":pk": {"S": pk}, ":p": {"S": prefix}},
+        ConsistentRead=True,
+    )
+    return [values(i) for i in resp.get("Items", [])]
+
+
 def set_clause(fields: dict[str, Any], tag: str = "") -> tuple[str, dict[str, str], dict[str, Any]]:
     """'#0 = :0, #1 = :1', its attribute names and its serialized values."""
     names = {f"#{tag}{i}": k for i, k in enumerate(fields)}

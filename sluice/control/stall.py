@@ -31,7 +31,7 @@ from sluice.aws.s3io import read_uri
 from sluice.contracts import JobItem, JobLayoutItem, RunItem, RunProgress, RunStatus, ShardItem, StalledAttempt
 from sluice.control.batch import RUN_TAG, job_request
 from sluice.control.context import Context, run_paths
-from sluice.control.ddb import item, values
+from sluice.control.ddb import item, prefixed, values
 from sluice.control.policy import STALLED_REASON, retry_strategy
 from sluice.log import logger
 from sluice.models import JobLayout, RunPlan, load_plan
@@ -255,14 +255,9 @@ def live_jobs(run: RunItem, jobs: list[JobItem]) -> list[JobItem]:
 
 def stalled_attempts(dynamodb: Any, table: str, run_id: str) -> list[StalledAttempt]:
     """The run's recorded stalls (STALL# items), in shard and attempt order."""
-    resp = dynamodb.query(
-        TableName=table,
-        KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
-        ExpressionAttributeValues={":pk": {"S": run_id}, ":p": {"S": STALL_PREFIX}},
-        ConsistentRead=True,
-    )
     fields = set(StalledAttempt.model_fields)
-    return [StalledAttempt(**{k: v for k, v in values(i).items() if k in fields}) for i in resp.get("Items", [])]
+    found = prefixed(dynamodb, table, run_id, STALL_PREFIX)
+    return [StalledAttempt(**{k: v for k, v in i.items() if k in fields}) for i in found]
 
 
 METRIC = {"Namespace": "Sluice", "Dimensions": [[]], "Metrics": [{"Name": "StalledAttempts", "Unit": "Count"}]}

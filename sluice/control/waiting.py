@@ -17,7 +17,7 @@ from typing import Any
 
 from sluice.contracts import JobLayoutItem, RunItem, RunStatus, RunWaiting, WaitingCause
 from sluice.control.context import Context
-from sluice.control.ddb import item, values
+from sluice.control.ddb import item, prefixed
 
 WAIT_PREFIX = "WAIT#"
 SWEPT = (RunStatus.SUBMITTED, RunStatus.RUNNING, RunStatus.RETRYING)
@@ -109,14 +109,9 @@ def _record(ctx: Context, run_id: str, cause: WaitingCause, now: float) -> bool:
 
 def waiting_causes(dynamodb: Any, table: str, run_id: str) -> list[WaitingCause]:
     """The causes recorded for the run (WAIT# items), as first seen."""
-    resp = dynamodb.query(
-        TableName=table,
-        KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
-        ExpressionAttributeValues={":pk": {"S": run_id}, ":p": {"S": WAIT_PREFIX}},
-        ConsistentRead=True,
-    )
     fields = set(WaitingCause.model_fields)
-    return [WaitingCause(**{k: v for k, v in values(i).items() if k in fields}) for i in resp.get("Items", [])]
+    found = prefixed(dynamodb, table, run_id, WAIT_PREFIX)
+    return [WaitingCause(**{k: v for k, v in i.items() if k in fields}) for i in found]
 
 
 __all__ = ["causes", "sweep_waiting", "wait_sk", "waiting_causes"]
