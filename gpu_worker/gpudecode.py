@@ -84,6 +84,16 @@ def nvjpeg_problem(device: str, decode: JpegDecode = torchvision_jpeg) -> str | 
     return None
 
 
+def cuda_problem() -> str | None:
+    """Why this machine's workers cannot decode on a CUDA GPU (None: they can)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    why = nvjpeg_problem("cuda")
+    return f"nvJPEG does not run on CUDA here ({why})" if why else None
+
+
 def route(data: bytes, max_pixels: int) -> tuple[int, int] | None:
     """The header's (width, height) when the device should decode these bytes, else None (the CPU path).
 

@@ -327,17 +327,12 @@ def cmd_local_run(args: argparse.Namespace) -> int:
 
 
 def _no_cuda() -> str | None:
-    """Why this machine's workers cannot decode on a CUDA GPU (None: they can)."""
+    """Why this machine's workers cannot decode on a CUDA GPU (None: they can); torch stays in gpu_worker."""
     try:
-        import torch
+        from gpu_worker.gpudecode import cuda_problem
     except ImportError:
         return "torch is not installed, so CUDA is not available"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    from gpu_worker.gpudecode import nvjpeg_problem
-
-    why = nvjpeg_problem("cuda")
-    return f"nvJPEG does not run on CUDA here ({why})" if why else None
+    return cuda_problem()
 
 
 def cmd_model_export(args: argparse.Namespace) -> int:
