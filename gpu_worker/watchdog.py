@@ -63,9 +63,13 @@ class Beats:
         `limit_s`: how long it may stay still from there (stall_after_s, plus LOAD_GRACE_S while loading).
         """
         limit = self._stall if limit_s is None else limit_s
+        if self._t.table:
+            self._put(processed, moved_at, limit)
+        # Logged once stored: a reader of the log (the e2e test) may act on the beat the sweep sees.
         logger.debug("progress beat", extra={"processed": processed, "limit_s": limit})
-        if not self._t.table:
-            return
+
+    def _put(self, processed: int, moved_at: float, limit: float) -> None:
+        """The beat item, put into the beats table."""
         if self._client is None:
             from sluice.aws.clients import client
 
