@@ -32,6 +32,7 @@ from sluice.settings import Settings
 from tests.integration.helpers import bus_events
 from tests.integration.test_completion_order import Scenario, _setup
 from tests.properties import examples
+from tests.threads import deliver_concurrently
 
 EXAMPLES = examples(3)
 THREADS = 4
@@ -152,21 +153,9 @@ def _deliver(stack: Any, seq: list[dict[str, Any]], threads: int, monkeypatch: A
     cfg = Settings.from_env()
     clients = Clients(dynamodb=db)
     parsed = [BatchJobStateChangeEvent.model_validate(e).detail for e in seq]
-    errors: list[BaseException] = []
-
-    def work(part: list[Any]) -> None:
-        try:
-            for d in part:
-                _with_retries(lambda d=d: handle_job_event(d, settings=cfg, clients=clients))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    pool = [threading.Thread(target=work, args=(parsed[i::threads],)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    assert errors == []
+    deliver_concurrently(
+        parsed, threads, lambda d: _with_retries(lambda: handle_job_event(d, settings=cfg, clients=clients))
+    )
 
 
 def _with_retries(deliver: Any) -> None:

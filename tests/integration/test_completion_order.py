@@ -12,7 +12,6 @@ SLUICE_PROPERTY_EXAMPLES sets the examples per test (CI: the default; bench runs
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +25,7 @@ from sluice.local.events import JobChange, attempt, batch_job_state_change
 from tests.integration.completion_support import Atomic, submit_run, write_result
 from tests.integration.helpers import bus_events
 from tests.properties import examples
+from tests.threads import deliver_concurrently
 
 EXAMPLES = examples(8)
 EXITED = "Essential container in task exited"
@@ -242,21 +242,7 @@ def _deliver_concurrently(stack: Any, seq: list[dict[str, Any]], threads: int, m
     settings = Settings.from_env()
     clients = Clients(dynamodb=Atomic(sluice_aws.client("dynamodb")))
     parsed = [BatchJobStateChangeEvent.model_validate(e).detail for e in seq]
-    errors: list[BaseException] = []
-
-    def work(part: list[Any]) -> None:
-        try:
-            for d in part:
-                handle_job_event(d, settings=settings, clients=clients)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    pool = [threading.Thread(target=work, args=(parsed[i::threads],)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    assert errors == []
+    deliver_concurrently(parsed, threads, lambda d: handle_job_event(d, settings=settings, clients=clients))
 
 
 _COPIES = st.lists(st.integers(1, 3), min_size=1, max_size=80)
