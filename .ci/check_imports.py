@@ -5,9 +5,11 @@ Every `import` and `from ... import` in sluice/, functions/ and gpu_worker/ coun
 ones (inside a function) and TYPE_CHECKING ones too: a circle hidden in a function body is
 still a circle. Two checks:
 
-- circles: between modules, and between rooms (a package under sluice/, a top-level module of
-  sluice/, gpu_worker, functions);
-- floors: a room imports only rooms on its own floor or below (FLOORS, lowest first).
+- circles: between modules, and between rooms (a package or a top-level module of sluice/ or
+  gpu_worker/, functions);
+- floors: a room imports only rooms on its own floor or below (FLOORS, lowest first). The worker's
+  rooms have floors of their own (WORKER_FLOORS), all on FLOORS' worker floor: sluice's rooms on
+  that floor or below never import the worker, and the worker imports only sluice's foundation.
 
 Exit 1 and list every offending import.
 """
@@ -40,12 +42,25 @@ FLOORS: list[set[str]] = [
     {"sluice.input", "sluice.preflight"},
     {"sluice.plan"},
     {"sluice.prepare", "sluice.index"},  # the stages' CPU jobs: prepare, and the search index
-    {"sluice.control", "gpu_worker"},
+    {"sluice.control", "gpu_worker"},  # gpu_worker: WORKER_FLOORS inside this floor
     {"sluice.ops", "functions"},
     {"sluice.local"},
     {"sluice.cli"},
 ]
-MAX_TOP_MODULES = 12  # sluice/*.py besides __init__.py
+# The worker's rooms, lowest first (docs/worker.md draws them). Each sits on FLOORS' "gpu_worker" floor.
+WORKER_FLOORS: list[set[str]] = [
+    {"gpu_worker", "gpu_worker.errors", "gpu_worker.log", "gpu_worker.procs"},
+    {"gpu_worker.telemetry"},  # counters, metric families, remote write
+    {"gpu_worker.config", "gpu_worker.env"},  # settings and the container's environment
+    {"gpu_worker.sources"},  # S3 GETs, the run's files, ranged shard reads
+    {"gpu_worker.decode", "gpu_worker.output"},  # bytes -> pixels; chunks, markers, the shard's result
+    {"gpu_worker.models"},  # builtins, specs, loading, the engine, the text tower, queries
+    {"gpu_worker.kinds", "gpu_worker.watchdog"},  # text and video embedders; progress beats
+    {"gpu_worker.passes", "gpu_worker.export"},  # a rank's pass over its keys; `sluice model export`
+    {"gpu_worker.rank", "gpu_worker.autotune"},  # the rank process; the batch-size probe
+    {"gpu_worker.main", "gpu_worker.__main__"},  # the node: `python -m gpu_worker`
+]
+MAX_TOP_MODULES = 12  # sluice/*.py and gpu_worker/*.py besides __init__.py (and the worker's __main__.py)
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -79,14 +94,33 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int
 
 def room(module: str) -> str:
     parts = module.split(".")
-    return parts[0] if parts[0] != "sluice" else ".".join(parts[:2])
+    return parts[0] if parts[0] not in ("sluice", "gpu_worker") else ".".join(parts[:2])
 
 
-def floor_of(r: str) -> int:
+def floor_of(r: str) -> tuple[int, int]:
+    """(floor in FLOORS, floor in WORKER_FLOORS: 0 outside the worker); compared as a pair."""
+    if r.split(".")[0] == "gpu_worker":
+        worker = next(i for i, rooms in enumerate(FLOORS) if "gpu_worker" in rooms)
+        for j, rooms in enumerate(WORKER_FLOORS):
+            if r in rooms:
+                return worker, j + 1
+        raise SystemExit(f"check_imports: room {r} is on no floor: add it to WORKER_FLOORS in .ci/check_imports.py")
     for i, rooms in enumerate(FLOORS):
         if r in rooms:
-            return i
+            return i, 0
     raise SystemExit(f"check_imports: room {r} is on no floor: add it to FLOORS in .ci/check_imports.py")
+
+
+def floor_text(r: str) -> str:
+    f, w = floor_of(r)
+    return f"floor {f}" + (f".{w}" if w else "")
+
+
+def crossing(a: str, b: str) -> bool:
+    """True when room `a` may not import room `b`: b is on a higher floor, or a worker room reaches past the foundation."""
+    if floor_of(b) > floor_of(a):
+        return True
+    return a.startswith("gpu_worker") and not b.startswith("gpu_worker") and b not in FLOORS[0]
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -136,10 +170,15 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def problems(root: Path = ROOT) -> list[str]:
     known = modules(root)
-    tops = [m for m in known if m.count(".") == 1 and m.startswith("sluice.") and known[m].name != "__init__.py"]
     out: list[str] = []
-    if len(tops) > MAX_TOP_MODULES:
-        out.append(f"sluice/ has {len(tops)} top-level modules (at most {MAX_TOP_MODULES}): {', '.join(sorted(tops))}")
+    for pkg in ("sluice", "gpu_worker"):
+        tops = [
+            m
+            for m in known
+            if m.count(".") == 1 and m.startswith(pkg + ".") and known[m].name not in ("__init__.py", "__main__.py")
+        ]
+        if len(tops) > MAX_TOP_MODULES:
+            out.append(f"{pkg}/ has {len(tops)} top-level modules (at most {MAX_TOP_MODULES}): {', '.join(sorted(tops))}")
     mod_graph: dict[str, set[str]] = {m: set() for m in known}
     room_graph: dict[str, set[str]] = {}
     for name, path in known.items():
@@ -149,9 +188,9 @@ def problems(root: Path = ROOT) -> list[str]:
             if a == b:
                 continue
             room_graph.setdefault(a, set()).add(b)
-            if floor_of(b) > floor_of(a):
+            if crossing(a, b):
                 where = path.relative_to(root)
-                out.append(f"{where}:{line}: {name} imports {target}: {a} (floor {floor_of(a)}) is below {b}")
+                out.append(f"{where}:{line}: {name} imports {target}: {a} ({floor_text(a)}) may not import {b} ({floor_text(b)})")
     out += [f"import circle between modules: {' <-> '.join(c)}" for c in circles(mod_graph)]
     out += [f"import circle between rooms: {' <-> '.join(c)}" for c in circles(room_graph)]
     return out

@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.decode import decode_image
-from gpu_worker.decodebench import MAX_PIXELS, sample_jpegs
-from gpu_worker.gpudecode import loader_decode
+from gpu_worker.decode.bench import MAX_PIXELS, sample_jpegs
+from gpu_worker.decode.image import decode_image
+from gpu_worker.decode.nvjpeg import loader_decode
 
 
 def _rate(fn: Callable[[bytes], object], images: list[bytes]) -> float:

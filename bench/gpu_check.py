@@ -33,8 +33,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_worker.autotune import trial
-from gpu_worker.decodebench import sample_jpegs
-from gpu_worker.model import META_NAME, load_model
+from gpu_worker.decode.bench import sample_jpegs
+from gpu_worker.models.load import load_model
+from gpu_worker.models.spec import META_NAME
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

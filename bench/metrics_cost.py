@@ -12,19 +12,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_worker.metrics import (
-    CRITICAL,
-    FETCH_BUCKETS,
-    INFER_BUCKETS,
-    RankCollector,
-    count_retry,
-    observe,
-    rank_registry,
-    series_count,
-)
-from gpu_worker.remote_write import RemoteWriter
-from gpu_worker.stats import Stats
-from gpu_worker.write_request import encode_write_request, registry_series, snappy_block
+from gpu_worker.telemetry.collector import RankCollector, rank_registry, series_count
+from gpu_worker.telemetry.families import CRITICAL, FETCH_BUCKETS, INFER_BUCKETS
+from gpu_worker.telemetry.observe import count_retry, observe
+from gpu_worker.telemetry.remote_write import RemoteWriter
+from gpu_worker.telemetry.stats import Stats
+from gpu_worker.telemetry.write_request import encode_write_request, registry_series, snappy_block
 from sluice.contracts import FailureReason
 from sluice.preflight.limits import AMP_ACTIVE_SERIES, AMP_INGEST_SAMPLES_S  # the quotas, cited once
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/text.py                        # 400 texts (every tenth a long report), 1 core
     .venv/bin/python bench/text.py --texts 2000 --threads 2 --chunk-tokens 128
 
-Ours, end to end: gpu_worker.kinds.parts.run_parts as a rank runs it, from object bytes to
+Ours, end to end: gpu_worker.passes.parts.PartsStream as a rank runs it, from object bytes to
 committed Parquet chunks: decode, tokenize and chunk in the fetch threads, embed in batches of
 --batch chunks, sink a key's rows together, commit chunks with their markers (to a local
 folder; the bytes come from memory, so S3 is not measured). Baseline, model-only: the same
@@ -27,15 +27,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_worker import intervals
-from gpu_worker.commits import Paths
 from gpu_worker.config import WorkerConfig
 from gpu_worker.kinds.base import Loading
-from gpu_worker.kinds.parts import parts_pass, run_parts
 from gpu_worker.kinds.textmodel import load_text
-from gpu_worker.sink import ChunkSink, RecordLabel, SinkSpec
-from gpu_worker.stats import Stats
-from gpu_worker.store import RunStore
+from gpu_worker.output import intervals
+from gpu_worker.output.commits import Paths
+from gpu_worker.output.parquet import RecordLabel
+from gpu_worker.output.sink import ChunkSink, SinkSpec
+from gpu_worker.passes.base import KeySinks
+from gpu_worker.passes.parts import PartsStream
+from gpu_worker.sources.store import RunStore
+from gpu_worker.telemetry.stats import Stats
 from sluice.local.demo import demo_texts
 from sluice.models import ContentSpec, ModelSpec, PlannedModel
 
@@ -76,11 +78,11 @@ def end_to_end(args: argparse.Namespace, objects: dict[str, bytes]) -> tuple[flo
     try:
         stats = Stats()
         cfg = WorkerConfig.model_validate({}).replace(fetch_concurrency=args.fetch_threads)
-        run = parts_pass(cfg, [embedder], lambda m, e: _sink(root, len(objects), e.output_dim), stats, args.batch)
+        outputs = KeySinks([_sink(root, len(objects), embedder.output_dim)], stats)
         items = [(i, "bench", key, 0) for i, key in enumerate(objects)]
         t0 = time.perf_counter()
-        run_parts(run, items, MemoryFetcher(objects))
-        run.sinks[0].close()
+        PartsStream(cfg, [embedder], outputs, args.batch).run(items, MemoryFetcher(objects))
+        outputs.finish(ok=True)
         took = time.perf_counter() - t0
     finally:
         shutil.rmtree(root, ignore_errors=True)

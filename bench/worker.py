@@ -13,7 +13,7 @@ CPU, ~2-3 ms per GET on these 2 cores, is shared by every variant but a). All va
 the same model, batch size, output geometry (shorter side to --image-size, centre crop) and
 torch thread count.
 
-    a      model only: pre-decoded uint8 batches, normalize + forward + L2 norm (gpu_worker.infer)
+    a      model only: pre-decoded uint8 batches, normalize + forward + L2 norm (gpu_worker.models.engine)
     b      our pipeline: `python -m gpu_worker` on a shard of the images with its default
            settings (on CPU: loader threads in the rank), timed by its own pipeline_seconds
            (model ready to last chunk committed; the loaders started earlier, while the model
@@ -24,7 +24,7 @@ torch thread count.
     b-proc the same with SLUICE_WORKER_LOADERS=1 (a loader process, the GPU default's shape)
     c      naive: for each key, GET, plain Pillow decode, forward a batch of one
     d      torch DataLoader: map-style dataset doing GET + plain Pillow decode, num_workers=2
-    d-dec  the same DataLoader with our decoder (gpu_worker.decode: JPEG draft mode): isolates
+    d-dec  the same DataLoader with our decoder (gpu_worker.decode.image: JPEG draft mode): isolates
            what the pipeline's structure buys from what the cheaper decode buys
     m2     --two-models: one worker run embedding with --model and the second model in one
            pass (each image fetched and decoded once), against two worker runs, one per model
@@ -93,8 +93,8 @@ def upload(n: int, min_side: int, max_side: int) -> list[str]:
 
 
 def engine(model_uri: str, size: int, batch: int) -> Any:
-    from gpu_worker.infer import Engine
-    from gpu_worker.model import load_model
+    from gpu_worker.models.engine import Engine
+    from gpu_worker.models.load import load_model
 
     model, info = load_model(model_uri, size)
     return Engine(model, info, "cpu", batch)
@@ -187,7 +187,7 @@ def plain_decode(data: bytes, size: int) -> np.ndarray:
 
 
 def our_decode(data: bytes, size: int) -> np.ndarray:
-    from gpu_worker.decode import decode_image
+    from gpu_worker.decode.image import decode_image
 
     return decode_image(data, size, 89_478_485).copy()
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpu_worker.infer import Engine, EngineOptions
-from gpu_worker.model import load_model
+from gpu_worker.models.engine import Engine, EngineOptions
+from gpu_worker.models.load import load_model
 
 
 @dataclass
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     if path.startswith("s3://"):
         import tempfile
 
-        from gpu_worker.model import resolve_uri
-        from gpu_worker.store import RunStore
+        from gpu_worker.models.spec import resolve_uri
+        from gpu_worker.sources.store import RunStore
 
         path = resolve_uri(path, tempfile.mkdtemp(prefix="sluice-autotune-"), RunStore())
     model, info = load_model(path, args.image_size)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"best throughput: batch {fastest}")
     print(f"recommended model.batch_size: {pick} (smallest within 3% of the best)")
     if args.decode_seconds > 0:  # what feeds the model: CPU decode per core, GPU decode (docs/decode.md)
-        from gpu_worker.decodebench import decode_report
+        from gpu_worker.decode.bench import decode_report
 
         print("\n" + "\n".join(decode_report(info.image_size, device, args.decode_seconds)))
     return 0

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import ConfigDict, Field, field_validator
 
 from gpu_worker.errors import ConfigError
+from gpu_worker.telemetry.families import keep_list
 from sluice.errors import SettingsError
 from sluice.settings import EnvSettings
 
@@ -106,8 +107,6 @@ class WorkerConfig(WorkerSettings):
     @field_validator("push_metrics")
     @classmethod
     def _known_metrics(cls, v: str) -> str:
-        from gpu_worker.metrics import keep_list
-
         keep_list(v)  # raises ValueError naming an unknown metric and the valid ones
         return v
 

@@ -115,3 +115,18 @@ def _mnp_node(plan: RunPlan, batch: BatchEnv) -> tuple[int, int]:
     if node >= nodes:
         raise ConfigError(f"AWS_BATCH_JOB_NODE_INDEX={node} is outside 0..{nodes - 1}")
     return node, nodes
+
+
+def instance_type(configured: str = "") -> str:
+    """`configured` (SLUICE_INSTANCE_TYPE, ContainerEnv) when set, else the EC2 instance type (Nitro
+    exposes it via DMI), else "local"."""
+    if configured:
+        return configured
+    try:
+        with open("/sys/devices/virtual/dmi/id/product_name", encoding="ascii") as fh:
+            name = fh.read().strip()
+        if "." in name and name.replace(".", "").replace("-", "").isalnum():
+            return name
+    except OSError:
+        pass
+    return "local"

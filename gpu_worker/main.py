@@ -3,7 +3,7 @@
 Reads plan.json, picks its shard (gpu_worker.env), resumes from committed chunks, runs one
 rank per GPU (or SLUICE_WORKER_CPU_RANKS CPU ranks) over contiguous slices of the shard,
 then checks every key was settled exactly once and writes failures/<i>.jsonl and
-shards/<i>.result.json with its verdict (gpu_worker.verdict). Exit codes: 0 done and failed
+shards/<i>.result.json with its verdict (gpu_worker.output.verdict). Exit codes: 0 done and failed
 fraction <= threshold; 1 over the threshold or a runtime failure (one-line reason on stderr);
 2 configuration error; 75 a rank stalled (gpu_worker.watchdog; retried); 143 terminated (SIGTERM).
 """
@@ -25,16 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from gpu_worker import env as envmod
-from gpu_worker import intervals
-from gpu_worker.commits import Paths, ShardState, load_state, remove_orphans
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import OK, STALLED, ConfigError, RankFailed, Stalled, Terminated, WorkerError, report
-from gpu_worker.loader import FetcherLike
 from gpu_worker.log import logger, set_labels, setup
-from gpu_worker.rank import RankSpec, run_rank, spec_json
-from gpu_worker.stats import Stats
-from gpu_worker.store import RunStore
-from gpu_worker.verdict import exit_reason, threshold
+from gpu_worker.output import intervals
+from gpu_worker.output.commits import Paths, ShardState, load_state, remove_orphans
+from gpu_worker.output.result import write_shard_result
+from gpu_worker.output.verdict import exit_reason, threshold
+from gpu_worker.passes.work import RankSpec
+from gpu_worker.rank import run_rank, spec_json
+from gpu_worker.sources.fetch import FetcherLike
+from gpu_worker.sources.store import RunStore
+from gpu_worker.telemetry.stats import Stats
 from sluice.contracts import ShardResult
 from sluice.errors import PlanError, ShardFormatError
 from sluice.models import RunPlan, load_plan
@@ -120,12 +122,10 @@ def run_node(
     work = tempfile.mkdtemp(prefix="sluice-worker-") if own_dir else cfg.work_dir
     try:
         if todo:
-            summaries = _run_ranks(_rank_specs(node, states, store, work), cfg, store, fetcher)
-        states = [load_state(store, p) for p in paths]
+            summaries = _run_ranks(node, _rank_specs(node, states, store, work), cfg, store, fetcher)
+        states = [load_state(store, p, st) for p, st in zip(paths, states)]  # only the ranks' new markers are read
         for p, st in zip(paths, states):
             remove_orphans(store, p, st)
-        from gpu_worker.sink import write_shard_result
-
         by_model = {m.name: st for m, st in zip(plan.models, states)}
         return write_shard_result(
             store, paths[0], by_model, n_keys, threshold=threshold(cfg, plan), info=_node_info(node, states, summaries)
@@ -154,7 +154,7 @@ def _count_keys(store: RunStore, shard_uri: str) -> int:
 
 def _rank_specs(node: Node, states: list[ShardState], store: RunStore, work: str) -> list[RankSpec]:
     """One spec per rank; fetches the models and writes each model's resume state into `work` for them."""
-    from gpu_worker.modelspec import resolve_uri
+    from gpu_worker.models.spec import resolve_uri
 
     plan, asg = node.plan, node.asg
     # Each model in its own folder: two models may share a file name.
@@ -165,7 +165,6 @@ def _rank_specs(node: Node, states: list[ShardState], store: RunStore, work: str
         Path(state_paths[-1]).write_bytes(state.to_json())
     return [
         RankSpec(
-            plan_json=plan.model_dump_json(),
             shard=asg.shard,
             node=asg.node,
             attempt=asg.attempt,
@@ -210,10 +209,11 @@ def _window(summaries: list[dict[str, Any]]) -> list[float]:
 
 
 def _run_ranks(
-    specs: list[RankSpec], cfg: WorkerConfig, store: RunStore, fetcher: FetcherLike | None
+    node: Node, specs: list[RankSpec], cfg: WorkerConfig, store: RunStore, fetcher: FetcherLike | None
 ) -> list[dict[str, Any]]:
+    """Each rank's summary: one rank runs in this process, several as `python -m gpu_worker.rank` processes."""
     if len(specs) == 1:
-        return [run_rank(specs[0], cfg, store=store, fetcher=fetcher)]
+        return [run_rank(specs[0], node.plan, cfg, store=store, fetcher=fetcher)]
     if fetcher is not None:
         raise ValueError("an injected fetcher needs a single rank")
     work = os.path.dirname(specs[0].summary_path)
@@ -221,7 +221,7 @@ def _run_ranks(
     child_env = {**os.environ, **cfg.to_env()}
     for spec in specs:
         path = os.path.join(work, f"rank-{spec.local_rank}.spec.json")
-        Path(path).write_text(spec_json(spec))
+        Path(path).write_text(spec_json(spec, node.plan))
         procs.append(subprocess.Popen([sys.executable, "-m", "gpu_worker.rank", path], env=child_env))
     try:
         while True:

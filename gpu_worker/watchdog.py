@@ -25,7 +25,7 @@ from typing import Any
 from gpu_worker.env import ContainerEnv
 from gpu_worker.errors import STALLED
 from gpu_worker.log import logger
-from gpu_worker.stats import Stats
+from gpu_worker.telemetry.stats import Stats
 
 LEGACY_STALL_AFTER_S = 1800.0  # a plan written before plans carried stall_after_s
 LOAD_GRACE_S = 120.0  # added to stall_after_s until the rank's models are ready (loading moves no count)

@@ -329,7 +329,7 @@ def cmd_local_run(args: argparse.Namespace) -> int:
 def _no_cuda() -> str | None:
     """Why this machine's workers cannot decode on a CUDA GPU (None: they can); torch stays in gpu_worker."""
     try:
-        from gpu_worker.gpudecode import cuda_problem
+        from gpu_worker.decode.nvjpeg import cuda_problem
     except ImportError:
         return "torch is not installed, so CUDA is not available"
     return cuda_problem()

@@ -7,7 +7,7 @@ details) are in sluice.contracts.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
@@ -18,7 +18,7 @@ from sluice.errors import PlanError
 from sluice.paths import RunPaths
 
 MANIFEST_VERSION = 1
-# The worker's builtin networks (gpu_worker.model.BUILTINS; a unit test keeps the two equal),
+# The worker's builtin networks (gpu_worker.models.builtins.BUILTINS; a unit test keeps the two equal),
 # named here so the manifest Lambda, which never imports torch, can check model.uri.
 BUILTIN_MODELS = ("reference-cnn", "resnet50", "reference-text")
 # The content kinds each builtin accepts (an image model embeds a video's sampled frames too).
@@ -434,6 +434,11 @@ def _json_type(v: object) -> str:
     return {type(None): "null", str: "a string", list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
 
 
+def pass_batch(models: Sequence[ModelSpec] | Sequence[PlannedModel]) -> int:
+    """The batch a rank's pass runs every model at: the smallest any of them asks for, so each one fits."""
+    return min(m.batch_size for m in models)
+
+
 class JobLayout(_Strict):
     """One AWS Batch job of a run: its kind and the shards it covers."""
 
@@ -517,6 +522,11 @@ class RunPlan(_Strict):
     def model(self) -> PlannedModel:
         """The first model: the pass's batch size and input size start from it."""
         return self.models[0]
+
+    @property
+    def effective_batch(self) -> int:
+        """The batch every model of a rank's pass runs at (pass_batch); the planner's stall limit uses the same."""
+        return pass_batch(self.models)
 
     @property
     def multi_model(self) -> bool:

@@ -1,20 +1,28 @@
 """Index tests' data: clustered unit vectors, written as a run's output the way the worker writes it.
 
-The Parquet bytes come from the worker's own writer (gpu_worker.sink.parquet_bytes) and the
-commit markers from gpu_worker.commits, so the index reads exactly what runs leave behind.
+The Parquet bytes come from the worker's own writer (gpu_worker.output.parquet) and the
+commit markers from gpu_worker.output.commits, so the index reads exactly what runs leave behind.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from gpu_worker.commits import Marker, Paths
-from gpu_worker.sink import RecordLabel, parquet_bytes
-from gpu_worker.store import RunStore
+from gpu_worker.output.commits import Marker, Paths
+from gpu_worker.output.parquet import RecordLabel, output_table, table_bytes
+from gpu_worker.sources.store import RunStore
 from sluice.models import ModelSpec, RunPlan
 from sluice.paths import join
+
+
+def parquet_bytes(
+    uris: list[str], emb: np.ndarray, dtype: str, metadata: dict[str, str], objs: list[Any], label: RecordLabel
+) -> bytes:
+    """One output file of one-part keys (images), as a worker writes it: a row per key (sluice.outputs)."""
+    return table_bytes(output_table(uris, emb, dtype, objs, label), metadata)
 
 
 def clustered(n: int, dim: int, seed: int, *, centers: int = 500, noise: float = 0.35, center_seed: int = 7):

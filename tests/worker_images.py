@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -100,3 +102,17 @@ def bad_and_special_objects() -> dict[str, tuple[bytes | None, str | None]]:
     objs["cmyk.jpg"] = (cmyk_jpeg(), None)
     objs["exif-rotated.jpg"] = (exif_rotated_jpeg(), None)
     return objs
+
+
+def pillow_standin_jpeg(datas: Sequence[bytes], device: str) -> list[Any]:
+    """A stand-in for nvJPEG built on Pillow (full-size decode, no draft): tests the device path
+    where torchvision's decoder cannot load. Raises on bytes it cannot decode, as nvJPEG does."""
+    import torch
+
+    out = []
+    for d in datas:
+        with Image.open(io.BytesIO(d)) as im:
+            im.load()
+            rgb = np.asarray(im.convert("RGB"))
+        out.append(torch.from_numpy(rgb.copy()).permute(2, 0, 1).to(device))
+    return out

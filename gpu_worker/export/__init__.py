@@ -3,7 +3,7 @@
     torchvision:NAME          e.g. torchvision:resnet50 (the DEFAULT weights)
     timm:NAME                 e.g. timm:vit_small_patch16_224
     open_clip:MODEL/TAG       e.g. open_clip:ViT-B-32/laion2b_s34b_b79k (the image tower, and the text
-                              tower and tokenizer beside it: gpu_worker.texttower)
+                              tower and tokenizer beside it: gpu_worker.models.texttower)
     hf:REPO                   e.g. hf:openai/clip-vit-base-patch32, hf:google/siglip-base-patch16-224; a text
                               encoder (sentence-transformers, BERT-like) becomes a text artifact for text
                               runs, its tokenizer inside (gpu_worker.export.textrun)
@@ -36,7 +36,7 @@ class ExportResult:
     spec: dict[str, Any]
     max_abs_diff: float
     max_abs_diff_normalized: float
-    text: Any = None  # gpu_worker.texttower.TextSpec when the text tower was written beside it (CLIP-style)
+    text: Any = None  # gpu_worker.models.texttower.TextSpec when the text tower was written beside it (CLIP-style)
 
 
 def load_source(spec: str, *, pretrained: bool = True, image_size: int | None = None) -> Source:
@@ -89,8 +89,8 @@ def export(
     if not uri.startswith("s3://"):
         meta, result, text = _write(src, fmt, uri)
     else:
-        from gpu_worker.store import RunStore
-        from gpu_worker.texttower import SIDECARS
+        from gpu_worker.models.texttower import SIDECARS
+        from gpu_worker.sources.store import RunStore
 
         with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
             local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
@@ -112,7 +112,7 @@ def _export_text(src: Any, uri: str, fmt: str) -> ExportResult:
     if not uri.startswith("s3://"):
         meta, diff = write_text_model(src, uri)
         return ExportResult(uri, meta, diff, diff)
-    from gpu_worker.store import RunStore
+    from gpu_worker.sources.store import RunStore
 
     with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
         local = os.path.join(tmp, uri.rsplit("/", 1)[-1])

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gpu_worker.export.sources import ExportError, Source
-from gpu_worker.modelspec import META_NAME
+from gpu_worker.models.spec import META_NAME
 
 FORMATS = ("torchscript", "pt2")
 EXAMPLE_BATCH = 2
@@ -133,12 +133,12 @@ class Check:
 
 
 def check(embedder: Embedder, path: str, image_size: int, n: int = 3) -> Check:
-    """Run the file through gpu_worker.model.load_model and the eager model on the same batch.
+    """Run the file through gpu_worker.models.load.load_model and the eager model on the same batch.
 
     The batch size differs from the one used to trace / export, so a batch size baked into
     the file shows up here and not in the worker.
     """
-    from gpu_worker.model import load_model
+    from gpu_worker.models.load import load_model
 
     x = example_batch(image_size, n=n, seed=1)
     loaded, _ = load_model(path, image_size)

@@ -1,4 +1,4 @@
-"""The text tower of a CLIP-style (open_clip) model -> the sidecars gpu_worker.texttower reads.
+"""The text tower of a CLIP-style (open_clip) model -> the sidecars gpu_worker.models.texttower reads.
 
 The tower is traced at the model's context length (ids padded with 0, as open_clip pads), and
 its file holds its spec and tokenizer as extra files too, so it is also a text artifact for
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from gpu_worker.export.sources import ExportError
-from gpu_worker.modelspec import META_NAME
-from gpu_worker.texttower import SPEC_SUFFIX, TEXT_SUFFIX, TOKENIZER_SUFFIX, TextSpec, encode_texts
+from gpu_worker.models.spec import META_NAME
+from gpu_worker.models.texttower import SPEC_SUFFIX, TEXT_SUFFIX, TOKENIZER_SUFFIX, TextSpec, encode_texts
 
 TOLERANCE = 1e-3
 SAMPLES = ("a photo of a cat", "A DIAGRAM of the Golden Gate bridge, at night!", "zebra 42 café", "")
@@ -139,7 +139,7 @@ def run_spec(spec: TextSpec, simple: Any) -> dict[str, Any]:
 
 
 def _check(src: TextSource, artifact: str, ids: torch.Tensor, want: torch.Tensor) -> None:
-    from gpu_worker.texttower import load_tokenizer
+    from gpu_worker.models.texttower import load_tokenizer
 
     tok = load_tokenizer(artifact + TOKENIZER_SUFFIX, TextSpec.read(artifact + SPEC_SUFFIX))
     got_ids = [e.ids for e in tok.encode_batch(list(SAMPLES))]

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from gpu_worker.export.sources import RANDOM_INIT, ExportError
-from gpu_worker.modelspec import META_NAME
+from gpu_worker.models.spec import META_NAME
 
 TOLERANCE = 1e-3
 TEXT_FAMILIES = frozenset(

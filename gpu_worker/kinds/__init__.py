@@ -2,7 +2,7 @@
 
 A kind's embedder (`Embedder`) turns one object's bytes into parts (`split`, in the fetch
 threads: decode, chunk or sample) and a list of parts' payloads into unit-norm embeddings
-(`embed`, on the rank's device); gpu_worker.kinds.parts runs them for a rank.
-base.py holds the shared types, load.py picks a kind's embedder. Images keep
-their own pipeline (gpu_worker.loader, shared-memory batches).
+(`embed`, on the rank's device); the parts pass (gpu_worker.passes.parts) runs them for a rank.
+base.py holds the shared types, load.py picks a kind's embedder. Images keep their own pass
+(gpu_worker.passes.images: loaders and shared-memory batches).
 """

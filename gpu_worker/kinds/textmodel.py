@@ -34,11 +34,11 @@ from gpu_worker.kinds.text import (
     pad_ids,
     text_chunks,
 )
-from gpu_worker.modelspec import META_NAME, parse_spec
+from gpu_worker.models.spec import META_NAME, parse_spec
+from gpu_worker.models.texttower import INPUTS
 
 BUILTIN_TEXT = "builtin:reference-text"
 TOKENIZER_NAME = "tokenizer.json"
-INPUTS = ("input_ids", "attention_mask")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def is_text_model(path: str) -> bool:
         return True
     if path.startswith("builtin:") or not os.path.isfile(path):
         return False
-    from gpu_worker.modelspec import embedded_spec
+    from gpu_worker.models.spec import embedded_spec
 
     try:
         return "text" in (parse_spec(path, embedded_spec(path)).get("kinds") or [])

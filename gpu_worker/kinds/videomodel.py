@@ -1,11 +1,11 @@
-"""A video run's model: an image model (gpu_worker.model) on sampled frames, one row a frame (docs/kinds.md).
+"""A video run's model: an image model (gpu_worker.models.load) on sampled frames, one row a frame (docs/kinds.md).
 
-Frames come from gpu_worker.video (PyAV, keyframe seeks, its limits), one decoded frame alive
+Frames come from gpu_worker.decode.video (PyAV, keyframe seeks, its limits), one decoded frame alive
 at a time; each goes through the image path's preprocessing (shorter side to the model's
 input size, centre crop) and the image Engine (normalisation, autocast, L2). A frame's row
 has part = its sample index, part_start = its timestamp, part_end = the next sample's (the
 duration for the last). A video that breaks part way keeps the frames before the damage
-(Part.note says where it broke: logged and counted by gpu_worker.kinds.parts).
+(Part.note says where it broke: logged and counted by gpu_worker.passes.parts).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from PIL import Image
 
+from gpu_worker.decode.video import VideoFailure, VideoLimits, open_video
 from gpu_worker.errors import ObjectFailure
-from gpu_worker.infer import Engine, EngineOptions
 from gpu_worker.kinds.base import Loading, Part, PartsInfo
-from gpu_worker.model import load_model
-from gpu_worker.video import VideoFailure, VideoLimits, open_video
+from gpu_worker.models.engine import Engine, EngineOptions
+from gpu_worker.models.load import load_model
 from sluice.contracts import FailureReason
 
 

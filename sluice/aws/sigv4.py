@@ -50,13 +50,6 @@ def credentials() -> Any:
         return _credentials
 
 
-def forget_credentials() -> None:
-    """Resolve the credential chain again at the next signature (after changing the environment)."""
-    global _credentials
-    with _lock:
-        _credentials = None
-
-
 def sign_aps(method: str, url: str, body: bytes | None, headers: Mapping[str, str], region: str) -> dict[str, str]:
     """`headers` plus a SigV4 signature for `aps` over exactly `method url body headers`.
 

@@ -129,10 +129,6 @@ def ensure_key_index(ds: Any) -> None:
         ds.create_scalar_index("key", "BTREE")
 
 
-def kind_of(ds: Any) -> str:
-    return KIND if vector_index(ds) is not None else NONE
-
-
 def probe_of(ds: Any) -> Probe | None:
     """The search parameters for the table's ANN index; None when it has none (an exact scan)."""
     have = vector_index(ds)

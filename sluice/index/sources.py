@@ -7,7 +7,7 @@ A SOURCE is one of:
     an output prefix without a plan: its chunks, the rows' model read from the rows;
     Parquet files in Sluice's output schema, taken as they are.
 
-On a prefix a chunk counts only with its commit marker (gpu_worker/commits.py: a chunk without
+On a prefix a chunk counts only with its commit marker (gpu_worker/output/commits.py: a chunk without
 one is a killed attempt's leftover). A local copy (`sluice local run --out`, marked by
 paths.LOCAL_COPY_MARKER) holds committed chunks only and no markers. The model folders of a
 run with several models come from the plan (RunPlan.model_output_prefix), never from a

@@ -118,8 +118,8 @@ def _artifact(meta: Any, override: str | None, work: str) -> str:
 
 def _download(uri: str, work: str) -> str:
     """The model file and its sidecars (spec, text tower) in `work`."""
-    from gpu_worker.store import RunStore
-    from gpu_worker.texttower import SIDECARS
+    from gpu_worker.models.texttower import SIDECARS
+    from gpu_worker.sources.store import RunStore
 
     store = RunStore()
     local = os.path.join(work, uri.rsplit("/", 1)[-1] or "model")
@@ -149,12 +149,12 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
     artifact = _artifact(searcher.meta, args.artifact, work)
     if args.text is not None:
         from gpu_worker.kinds.textmodel import embed_query, is_text_model
-        from gpu_worker.texttower import encode_texts
+        from gpu_worker.models.texttower import encode_texts
 
         if is_text_model(artifact):  # an index of a text run: the query goes the way its texts went
             return embed_query(artifact, args.text)
         return encode_texts(artifact, [args.text])
-    from gpu_worker.query import embed_images
+    from gpu_worker.models.query import embed_images
 
     images = []
     for path in args.image:

@@ -4,7 +4,7 @@ Rows of every run of the lineage for this run's models (model_id), newest run fi
 (key, model_id), a key whole: every part (text chunk, video frame) of that run's version of
 it, none of an older run's (sluice.outputs). The row an incremental run left in place is, by its skip rule
 (sluice.incremental), one of the key's current version. On S3 a Parquet chunk counts only
-with its commit marker (gpu_worker/commits.py: a chunk without one is a killed attempt's
+with its commit marker (gpu_worker/output/commits.py: a chunk without one is a killed attempt's
 leftover); a local copy (`sluice local run --out`) holds committed chunks only.
 `sluice output sql RUN` prints it (docs/incremental.md).
 """

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name
+from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
 from sluice.paths import RunPaths
 from sluice.preflight.checks import derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity
@@ -77,7 +77,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
     gpus = max(1, manifest.job.gpus_per_node)
     rate = (i.images_per_gpu_s or Capacity().rate) / len(manifest.models)  # each image goes through every model
     timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
-    batch = max(m.batch_size for m in manifest.models)
+    batch = pass_batch(manifest.models)  # the batch the workers run (RunPlan.effective_batch)
     stall_after_s = manifest.job.stall_after_s or derived_stall_after_s(batch, rate, timeout_s)
     return RunPlan(
         run_id=i.run_id,

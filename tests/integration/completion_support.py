@@ -78,7 +78,7 @@ def write_result(
         failed_by_reason=by_reason,
         chunks=1,
     )
-    if not result.ok:  # the worker's one-line verdict (gpu_worker.sink)
+    if not result.ok:  # the worker's one-line verdict (gpu_worker.output.sink)
         data = {str(r): n for r, n in by_reason.items() if r not in TRANSIENT_FAILURE_REASONS}
         result.reason = over_threshold(len(failures) - transient, n_keys, fraction, max_failed_fraction, data)
     _put(aws, paths.result(shard), result.model_dump_json().encode())

@@ -240,9 +240,9 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
     import numpy as np
     import torch
 
-    from gpu_worker.decode import decode_image
-    from gpu_worker.infer import Engine, EngineOptions
-    from gpu_worker.model import load_model
+    from gpu_worker.decode.image import decode_image
+    from gpu_worker.models.engine import Engine, EngineOptions
+    from gpu_worker.models.load import load_model
 
     model, info = load_model("builtin:reference-cnn", image_size)
     engine = Engine(model, info, "cpu", 8, EngineOptions(jit=False))

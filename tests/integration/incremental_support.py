@@ -1,7 +1,7 @@
 """Helpers for incremental-run tests: finished earlier runs with real-shaped output, the prepare stage run in-process.
 
 Earlier output is written as the worker writes it (sluice.outputs' schema, a commit marker
-after each Parquet chunk: gpu_worker/commits.py), to S3 (moto) or a local folder.
+after each Parquet chunk: gpu_worker/output/commits.py), to S3 (moto) or a local folder.
 """
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ def clip_artifact(tmp_path_factory) -> str:
 
 
 def test_text_and_image_queries_use_the_index_own_model(tmp_path, clip_artifact, capsys):
-    from gpu_worker.query import embed_images
-    from gpu_worker.texttower import encode_texts
+    from gpu_worker.models.query import embed_images
+    from gpu_worker.models.texttower import encode_texts
     from sluice.local.demo import demo_images
 
     images = list(demo_images(40))

@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpu_worker.remote_write import RemoteWriter
+from gpu_worker.telemetry.remote_write import RemoteWriter
 from sluice.cli import main
 
 

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from gpu_worker.write_request import encode_write_request, snappy_block
+from gpu_worker.telemetry.write_request import encode_write_request, snappy_block
 from sluice.ops.metrics import PromClient, fetch
 
 RUN = "uneven-run"

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.decode import decode_image
-from gpu_worker.infer import Engine
+from gpu_worker.decode.image import decode_image
 from gpu_worker.main import run_node
-from gpu_worker.model import load_model, resolve_uri
-from gpu_worker.store import RunStore
+from gpu_worker.models.engine import Engine
+from gpu_worker.models.load import load_model
+from gpu_worker.models.spec import resolve_uri
+from gpu_worker.sources.store import RunStore
 from sluice.cli import main
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard

@@ -8,9 +8,10 @@ import time
 import urllib.parse
 import urllib.request
 
-from gpu_worker.metrics import CRITICAL, RankCollector, rank_registry
-from gpu_worker.remote_write import PushPolicy, RemoteWriter
-from gpu_worker.stats import Stats
+from gpu_worker.telemetry.collector import RankCollector, rank_registry
+from gpu_worker.telemetry.families import CRITICAL
+from gpu_worker.telemetry.remote_write import PushPolicy, RemoteWriter
+from gpu_worker.telemetry.stats import Stats
 from sluice.local.prometheus import LocalPrometheus
 
 RANKS = 8

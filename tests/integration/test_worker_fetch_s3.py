@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.fetch import Fetcher
+from gpu_worker.sources.fetch import Fetcher
 
 
 @pytest.mark.parametrize("versioned", [False, True])

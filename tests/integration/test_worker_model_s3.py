@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gpu_worker.errors import ConfigError
-from gpu_worker.model import load_model, resolve_uri
+from gpu_worker.models.load import load_model
+from gpu_worker.models.spec import resolve_uri
 from tests.unit.test_worker_model import Tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 def test_resolve_uri_downloads_model_and_sidecar(tmp_path):
     from moto import mock_aws
 
-    from gpu_worker.store import RunStore
+    from gpu_worker.sources.store import RunStore
 
     src = tmp_path / "src.pt"
     torch.jit.save(torch.jit.script(Tiny().eval()), str(src))

@@ -15,8 +15,8 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from gpu_worker.errors import ConfigError, WorkerError
-from gpu_worker.modelspec import SIDECAR_ATTEMPTS, read_sidecar, resolve_uri
-from gpu_worker.store import RunStore
+from gpu_worker.models.spec import SIDECAR_ATTEMPTS, read_sidecar, resolve_uri
+from gpu_worker.sources.store import RunStore
 
 BUCKET, KEY = "models", "m/tiny.pt"
 MODEL = f"s3://{BUCKET}/{KEY}"

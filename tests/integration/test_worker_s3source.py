@@ -6,7 +6,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from gpu_worker.s3source import S3RangeSource
+from gpu_worker.sources.ranged import S3RangeSource
 from sluice.errors import ShardFormatError
 from sluice.shards import ShardReader, encode_shard, rank_slice
 

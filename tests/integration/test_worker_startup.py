@@ -17,7 +17,7 @@ import pytest
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ConfigError
 from gpu_worker.main import run_node
-from gpu_worker.store import RunStore
+from gpu_worker.sources.store import RunStore
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
 from tests.worker_images import make_demo_images

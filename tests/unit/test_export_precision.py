@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from gpu_worker.export.artifact import BF16_MIN_COSINE, precision
-from gpu_worker.model import ModelInfo, _apply_meta
+from gpu_worker.models.load import ModelInfo, _apply_meta
 
 
 class Smooth(nn.Module):

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu_worker.commits import Paths, load_state
-from gpu_worker.sink import ChunkSink, RecordLabel, SinkSpec, write_shard_result
-from gpu_worker.store import RunStore
+from gpu_worker.output.commits import Paths, load_state
+from gpu_worker.output.parquet import RecordLabel
+from gpu_worker.output.result import write_shard_result
+from gpu_worker.output.sink import ChunkSink, SinkSpec
+from gpu_worker.sources.store import RunStore
 from sluice.contracts import FailureLine
 from sluice.prepare.skip import FAILED, Skipper, parse, record
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import lance
 import numpy as np
 
-from gpu_worker.sink import RecordLabel, output_table, table_bytes
+from gpu_worker.output.parquet import RecordLabel, output_table, table_bytes
 from sluice.index.build import build
 from sluice.index.search import Searcher
 

@@ -7,15 +7,17 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 
-from gpu_worker import intervals
-from gpu_worker.commits import Paths, load_state
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.kinds.base import Part, PartsInfo
-from gpu_worker.kinds.parts import parts_pass, run_parts
-from gpu_worker.sink import ChunkSink, RecordLabel, SinkSpec
-from gpu_worker.stats import Stats
-from gpu_worker.store import RunStore
+from gpu_worker.output import intervals
+from gpu_worker.output.commits import Paths, load_state
+from gpu_worker.output.parquet import RecordLabel
+from gpu_worker.output.sink import ChunkSink, SinkSpec
+from gpu_worker.passes.base import KeySinks
+from gpu_worker.passes.parts import PartsStream
+from gpu_worker.sources.store import RunStore
+from gpu_worker.telemetry.stats import Stats
 from sluice.contracts import FailureReason
 
 
@@ -67,13 +69,15 @@ def test_parts_of_a_key_settle_once_and_a_deferred_key_comes_back_in_the_final_p
         label=RecordLabel("words", "", "test@1", "r"),
     )
     cfg = WorkerConfig.model_validate({}).replace(final_backoff_base_s=0.0, fetch_concurrency=3)
-    run = parts_pass(cfg, [WordsEmbedder()], lambda m, e: ChunkSink(RunStore(), paths, spec), Stats(), batch=3)
-    run_parts(run, [(i, "b", k, 0) for i, k in enumerate(keys)], FlakyFetcher(objects))
-    run.sinks[0].close()
+    outputs = KeySinks([ChunkSink(RunStore(), paths, spec)], Stats())
+    PartsStream(cfg, [WordsEmbedder()], outputs, batch=3).run(
+        [(i, "b", k, 0) for i, k in enumerate(keys)], FlakyFetcher(objects)
+    )
+    outputs.finish(ok=True)
 
     state = load_state(RunStore(), paths)
     assert intervals.count(state.covered) == len(keys) and not state.overlaps()
-    assert dict(run.reasons) == {"not_text": 1}
+    assert dict(outputs.reasons) == {"not_text": 1} and outputs.stats.get("failed") == 1
     rows = []
     for m in sorted(state.markers, key=lambda m: m.name):
         if m.file:

@@ -97,7 +97,7 @@ def test_a_valid_manifest_normalises_its_output_prefix():
 
 
 def test_builtin_names_match_the_worker():
-    model = pytest.importorskip("gpu_worker.model")
+    model = pytest.importorskip("gpu_worker.models.builtins")
     textmodel = pytest.importorskip("gpu_worker.kinds.textmodel")
     assert set(BUILTIN_MODELS) == set(model.BUILTINS) | {textmodel.BUILTIN_TEXT.split(":", 1)[1]}
 

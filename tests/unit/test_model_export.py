@@ -3,8 +3,8 @@
 No internet here: every model is built with random weights (the `--no-pretrained` path) and
 tiny sizes; Hugging Face and open_clip models come from tiny configs written locally, read
 through the same AutoConfig / model-config code as a hub repository's. Each exported file
-is then loaded by the worker's own code (gpu_worker.model.load_model) and run through its
-model step (gpu_worker.infer.Engine) on uint8 images, against the eager encoder on the
+is then loaded by the worker's own code (gpu_worker.models.load.load_model) and run through its
+model step (gpu_worker.models.engine.Engine) on uint8 images, against the eager encoder on the
 same images.
 """
 
@@ -23,8 +23,8 @@ tvcompat.ensure_importable()  # before transformers / open_clip import torchvisi
 
 from gpu_worker.export import ExportError, export, load_source  # noqa: E402
 from gpu_worker.export.artifact import Embedder, weights_sha256, write_local  # noqa: E402
-from gpu_worker.infer import Engine  # noqa: E402
-from gpu_worker.model import load_model  # noqa: E402
+from gpu_worker.models.engine import Engine  # noqa: E402
+from gpu_worker.models.load import load_model  # noqa: E402
 
 OPENAI_MEAN = [0.48145466, 0.4578275, 0.40821073]
 

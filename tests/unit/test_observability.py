@@ -42,7 +42,7 @@ def _raw_families(expr: str) -> set[str]:
 
 
 def test_rules_read_exactly_the_default_push_list():
-    from gpu_worker.metrics import CRITICAL
+    from gpu_worker.telemetry.families import CRITICAL
 
     read = {n for g in _rules()["groups"] for r in g["rules"] for n in _raw_families(r["expr"])}
     assert read == set(CRITICAL), "pushed but unused, or used but not pushed by default"
@@ -50,9 +50,11 @@ def test_rules_read_exactly_the_default_push_list():
 
 def _real_label_names() -> dict[str, set[str]]:
     """Label names of every series a GPU rank really exports (collector and remote writer)."""
-    from gpu_worker.metrics import FETCH_BUCKETS, INFER_BUCKETS, RankCollector, count_retry, observe, rank_registry
-    from gpu_worker.remote_write import RemoteWriter
-    from gpu_worker.stats import Stats
+    from gpu_worker.telemetry.collector import RankCollector, rank_registry
+    from gpu_worker.telemetry.families import FETCH_BUCKETS, INFER_BUCKETS
+    from gpu_worker.telemetry.observe import count_retry, observe
+    from gpu_worker.telemetry.remote_write import RemoteWriter
+    from gpu_worker.telemetry.stats import Stats
 
     s = Stats()
     count_retry(s, "SlowDown")

@@ -14,8 +14,8 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpu_worker.remote_write import PushPolicy, RemoteWriter, retry_after_s
-from gpu_worker.write_request import STALE_NAN, encode_write_request, registry_series, snappy_block
+from gpu_worker.telemetry.remote_write import PushPolicy, RemoteWriter, retry_after_s
+from gpu_worker.telemetry.write_request import STALE_NAN, encode_write_request, registry_series, snappy_block
 
 ID = {"run_id": "r1", "rank": "0", "gpu": ""}  # a CPU rank's identity: gpu is empty
 

@@ -17,7 +17,7 @@ import urllib.parse
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from gpu_worker.remote_write import RemoteWriter
+from gpu_worker.telemetry.remote_write import RemoteWriter
 from sluice.aws import sigv4
 from sluice.ops.metrics import PromClient
 
@@ -127,9 +127,9 @@ def creds(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_SESSION_TOKEN", "token-1")
-    sigv4.forget_credentials()
+    monkeypatch.setattr(sigv4, "_credentials", None)  # the chain is resolved again from these variables
     yield
-    sigv4.forget_credentials()
+    sigv4._credentials = None
 
 
 class _Capture:

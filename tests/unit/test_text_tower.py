@@ -1,4 +1,4 @@
-"""The text tower `sluice model export` writes beside a CLIP-style model, read by gpu_worker.texttower."""
+"""The text tower `sluice model export` writes beside a CLIP-style model, read by gpu_worker.models.texttower."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ tvcompat.ensure_importable()  # before open_clip imports torchvision
 
 from gpu_worker.errors import ConfigError  # noqa: E402
 from gpu_worker.export import export  # noqa: E402
-from gpu_worker.texttower import SIDECARS, TextSpec, encode_texts, has_text_tower, load_tokenizer  # noqa: E402
+from gpu_worker.models.texttower import SIDECARS, TextSpec, encode_texts, has_text_tower, load_tokenizer  # noqa: E402
 
 TEXTS = ["a photo of a cat", "Zebras & giraffes, 1999!", "  spaces\tand\nnewlines  ", "word " * 40]
 

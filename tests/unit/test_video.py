@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.video import (
+from gpu_worker.decode.video import (
     VideoFailure,
     VideoFailureReason,
     VideoLimits,

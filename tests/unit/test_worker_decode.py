@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpu_worker.decode import decode_image
+from gpu_worker.decode.image import decode_image
 from gpu_worker.errors import ObjectFailure
 from sluice.contracts import FailureReason
 from tests.worker_images import (

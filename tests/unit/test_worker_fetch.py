@@ -10,8 +10,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, WorkerError
-from gpu_worker.fetch import Fetcher, classify
-from gpu_worker.stats import Stats
+from gpu_worker.sources.fetch import Fetcher, classify
+from gpu_worker.telemetry.stats import Stats
 from sluice.contracts import FailureReason
 
 

@@ -1,4 +1,4 @@
-"""The device decode path (gpu_worker.gpudecode) on device="cpu": routing, batching, fallback, parity.
+"""The device decode path (gpu_worker.decode.nvjpeg) on device="cpu": routing, batching, fallback, parity.
 
 torchvision's decode_jpeg cannot load beside the CPU torch wheel here, so most tests inject
 `pillow_standin_jpeg` for the one JPEG -> uint8 CHW step; everything around it (header probe,
@@ -18,22 +18,29 @@ import pytest
 import torch
 from PIL import Image
 
-from gpu_worker.decode import decode_image
-from gpu_worker.errors import ObjectFailure
-from gpu_worker.gpudecode import (
+from gpu_worker.decode.image import decode_image
+from gpu_worker.decode.nvjpeg import (
     DeviceBatcher,
     DeviceDecoder,
     crop_resize,
     decode_device,
     nvjpeg_problem,
-    pillow_standin_jpeg,
     route,
     torchvision_jpeg,
 )
-from gpu_worker.infer import Engine
-from gpu_worker.model import load_model
+from gpu_worker.errors import ObjectFailure
+from gpu_worker.models.engine import Engine
+from gpu_worker.models.load import load_model
 from sluice.contracts import FailureReason
-from tests.worker_images import bomb_png, cmyk_jpeg, exif_rotated_jpeg, jpeg, make_demo_images, png_image
+from tests.worker_images import (
+    bomb_png,
+    cmyk_jpeg,
+    exif_rotated_jpeg,
+    jpeg,
+    make_demo_images,
+    pillow_standin_jpeg,
+    png_image,
+)
 
 LIMIT = 89_478_485
 
@@ -275,7 +282,7 @@ def test_real_torchvision_decoder_on_the_mixed_batch():
 
 
 def test_decode_rates_for_autotune():
-    from gpu_worker.decodebench import decode_report, device_rate, sample_jpegs
+    from gpu_worker.decode.bench import decode_report, device_rate, sample_jpegs
 
     lines = decode_report(32, "cpu", 0.05)
     assert lines[0].startswith("CPU decode: ") and "--decode-per-core-s" in lines[0]

@@ -9,23 +9,12 @@ from prometheus_client import exposition
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ConfigError
-from gpu_worker.metrics import (
-    CRITICAL,
-    FAMILIES,
-    FETCH_BUCKETS,
-    INFER_BUCKETS,
-    LABELS,
-    RankCollector,
-    count_retry,
-    keep_list,
-    observe,
-    rank_registry,
-    retry_class,
-    series_count,
-)
-from gpu_worker.remote_write import PushPolicy, RemoteWriter
-from gpu_worker.stats import Stats
-from gpu_worker.write_request import registry_series
+from gpu_worker.telemetry.collector import RankCollector, rank_registry, series_count
+from gpu_worker.telemetry.families import CRITICAL, FAMILIES, FETCH_BUCKETS, INFER_BUCKETS, LABELS, keep_list
+from gpu_worker.telemetry.observe import count_retry, observe, retry_class
+from gpu_worker.telemetry.remote_write import PushPolicy, RemoteWriter
+from gpu_worker.telemetry.stats import Stats
+from gpu_worker.telemetry.write_request import registry_series
 from sluice.contracts import KIND_FAILURE_REASONS, FailureReason
 
 LBL = {

@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from gpu_worker.errors import ConfigError
-from gpu_worker.infer import Engine, EngineOptions
-from gpu_worker.model import META_NAME, build_builtin, load_model
+from gpu_worker.models.builtins import build_builtin
+from gpu_worker.models.engine import Engine, EngineOptions
+from gpu_worker.models.load import load_model
+from gpu_worker.models.spec import META_NAME
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
@@ -63,7 +65,7 @@ def test_engine_outputs_unit_norm_embeddings_of_the_model_dim():
 def test_reference_cnn_tells_pictures_apart():
     """Calibrated BatchNorm: embeddings of different images are far apart (a raw random CNN maps
     everything to one direction, which would make every 'is this the right embedding' check moot)."""
-    from gpu_worker.decode import decode_image
+    from gpu_worker.decode.image import decode_image
     from tests.worker_images import make_demo_images
 
     arrs = np.stack([decode_image(d, 64, 10**8) for _, d in make_demo_images(64, seed=11)])

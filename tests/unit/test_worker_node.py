@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from gpu_worker.commits import Paths, load_state
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, RankFailed, WorkerError
 from gpu_worker.main import run_node
-from gpu_worker.store import RunStore
+from gpu_worker.output.commits import Paths, load_state
+from gpu_worker.sources.store import RunStore
 from sluice.contracts import FailureReason, ShardResult
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard

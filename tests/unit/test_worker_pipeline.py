@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, WorkerError
-from gpu_worker.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, Loader, LoaderLink
-from gpu_worker.stats import Stats
+from gpu_worker.passes.buffers import BufferSet, BufferSpec
+from gpu_worker.passes.keys import KeyFailure
+from gpu_worker.passes.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, Loader, LoaderLink
+from gpu_worker.telemetry.stats import Stats
 from sluice.contracts import FailureReason
 from tests.worker_images import make_demo_images
 
@@ -95,7 +96,7 @@ def test_a_slow_object_does_not_hold_back_the_batches_behind_it():
 
 
 def test_batch_slots_hold_the_decoded_image_of_their_key():
-    from gpu_worker.decode import decode_image
+    from gpu_worker.decode.image import decode_image
 
     out_q, free_q, buffers, _ = start(FakeFetcher(), NAMES[:10], batch=4)
     checked = 0
@@ -118,7 +119,11 @@ def test_transient_keys_are_deferred_then_settled_by_the_final_pass():
     keys = [*NAMES[:8], "missing.jpg"]
     out_q, free_q, _, _ = start(fetcher, keys, batch=4)
     msgs = drain(out_q, free_q)
-    fails = [(m.uri.rsplit("/", 1)[1], m.phase, m.reason, m.deferred) for m in msgs if isinstance(m, FailMsg)]
+    fails = [
+        (m.failure.uri.rsplit("/", 1)[1], m.failure.item[3], m.failure.reason, m.failure.deferred)
+        for m in msgs
+        if isinstance(m, FailMsg)
+    ]
     # (key, phase, reason, deferred): both transient keys deferred in the main pass (phase 0) ...
     assert (flaky, 0, "s3_error_transient", True) in fails
     assert (dead, 0, "s3_error_transient", True) in fails
@@ -153,7 +158,7 @@ def test_every_key_settles_exactly_once(n):
     out_q, free_q, _, _ = start(FakeFetcher(), keys, batch=3, concurrency=2)
     msgs = drain(out_q, free_q)
     settled = [p for m in msgs if isinstance(m, BatchMsg) for p in m.positions]
-    settled += [m.pos for m in msgs if isinstance(m, FailMsg)]
+    settled += [m.failure.item[0] for m in msgs if isinstance(m, FailMsg)]
     assert sorted(settled) == list(range(len(keys)))
 
 
@@ -164,7 +169,7 @@ def test_messages_pickle_through_process_queues():
         BatchMsg(
             1, 0, 2, [3, 4], ["s3://b/a", "s3://b/b"], [0, 1], [("e1", None, 3), ("e2", "v", 4)], {"decoded": 2.0}
         ),
-        FailMsg(1, 5, "s3://b/c", 0, "missing", "NoSuchKey", False),
+        FailMsg(1, KeyFailure((5, "b", "c", 0), "missing", "NoSuchKey", False, ("e", None))),
         DoneMsg(1, {"s3_gets": 3.0}),
         ErrorMsg(1, "loader 1: boom", "Traceback ..."),
     ):

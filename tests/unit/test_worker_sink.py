@@ -9,10 +9,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from gpu_worker.commits import Marker, Paths, ShardState, load_state, remove_orphans
 from gpu_worker.errors import WorkerError
-from gpu_worker.sink import ChunkSink, RecordLabel, SinkSpec, write_shard_result
-from gpu_worker.store import RunStore
+from gpu_worker.output.commits import Marker, Paths, ShardState, load_state, remove_orphans
+from gpu_worker.output.parquet import RecordLabel
+from gpu_worker.output.result import write_shard_result
+from gpu_worker.output.sink import ChunkSink, SinkSpec
+from gpu_worker.sources.store import RunStore
 from sluice import outputs
 from sluice.contracts import FailureLine, FailureReason, ShardResult
 

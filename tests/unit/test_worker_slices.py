@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker import intervals
+from gpu_worker.output import intervals
 from sluice.shards import ShardReader, encode_shard, rank_slice
 
 

@@ -1,9 +1,9 @@
-"""The worker's verdict on a shard, decided in gpu_worker.verdict: the threshold, ok, and the reason text."""
+"""The worker's verdict on a shard, decided in gpu_worker.output.verdict: the threshold, ok, and the reason text."""
 
 from __future__ import annotations
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.verdict import exit_reason, judge, threshold
+from gpu_worker.output.verdict import exit_reason, judge, threshold
 from sluice.contracts import FailureLine, FailureReason, ShardResult
 from sluice.models import RunPlan
 

@@ -18,13 +18,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_worker import intervals
 from gpu_worker.errors import WorkerError
-from gpu_worker.intervals import Span
-from gpu_worker.store import RunStore
+from gpu_worker.output import intervals
+from gpu_worker.output.intervals import Span
+from gpu_worker.sources.store import RunStore
 from sluice.paths import COMMITS_DIR, failures_uri, is_commit_marker, join, result_uri, shard_output_dir
 
 MARKER_VERSION = 1
+# A key's phase: the main pass (its chunk covers a range) or the final retry pass (a retry chunk).
+MAIN, RETRY = 0, 1
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,14 @@ class ShardState:
         return cls([Marker.from_json(json.dumps(d).encode()) for d in json.loads(data)])
 
 
-def load_state(store: RunStore, paths: Paths) -> ShardState:
-    markers = [Marker.from_json(store.get(uri)) for uri in store.list(paths.commits_dir) if is_commit_marker(uri)]
+def load_state(store: RunStore, paths: Paths, known: ShardState | None = None) -> ShardState:
+    """Every committed marker of the shard; those in `known` (read before the ranks ran) are not read again."""
+    have = {paths.marker(m.name): m for m in known.markers} if known else {}
+    markers = [
+        have.get(uri) or Marker.from_json(store.get(uri))
+        for uri in store.list(paths.commits_dir)
+        if is_commit_marker(uri)
+    ]
     return ShardState(sorted(markers, key=lambda m: m.name))
 
 

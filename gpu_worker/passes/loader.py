@@ -18,27 +18,24 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import random
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from gpu_worker.buffers import BufferSet, BufferSpec
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import ObjectFailure, WorkerError
-from gpu_worker.fetch import Fetched, Fetcher, object_meta
-from gpu_worker.gpudecode import loader_decode
-from gpu_worker.metrics import MetricsObserver
-from gpu_worker.stats import Stats
-from sluice.contracts import FailureReason
+from gpu_worker.decode.nvjpeg import loader_decode
+from gpu_worker.errors import WorkerError
+from gpu_worker.passes.buffers import BufferSet, BufferSpec
+from gpu_worker.passes.keys import Got, Item, KeyFailure, final_backoff, take
+from gpu_worker.procs import die_with_parent
+from gpu_worker.sources.fetch import Fetcher, FetcherLike, ObjMeta
+from gpu_worker.telemetry.observe import MetricsObserver
+from gpu_worker.telemetry.stats import Stats
 
-Item = tuple[int, str, str, int]  # (shard position, bucket, key, phase 0=main 1=retry)
-ObjMeta = tuple[str, str | None, int]  # (etag, version id, size in bytes) of the object as read
-MAIN, RETRY = 0, 1
 POLL_S = 0.5
 
 
@@ -59,16 +56,10 @@ class BatchMsg(NamedTuple):
 
 
 class FailMsg(NamedTuple):
-    """One key produced no image; `deferred` ones go to the final pass and are not final yet."""
+    """One key produced no image (gpu_worker.passes.base.KeyFailure)."""
 
     loader: int
-    pos: int
-    uri: str
-    phase: int
-    reason: str
-    detail: str
-    deferred: bool
-    obj: tuple[str, str | None] | None = None  # (etag, version id) of bytes that failed to decode
+    failure: KeyFailure
 
 
 class DoneMsg(NamedTuple):
@@ -93,10 +84,6 @@ class Queue(Protocol):
     def put(self, item: Any) -> None: ...
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
-
-
-class FetcherLike(Protocol):
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes | Fetched: ...
 
 
 def _always() -> bool:
@@ -143,7 +130,7 @@ class Loader:
         self._fetcher = fetcher or Fetcher(cfg, observer=MetricsObserver(self._stats))
         self._alive = alive or _always
         self._size = buffers.spec.image_size
-        self._decode = loader_decode(cfg, self._size)  # Pillow, or batches on the GPU (gpu_worker.gpudecode)
+        self._decode = loader_decode(cfg, self._size)  # Pillow, or batches on the GPU (gpu_worker.decode.nvjpeg)
         self._cond = threading.Condition()
         self._inflight = 0
         self._held = 0
@@ -206,8 +193,7 @@ class Loader:
         self._wait_idle()
         if self._deferred:
             items, self._deferred = self._deferred, []
-            # By now this loader sends far fewer requests: let S3 recover, then try again.
-            time.sleep(self._cfg.final_backoff_base_s * random.uniform(0.5, 1.0))
+            final_backoff(self._cfg.final_backoff_base_s)
             for item in items:
                 self._submit(pool, item, final=True)
             self._wait_idle()
@@ -231,47 +217,16 @@ class Loader:
 
     # -- one object ----------------------------------------------------------------------
     def _one(self, item: Item, final: bool) -> None:
-        pos, bucket, key, phase = item
-        phase = RETRY if final else phase
-        uri = f"s3://{bucket}/{key}"
-        held = 0
         try:
-            try:
-                data, etag, version = object_meta(self._fetcher.get(bucket, key, final=final))
-            except ObjectFailure as f:
-                deferred = f.transient and not final
-                if deferred:
+            got = take(self._fetcher, item, final, self._decode_held, self._stats)
+            if isinstance(got, KeyFailure):
+                if got.deferred:
                     with self._cond:
-                        self._deferred.append((pos, bucket, key, phase))
-                    self._stats.incr("s3_deferred")
-                self._send(FailMsg(self.id, pos, uri, phase, str(f.reason), f.detail, deferred))
+                        self._deferred.append(got.item)
+                self._send(FailMsg(self.id, got))
                 return
-            if final:
-                self._stats.incr("s3_recovered")
-            held = size = len(data)
-            with self._cond:
-                self._held += held
-            started = time.perf_counter()
-            try:
-                with self._decode_sem:
-                    arr = self._decode(data)
-            except ObjectFailure as f:
-                self._send(FailMsg(self.id, pos, uri, phase, str(f.reason), f.detail, False, (etag, version)))
-                return
-            except Exception as exc:  # a decoder bug must not take the node down: the key fails
-                detail = f"{type(exc).__name__}: {exc}"[:300]
-                self._send(
-                    FailMsg(self.id, pos, uri, phase, str(FailureReason.CORRUPT), detail, False, (etag, version))
-                )
-                return
-            finally:
-                del data
-                with self._cond:
-                    self._held -= held
-                    held = 0
-                self._stats.incr("decode_seconds", time.perf_counter() - started)
             self._stats.incr("decoded")
-            self._place(pos, uri, phase, arr, (etag, version, size))
+            self._place(got)
         except Stopped:
             pass
         except BaseException as exc:
@@ -279,12 +234,28 @@ class Loader:
                 self._fatal = self._fatal or f"loader {self.id}: {type(exc).__name__}: {exc}"
         finally:
             with self._cond:
-                self._held -= held
                 self._inflight -= 1
                 self._cond.notify_all()
 
+    def _decode_held(self, data: bytes) -> Any:
+        """Decode fetched bytes; they count against max_inflight_bytes until decoded (fetching pauses above it)."""
+        with self._holding(len(data)), self._decode_sem:
+            return self._decode(data)
+
+    @contextlib.contextmanager
+    def _holding(self, n: int) -> Iterator[None]:
+        with self._cond:
+            self._held += n
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= n
+                self._cond.notify_all()
+
     # -- batch assembly ------------------------------------------------------------------
-    def _place(self, pos: int, uri: str, phase: int, arr: Any, obj: ObjMeta) -> None:
+    def _place(self, got: Got[Any]) -> None:
+        pos, bucket, key, phase = got.item
         with self._asm:
             while self._cur is None:
                 if self._getting:
@@ -301,12 +272,12 @@ class Loader:
                     self._getting = False
                 self._cur, self._fill = idx, 0
                 self._asm.notify_all()
-            self._buffers.array(self._cur)[self._fill] = arr
+            self._buffers.array(self._cur)[self._fill] = got.value
             self._fill += 1
             self._meta[0].append(pos)
-            self._meta[1].append(uri)
+            self._meta[1].append(f"s3://{bucket}/{key}")
             self._meta[2].append(phase)
-            self._meta[3].append(obj)
+            self._meta[3].append(got.obj)
             if self._fill == self._buffers.spec.batch_size:
                 self._emit()
 
@@ -324,8 +295,6 @@ class Loader:
 
 def process_main(link: LoaderLink, buffers: BufferSpec, cfg: WorkerConfig, parent_pid: int) -> None:
     """Entry point of a loader process (spawned by its rank): attaches to its buffers, runs until done."""
-    from gpu_worker.procs import die_with_parent
-
     die_with_parent(parent_pid)
     if cfg.loader_nice:
         with contextlib.suppress(OSError):

@@ -19,8 +19,8 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, WorkerError
-from gpu_worker.metrics import count_retry
-from gpu_worker.stats import Observer, Stats
+from gpu_worker.telemetry.observe import count_retry
+from gpu_worker.telemetry.stats import Observer, Stats
 from sluice.aws import errors as awserror
 from sluice.contracts import FailureReason
 
@@ -56,6 +56,15 @@ class Fetched(NamedTuple):
     version_id: str | None  # None in an unversioned bucket
 
 
+ObjMeta = tuple[str, str | None, int]  # (etag, version id, size in bytes) of the object as read
+
+
+class FetcherLike(Protocol):
+    """What a pass GETs objects with: the Fetcher, or a test's double (which may return bare bytes)."""
+
+    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes | Fetched: ...
+
+
 def object_meta(got: bytes | Fetched) -> tuple[bytes, str, str | None]:
     """(bytes, etag, version id) of what a fetcher returned; test doubles may return bare bytes."""
     if isinstance(got, Fetched):
@@ -84,7 +93,7 @@ class Fetcher:
     @property
     def client(self) -> ObjectGetter:
         if self._client is None:
-            from gpu_worker.s3 import data_client
+            from gpu_worker.sources.clients import data_client
 
             self._client = data_client(self._cfg)
         return self._client

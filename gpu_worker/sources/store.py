@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_worker.s3source import S3RangeSource
+from gpu_worker.sources.ranged import S3RangeSource
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.shards import FileSource, RangeSource
 
@@ -28,7 +28,7 @@ class RunStore:
     @property
     def client(self) -> S3Client:
         if self._client is None:
-            from gpu_worker.s3 import control_client
+            from gpu_worker.sources.clients import control_client
 
             self._client = control_client()
         return self._client

@@ -1,7 +1,7 @@
 """JPEG decode on a device (nvJPEG through torchvision), with the CPU path's preprocessing and failures.
 
 `DeviceDecoder.decode_batch` takes a batch of object bytes and returns, for each, a
-(size, size, 3) uint8 RGB array or the ObjectFailure the CPU path (gpu_worker.decode) gives:
+(size, size, 3) uint8 RGB array or the ObjectFailure the CPU path (gpu_worker.decode.image) gives:
 
 1. A header probe on the host (Pillow reads the header only; no pixel is decoded) routes each
    image: a baseline or progressive YCbCr/greyscale JPEG with its end marker and without an
@@ -14,7 +14,7 @@
    header's) falls back to the CPU path.
 3. On the device: centre crop of the shorter side, antialiased bilinear resize to `size`
    (Pillow's BILINEAR resize is antialiased too), rounding to uint8. Normalisation stays in
-   gpu_worker.infer.Engine, as for CPU-decoded batches.
+   gpu_worker.models.engine.Engine, as for CPU-decoded batches.
 
 The CPU path decodes JPEGs at a reduced DCT scale (draft mode) before resizing; the device
 path decodes at full size. Both then resample to the same crop, so pixels differ slightly,
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from gpu_worker.decode import decode_image
+from gpu_worker.decode.image import decode_image
 from gpu_worker.errors import ObjectFailure
 from sluice.contracts import FailureReason
 
@@ -55,20 +55,6 @@ def torchvision_jpeg(datas: Sequence[bytes], device: str) -> list[Any]:
     tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
     out = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
     return list(out)
-
-
-def pillow_standin_jpeg(datas: Sequence[bytes], device: str) -> list[Any]:
-    """A stand-in for nvJPEG built on Pillow (full-size decode, no draft): tests the device path
-    where torchvision's decoder cannot load. Raises on bytes it cannot decode, as nvJPEG does."""
-    import torch
-
-    out = []
-    for d in datas:
-        with Image.open(io.BytesIO(d)) as im:
-            im.load()
-            rgb = np.asarray(im.convert("RGB"))
-        out.append(torch.from_numpy(rgb.copy()).permute(2, 0, 1).to(device))
-    return out
 
 
 def nvjpeg_problem(device: str, decode: JpegDecode = torchvision_jpeg) -> str | None:

@@ -1,7 +1,7 @@
 """Prometheus remote-write 1.0 to Amazon Managed Service for Prometheus (or any receiver).
 
 AMP's SDKs have no remote-write call, so this is ours: a registry's samples become a
-WriteRequest (gpu_worker.write_request), SigV4-signed for service `aps` when the URL is an
+WriteRequest (gpu_worker.telemetry.write_request), SigV4-signed for service `aps` when the URL is an
 AMP workspace, and POSTed by a background thread at start, every PushPolicy.interval_s, and
 once more at exit, followed by staleness markers so the rank's series end when it does.
 429/5xx are retried with backoff (429's Retry-After honoured); other 4xx (e.g. out-of-order
@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpu_worker.log import child
-from gpu_worker.write_request import Series, encode_write_request, registry_series, snappy_block
+from gpu_worker.telemetry.write_request import Series, encode_write_request, registry_series, snappy_block
 from sluice.aws.sigv4 import normalize, region_of, sign_aps
 
 log = child("remote_write")

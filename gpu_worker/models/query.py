@@ -1,7 +1,7 @@
 """Query embeddings for `sluice search`: image files through the worker's own decode and model step.
 
-The same path a run's images take (gpu_worker.decode: shorter side to the model's input size,
-centre crop; gpu_worker.infer.Engine: normalisation, the model, L2 normalisation), so an
+The same path a run's images take (gpu_worker.decode.image: shorter side to the model's input size,
+centre crop; gpu_worker.models.engine.Engine: normalisation, the model, L2 normalisation), so an
 image embedded here lands where its run put it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.decode import decode_image
+from gpu_worker.decode.image import decode_image
 from gpu_worker.errors import ConfigError, ObjectFailure
 
 
@@ -18,8 +18,8 @@ def embed_images(model_path: str, image_size: int, images: list[tuple[str, bytes
     """(len(images), D) unit vectors of (name, bytes) images with the model at `model_path` (builtin:NAME or a file)."""
     import torch
 
-    from gpu_worker.infer import Engine
-    from gpu_worker.model import load_model
+    from gpu_worker.models.engine import Engine
+    from gpu_worker.models.load import load_model
 
     model, info = load_model(model_path, image_size)
     max_pixels = WorkerConfig.model_fields["max_image_pixels"].default

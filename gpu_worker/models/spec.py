@@ -24,10 +24,13 @@ from gpu_worker.errors import ConfigError, WorkerError
 from sluice.aws.errors import AwsFailure, Kind, classify
 
 if TYPE_CHECKING:
-    from gpu_worker.store import RunStore
+    from gpu_worker.sources.store import RunStore
 
 META_NAME = "sluice.json"
-# Reads of a model's sidecar, each on top of the control client's own retries (gpu_worker.s3:
+# A spec without mean/std normalises as ImageNet models do (torchvision's and timm's defaults).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# Reads of a model's sidecar, each on top of the control client's own retries (gpu_worker.sources.clients:
 # adaptive, 10 attempts), with SIDECAR_BACKOFF_S, twice that, ... between them.
 SIDECAR_ATTEMPTS = 3
 SIDECAR_BACKOFF_S = 1.0

@@ -12,8 +12,8 @@ import time
 import numpy as np
 from PIL import Image
 
-from gpu_worker.decode import decode_image
-from gpu_worker.gpudecode import DeviceDecoder, JpegDecode, nvjpeg_problem, torchvision_jpeg
+from gpu_worker.decode.image import decode_image
+from gpu_worker.decode.nvjpeg import DeviceDecoder, JpegDecode, nvjpeg_problem, torchvision_jpeg
 
 MAX_PIXELS = 89_478_485
 

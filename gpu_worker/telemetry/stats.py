@@ -1,4 +1,4 @@
-"""Counters the pipeline reports, behind a tiny Observer seam (gpu_worker.metrics adds a Prometheus observer).
+"""Counters the pipeline reports, behind a tiny Observer seam (gpu_worker.telemetry.observe adds the histograms).
 
 Names are a fixed set (no per-object labels): see COUNTERS. Loaders send deltas to their rank
 with every batch, so a rank's Stats is live; the node sums its ranks into result.json.
@@ -26,7 +26,7 @@ COUNTERS = {
     "model_seconds": "wall time of model steps (copy, forward, normalize)",
     "wait_seconds": "time the model loop waited for a ready batch (starvation, first batch included)",
     "first_batch_seconds": "from the start of the pipeline to the first full batch",
-    "failed": "keys that ended in failures/<shard>.jsonl",
+    "failed": "keys failed for good in this attempt, once a key however many models owed it (failures/<shard>.jsonl)",
     "chunks_committed": "Parquet chunks committed in this attempt",
     "loader_cpu_seconds": "CPU time of loader processes (fetch + decode + IPC)",
     "rank_cpu_seconds": "CPU time of rank processes (model + output; includes loader threads when LOADERS=0)",

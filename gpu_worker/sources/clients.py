@@ -2,7 +2,7 @@
 
 control: plan, shards, markers, output (botocore adaptive mode, many attempts: losing a marker
 write fails the attempt). data: image GETs, tuned by WorkerConfig (pool size, attempts,
-timeouts); our own retries and the final pass sit on top of it (gpu_worker.fetch).
+timeouts); our own retries and the final pass sit on top of it (gpu_worker.sources.fetch).
 """
 
 from __future__ import annotations

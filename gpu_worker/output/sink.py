@@ -1,112 +1,31 @@
-"""Output: Parquet chunks committed with markers (per rank), then failures.jsonl and result.json (per shard).
+"""A rank's ChunkSink: results by window, each window committed as Parquet then its marker, on a writer thread.
 
 A rank's ChunkSink groups results by window (up to chunk_keys consecutive positions of its
 slice). Results arrive in completion order; a window is committed as soon as every position
 in it is settled or deferred: Parquet first (rows sorted by position), marker second, on a
 writer thread so the model loop never waits on a PUT. Final-pass results form retry chunks.
-write_shard_result checks the shard and writes its result, with gpu_worker.verdict's verdict.
 """
 
 from __future__ import annotations
 
-import io
 import queue
 import threading
 import time
 from bisect import bisect_right
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from gpu_worker import intervals, verdict
-from gpu_worker.commits import Marker, Paths, ShardState
 from gpu_worker.errors import WorkerError
-from gpu_worker.intervals import Span
-from gpu_worker.loader import ObjMeta
-from gpu_worker.stats import Observer, Stats
-from gpu_worker.store import RunStore
-from sluice import outputs
-from sluice.contracts import FailureLine, ShardResult
-
-RETRY = 1
-
-
-@dataclass(frozen=True)
-class RecordLabel:
-    """What every row of one model's output says about the model and the run (sluice.outputs)."""
-
-    model: str
-    model_version: str
-    model_id: str
-    run: str
-
-
-UNKNOWN_OBJ: ObjMeta = ("", None, -1)  # a fetcher that reports no version (test doubles): etag "", size null
-Part = tuple[int, float, float]  # (part, part_start, part_end) of one row (sluice.outputs)
-WHOLE: Part = (0, 0.0, 0.0)  # an image: one part
-
-
-def parquet_bytes(
-    uris: Sequence[str],
-    emb: np.ndarray,
-    dtype: str,
-    metadata: dict[str, str],
-    objs: Sequence[ObjMeta],
-    label: RecordLabel,
-) -> bytes:
-    """One output file of one-part keys (images): a row per key (sluice.outputs)."""
-    return table_bytes(output_table(uris, emb, dtype, objs, label), metadata)
-
-
-def output_table(
-    uris: Sequence[str],
-    emb: np.ndarray,
-    dtype: str,
-    objs: Sequence[ObjMeta],
-    label: RecordLabel,
-    parts: Sequence[Part] | None = None,
-) -> pa.Table:
-    """A row per part of a key: its embedding, its object's version and the model (sluice.outputs)."""
-    n, dim = emb.shape
-    values = pa.array(np.ascontiguousarray(emb, dtype=np.dtype(dtype)).reshape(-1))
-    const = {outputs.MODEL: label.model, outputs.MODEL_VERSION: label.model_version}
-    const |= {outputs.MODEL_ID: label.model_id, outputs.RUN: label.run}
-    schema = outputs.arrow_schema(dim, dtype)
-    columns = {
-        outputs.KEY: pa.array(list(uris), pa.string()),
-        **_part_columns(parts or [WHOLE] * n),
-        outputs.EMBEDDING: pa.FixedSizeListArray.from_arrays(values, dim),
-        **{
-            name: pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([value], pa.string()))
-            for name, value in const.items()
-        },
-        outputs.ETAG: pa.array([o[0] or None for o in objs], pa.string()),
-        outputs.VERSION_ID: pa.array([o[1] for o in objs], pa.string()),
-        outputs.SIZE: pa.array([o[2] if o[2] >= 0 else None for o in objs], pa.int64()),
-    }
-    return pa.table([columns[f.name] for f in schema], schema=schema)
-
-
-def table_bytes(table: pa.Table, metadata: dict[str, str]) -> bytes:
-    """`table` as a zstd Parquet file, with `metadata` (each key prefixed "sluice.")."""
-    table = table.replace_schema_metadata({f"sluice.{k}": str(v) for k, v in metadata.items()})
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
-
-
-def _part_columns(parts: Sequence[Part]) -> dict[str, Any]:
-    """The part, part_start and part_end columns of `parts`."""
-    return {
-        outputs.PART: pa.array([p[0] for p in parts], pa.int32()),
-        outputs.PART_START: pa.array([p[1] for p in parts], pa.float64()),
-        outputs.PART_END: pa.array([p[2] for p in parts], pa.float64()),
-    }
+from gpu_worker.output import intervals
+from gpu_worker.output.commits import RETRY, Marker, Paths
+from gpu_worker.output.intervals import Span
+from gpu_worker.output.parquet import UNKNOWN_OBJ, WHOLE, Part, RecordLabel, output_table, table_bytes
+from gpu_worker.sources.fetch import ObjMeta
+from gpu_worker.sources.store import RunStore
+from gpu_worker.telemetry.stats import Observer, Stats
 
 
 @dataclass
@@ -161,7 +80,6 @@ class ChunkSink:
         self._writer = threading.Thread(target=self._write_loop, name="chunk-writer", daemon=True)
         self._writer.start()
         self.committed = 0
-        self.reasons: Counter[str] = Counter()
         self._read: dict[int, tuple[str, str | None]] = {}  # position -> (etag, version id) of bytes that failed
 
     def read_as(self, pos: int, obj: tuple[str, str | None]) -> None:
@@ -228,8 +146,6 @@ class ChunkSink:
         if (obj := self._read.pop(pos, None)) is not None:
             failure.update(etag=obj[0], version_id=obj[1])
         chunk.failed.append(failure)
-        self.reasons[reason] += 1
-        self._obs.incr("failed")
         self._settled(chunk, phase)
 
     def _settled(self, chunk: _Chunk, phase: int) -> None:
@@ -316,65 +232,3 @@ class ChunkSink:
         self._error = self._error or WorkerError("aborted")
         self._jobs.put(None)
         self._writer.join(timeout=60)
-
-
-def write_shard_result(
-    store: RunStore,
-    paths: Paths,
-    states: Mapping[str, ShardState],
-    n_keys: int,
-    *,
-    threshold: float,
-    info: Mapping[str, Any],
-) -> ShardResult:
-    """Check each model settled the shard exactly once, write failures/<i>.jsonl and result.json; return the result.
-
-    `states` holds each model's committed markers (one entry for a one-model run); a key is
-    failed when some model failed it. `info` holds the ShardResult fields only the node knows
-    (who ran it, where, how long); the counts come from the commit markers, and the verdict
-    against `threshold` (ok, the reason) from gpu_worker.verdict.judge.
-    """
-    for name, state in states.items():
-        _check_settled(state, n_keys, name if len(states) > 1 else "")
-    failed: dict[int, dict[str, Any]] = {}
-    for state in states.values():
-        for m in state.markers:
-            for f in m.failed:
-                failed.setdefault(int(f["pos"]), f)
-    failures = [
-        FailureLine(
-            key=f["key"],
-            reason=f["reason"],
-            attempt=f["attempt"],
-            detail=f.get("detail", ""),
-            etag=f.get("etag"),
-            version_id=f.get("version_id"),
-        )
-        for _, f in sorted(failed.items())
-    ]
-    lines = "".join(line.model_dump_json() + "\n" for line in failures)
-    store.put(paths.failures, lines.encode(), "application/x-ndjson")
-    by_model = {name: sum(m.rows for m in state.markers) for name, state in states.items()}
-    result = ShardResult(
-        **info,
-        n_keys=n_keys,
-        processed=min(by_model.values(), default=0),
-        **asdict(verdict.judge(failures, n_keys, threshold)),
-        chunks=sum(len(state.markers) for state in states.values()),
-        processed_by_model=by_model if len(states) > 1 else {},
-    )
-    store.put(paths.result, result.model_dump_json(indent=1).encode(), "application/json")
-    return result
-
-
-def _check_settled(state: ShardState, n_keys: int, model: str) -> None:
-    """Every key of the shard in exactly one of the model's markers."""
-    of = f" for model {model}" if model else ""
-    overlaps = state.overlaps()
-    if overlaps:
-        raise WorkerError(f"{intervals.count(overlaps)} keys are covered by two chunks{of} (first {overlaps[0]})")
-    unsettled = intervals.subtract([(0, n_keys)], state.covered)
-    if unsettled:
-        raise WorkerError(
-            f"{intervals.count(unsettled)} of {n_keys} keys were never settled{of} (first {unsettled[0]})"
-        )

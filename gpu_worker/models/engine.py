@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.errors import ConfigError
-from gpu_worker.model import ModelInfo
-from gpu_worker.stats import Observer, Stats
+from gpu_worker.models.load import ModelInfo
+from gpu_worker.telemetry.stats import Observer, Stats
 
 
 def _trace(model: Any, example: torch.Tensor) -> Any:

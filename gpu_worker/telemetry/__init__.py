@@ -1,0 +1,1 @@
+"""What a rank reports: counters, Prometheus families and collector, remote write to AMP."""
