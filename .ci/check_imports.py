@@ -43,7 +43,7 @@ FLOORS: list[set[str]] = [
     {"sluice.control", "gpu_worker"},
     {"sluice.ops", "functions"},
     {"sluice.local"},
-    {"sluice.cli"},
+    {"sluice.cli", "sluice.commands"},  # the console script and its commands (sluice.cli imports them)
 ]
 MAX_TOP_MODULES = 12  # sluice/*.py besides __init__.py
 
