@@ -45,7 +45,7 @@ FLOORS: list[set[str]] = [
     {"sluice.control", "gpu_worker"},  # gpu_worker: WORKER_FLOORS inside this floor
     {"sluice.ops", "functions"},
     {"sluice.local"},
-    {"sluice.cli"},
+    {"sluice.cli", "sluice.commands"},  # the console script and its commands (sluice.cli imports them)
 ]
 # The worker's rooms, lowest first (docs/worker.md draws them). Each sits on FLOORS' "gpu_worker" floor.
 WORKER_FLOORS: list[set[str]] = [

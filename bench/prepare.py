@@ -79,7 +79,7 @@ def write_keylist(path: Path, n: int, seed: int = 42) -> None:
 
 def _baseline_child(path: str, out: str) -> dict[str, float]:
     """Today's in-Lambda path on the key list: plan.scan (validate, digest, spill), then write_shards."""
-    from sluice.cli import _read_chunks
+    from sluice.commands.shards import read_chunks
     from sluice.input.sources import Problems, iter_keylist
     from sluice.models import InputSpec, JobSpec, Manifest
     from sluice.plan.layout import layout
@@ -97,7 +97,7 @@ def _baseline_child(path: str, out: str) -> dict[str, float]:
         with open(os.path.join(out, f"{i}.shard"), "wb") as fh:
             fh.write(data)
 
-    with scan(iter_keylist(_read_chunks(path), path, ".txt", None, problems), max_keys=2**32 - 1, spill_dir=out) as sc:
+    with scan(iter_keylist(read_chunks(path), path, ".txt", None, problems), max_keys=2**32 - 1, spill_dir=out) as sc:
         problems.raise_if_any()
         t1 = time.monotonic()
         write_shards(sc, layout(sc.unique_keys, manifest, 10_000), put)

@@ -1,8 +1,9 @@
 """Where keys come from: key-list objects (.txt / .csv / .jsonl), prefix listings and inline keys.
 
 Each source streams (bucket, [keys]) batches and validates as it goes: every problem becomes a
-reason naming the line or key and why (Problems). S3 Inventory reports are sluice.input.inventory;
-sluice.input.keys chooses the source a manifest names.
+reason naming the line or key and why (Problems); a problem a caller acts on also keeps its
+structured form (Problem: a code, where, the key), so no caller parses a reason's text. S3
+Inventory reports are sluice.input.inventory; sluice.input.keys chooses the source a manifest names.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import csv
 import json
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -42,16 +44,37 @@ BLANK = " \t\r"  # a line of only these is blank; str.strip() would also drop co
 BUCKET_HINT = "set input.bucket, or set SLUICE_DEFAULT_INPUT_BUCKET"
 
 
+BARE_KEY = "bare_key"  # Problem.code: a key without s3:// where no bucket is given for it
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in its structured form: what kind (`code`), where, the key it is about, and its reason."""
+
+    code: str
+    where: str  # "<name> line <n>" or "input.keys[<i>]", as the reason begins
+    text: str  # the reason, exactly as Problems.reasons holds it
+    key: str | None = None  # the entry as the reason shows it (its first 80 characters)
+
+
 class Problems:
     """Collects up to MAX_REASONS problems, then stops the scan.
 
     `bucket_hint`: how a bare key gets its bucket where the keys are read (the CLI names its flag).
+    `details`: the structured form of the first MAX_REASONS problems noted with one (note()).
     """
 
     def __init__(self, bucket_hint: str = BUCKET_HINT) -> None:
         self.reasons: list[str] = []
+        self.details: list[Problem] = []
         self.count = 0
         self.bucket_hint = bucket_hint
+
+    def note(self, problem: Problem) -> None:
+        """Add a problem's reason and keep its structured form."""
+        if len(self.details) < MAX_REASONS:
+            self.details.append(problem)
+        self.add(problem.text)
 
     def add(self, reason: str) -> None:
         self.count += 1
@@ -97,9 +120,9 @@ def entry_to_pair(entry: str, default_bucket: str | None, where: str, problems: 
         return None
     else:
         if default_bucket is None:
-            problems.add(
-                f"{where}: bare key {entry[:80]!r} but no bucket: write s3://bucket/key, {problems.bucket_hint}"
-            )
+            shown = entry[:80]
+            text = f"{where}: bare key {shown!r} but no bucket: write s3://bucket/key, {problems.bucket_hint}"
+            problems.note(Problem(BARE_KEY, where, text, key=shown))
             return None
         bucket, key = default_bucket, entry
     if key.endswith("/"):

@@ -148,7 +148,7 @@ def add_offline_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def offline_main(args: argparse.Namespace) -> int:
-    """`sluice prepare`: run prepare_offline and print its summary; Rejection propagates (cli prints it)."""
+    """`sluice prepare`: run prepare_offline and print its summary; Rejection propagates (the CLI prints it)."""
     if args.workers < 1 or (args.partitions is not None and args.partitions < 1) or args.keys_per_shard < 1:
         raise PrepareError("--workers, --partitions and --keys-per-shard must be at least 1")
     summary = prepare_offline(

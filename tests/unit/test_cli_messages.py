@@ -43,3 +43,17 @@ def test_an_unreachable_endpoint_is_not_promised_a_retry(monkeypatch, capsys):
         reset_clients()
     err = capsys.readouterr().err
     assert "will retry" not in err and "not retried: check that http://127.0.0.1:9 is up" in err
+
+
+def test_prepare_names_the_bare_key_from_its_problem_not_from_a_reasons_text(tmp_path, capsys):
+    """A URL's reason also says "bare key", and a key may hold " but": the refusal names line and key as they are."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("http://example.com/a.jpg\nimg/a but b.jpg\n")
+    out = tmp_path / "out"
+    assert main(["prepare", str(keys), "--out", str(out), "--workers", "1"]) == 1
+    assert capsys.readouterr().err == (
+        "manifest rejected:\n"
+        "  - keys.txt line 2: bare key 'img/a but b.jpg' but no bucket: pass --bucket BUCKET (the bucket the keys "
+        "are in), or write s3://bucket/key lines\n"
+    )
+    assert not (out / "prepare").exists()

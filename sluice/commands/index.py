@@ -17,15 +17,17 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sluice.commands.common import EXIT_OK, EXIT_USAGE, Invocation
 from sluice.errors import SluiceError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from sluice.commands.common import Subparsers
 
 
-def add_index_parsers(sub: Any) -> None:
-    """`sluice index build` and `sluice search` on the CLI's subparsers."""
+def add_commands(sub: Subparsers) -> None:
+    """`sluice index build|show` and `sluice search`: their arguments and handlers."""
     from sluice.index.__main__ import add_build_arguments
 
     index = sub.add_parser("index", help="the search index of a run's embeddings").add_subparsers(
@@ -58,13 +60,14 @@ def add_index_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_search)
 
 
-def cmd_index_build(args: argparse.Namespace) -> int:
+def cmd_index_build(args: argparse.Namespace, inv: Invocation) -> int:
+    """Build or update an index from runs' output (sluice.index's `build`)."""
     from sluice.index.__main__ import run_build
 
     return run_build(args)
 
 
-def cmd_index_show(args: argparse.Namespace) -> int:
+def cmd_index_show(args: argparse.Namespace, inv: Invocation) -> int:
     """Print the index metadata of every table in the index."""
     from sluice.index.search import Searcher, open_tables
 
@@ -83,6 +86,7 @@ def cmd_index_show(args: argparse.Namespace) -> int:
 
 
 def _vector_file(path: str) -> Any:
+    """The query vectors in a .npy file."""
     import numpy as np
 
     try:
@@ -166,7 +170,7 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
     return np.asarray(embed_images(artifact, searcher.meta.image_size or 224, images))
 
 
-def cmd_search(args: argparse.Namespace) -> int:
+def cmd_search(args: argparse.Namespace, inv: Invocation) -> int:
     """Print the k nearest keys of each query."""
     from gpu_worker.errors import ConfigError  # the worker's code says what is wrong with an artifact or image
     from sluice.index.search import Searcher
