@@ -9,8 +9,7 @@ STAMP  := $(VENV)/.sluice-installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first, pinned to the local CPU wheel: anything else downloads GBs.
-	$(BIN)/pip install -q torch==2.13.0
+	# torch is the worker extra's pin (pyproject.toml): a local file on these machines.
 	$(BIN)/pip install -q -e '.[dev,worker,lambda,export]'
 	touch $(STAMP)
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import zipfile
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +89,40 @@ def parse_spec(path: str, embedded: str | bytes | None) -> dict[str, Any]:
     for k in ("mean", "std"):
         if k in meta and (not isinstance(meta[k], list) or len(meta[k]) != 3):
             raise ConfigError(f"model spec for {path}: {k} must be a list of 3 numbers")
+    why = torch_problem(meta)
+    if why:
+        raise ConfigError(f"model {path}: {why}")
     return meta
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string: "2.14.1+cu130" -> (2, 14, 1); () when it has none."""
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(p) for p in m.group().split(".")) if m else ()
+
+
+def torch_problem(meta: dict[str, Any], running: str | None = None) -> str | None:
+    """Why this worker's torch cannot be trusted with an artifact the spec says a newer torch exported (None: fine).
+
+    A file saved by a newer torch may use operators or a format an older one lacks, and fail
+    part way or load differently: refused up front, naming both versions.
+    """
+    exported = str((meta.get("exported_with") or {}).get("torch", ""))
+    here = running if running is not None else _installed_torch()
+    if not exported or not here or release(exported) <= release(here):
+        return None
+    return (
+        f"exported with torch {exported}, but this worker runs torch {here}: run a worker image built "
+        f"with torch {exported} or newer, or export the model again with torch {here}"
+    )
+
+
+def _installed_torch() -> str:
+    """The installed torch's version, read without importing torch ("" when none is installed)."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 def input_size(uri: str, plan_size: int) -> int:
