@@ -315,12 +315,20 @@ class ShardItem(_Written):
     gpu_seconds: int = Field(default=0, description="The worker's wall seconds x its GPUs (result.json; 0 on CPU).")
 
 
+StallCause = Literal["no_progress", "no_beat"]
+
+
 class StalledAttempt(_Written):
-    """An attempt whose progress stopped for its stall_after_s: ended by the sweep (a STALL# item, counted once)."""
+    """An attempt ended by the sweep (a STALL# item, counted once): still for its stall_after_s, or never beat."""
 
     shard: int
     attempt: int
-    after_s: float = Field(description="Seconds without progress when the sweep ended it.")
+    after_s: float = Field(description="Seconds without progress (or, no_beat, since it started) when ended.")
+    cause: StallCause = Field(
+        default="no_progress",
+        description="no_progress: its beat aged past stall_after_s; no_beat: RUNNING for the plan's load_grace_s "
+        "without a first beat (hung before its first batch).",
+    )
     job_id: str | None = Field(default=None, description="The child, node or plain job terminated.")
     redo_job_id: str | None = Field(default=None, description="The job Sluice submitted to resume the shard.")
 

@@ -16,9 +16,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
-from sluice.aws.errors import translate
 from sluice.contracts import (
     CounterItem,
     Counts,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
 from sluice.paths import RunPaths
-from sluice.preflight.checks import derived_stall_after_s, derived_timeout_s
+from sluice.preflight.checks import derived_load_grace_s, derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity
 
 
@@ -79,6 +79,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
     timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
     batch = pass_batch(manifest.models)  # the batch the workers run (RunPlan.effective_batch)
     stall_after_s = manifest.job.stall_after_s or derived_stall_after_s(batch, rate, timeout_s)
+    load_grace_s = manifest.job.load_grace_s or derived_load_grace_s(len(manifest.models), timeout_s)
     return RunPlan(
         run_id=i.run_id,
         manifest_uri=i.manifest_uri,
@@ -102,6 +103,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,
+        load_grace_s=load_grace_s,
         max_failed_fraction=manifest.max_failed_fraction,
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,
