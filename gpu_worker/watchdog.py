@@ -93,6 +93,14 @@ class Beats:
             logger.warning("progress beat not written", extra={"error": f"{type(exc).__name__}: {exc}"[:300]})
 
 
+@dataclass(frozen=True)
+class Loading:
+    """Whether the rank's models are still loading, and how much longer it may then stay still (the plan's)."""
+
+    now: Callable[[], bool] = lambda: False
+    grace_s: float = LEGACY_LOAD_GRACE_S
+
+
 class Watchdog:
     """Beats on progress; ends the process with STALLED_EXIT when progress stops for stall_after_s."""
 
@@ -104,13 +112,12 @@ class Watchdog:
         *,
         interval_s: float = 10.0,
         exit_fn: Callable[[int], Any] = os._exit,
-        loading: Callable[[], bool] = lambda: False,
-        load_grace_s: float = LEGACY_LOAD_GRACE_S,
+        loading: Loading | None = None,
     ) -> None:
         self._progress = progress
-        self._loading = loading
+        loads = loading or Loading()
+        self._loading, self.load_grace_s = loads.now, loads.grace_s
         self.stall_after_s = stall_after_s
-        self.load_grace_s = load_grace_s
         self._beats = beats
         self._interval = max(0.05, min(interval_s, stall_after_s / 4))
         self._exit = exit_fn
@@ -163,9 +170,8 @@ def for_rank(
     limit = stall_after_s(plan_value)
     grace = float(load_grace_s) if load_grace_s else LEGACY_LOAD_GRACE_S
     progress = lambda: stats.get("images") + stats.get("failed")  # noqa: E731
-    loading = lambda: not stats.get("model_ready_seconds")  # noqa: E731
-    beats = Beats(ids, limit)
-    return Watchdog(progress, limit, beats, interval_s=interval_s, loading=loading, load_grace_s=grace).start()
+    loading = Loading(lambda: not stats.get("model_ready_seconds"), grace)
+    return Watchdog(progress, limit, Beats(ids, limit), interval_s=interval_s, loading=loading).start()
 
 
 def target(run_id: str, shard: int, attempt: int, rank: int, env: Mapping[str, str] | None = None) -> BeatTarget:

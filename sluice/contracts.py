@@ -664,6 +664,11 @@ class EarlierOutput(_Written):
     model_id: str = Field(description="The model artifact's identity in that run's plan (sluice.modelid).")
     start: int = Field(ge=0)
     stop: int = Field(ge=0)
+    failures: bool = Field(
+        default=True,
+        description="Also read these shards' failures files: they are the run's, not a model's, so only the "
+        "tasks of one of its models read them (counted once, however many models match).",
+    )
 
 
 class PrepareSpec(_Written):
@@ -717,6 +722,9 @@ class MapResult(_Written):
     seconds: float
     peak_rss_mb: float
     versions: VersionCounts | None = Field(default=None, description="An incremental run: what the worker learned.")
+    buckets: list[str] = Field(
+        default_factory=list, description="The buckets its keys name (at most 100): the submit's cross-Region check."
+    )
 
 
 class VersionCounts(_Written):
@@ -737,7 +745,7 @@ class VersionCounts(_Written):
     )
     earlier_failures: int = Field(
         default=0,
-        description="Failure lines of earlier runs whose bytes failed (with the version read), once per model task.",
+        description="Failure lines of earlier runs whose bytes failed (with the version read), once per shard.",
     )
 
 

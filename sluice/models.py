@@ -502,6 +502,7 @@ class RunPlan(_Strict):
     timeout_s: int
     stall_after_s: int | None = None  # no progress this long: stalled (None: a plan from before; the worker's default)
     load_grace_s: int | None = None  # no first beat this long after RUNNING: stalled (job.load_grace_s; None: before)
+    input_buckets: list[str] = []  # the buckets the prepare stage's keys name; empty: the manifest's input says
     max_failed_fraction: float
     retry_failed: int
     jobs: list[JobLayout]

@@ -77,9 +77,11 @@ class Beat:
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> Beat:
         v = values(dict(raw))
-        fields = ("shard", "attempt", "rank", "processed")
         return cls(
-            **{k: int(v[k]) for k in fields},
+            shard=int(v["shard"]),
+            attempt=int(v["attempt"]),
+            rank=int(v["rank"]),
+            processed=int(v["processed"]),
             job_id=str(v["job_id"]),
             moved_at=float(v["moved_at"]),
             stall_after_s=float(v["stall_after_s"]),

@@ -68,6 +68,7 @@ FUNCTION_ACTIONS = {
         "logs:CreateLogStream",
         "logs:PutLogEvents",
         *XRAY,
+        "s3:GetBucketLocation",  # the preflight's Region check when it submits after the prepare stage
         "sqs:SendMessage",
         "s3:GetObject",
         "s3:ListBucket",
@@ -315,11 +316,13 @@ def test_worker_writes_only_under_runs_and_to_its_amp_workspace() -> None:
 
 
 def test_functions_cannot_read_images() -> None:
-    # The job-state function never touches input buckets, nor the control bucket's inputs/.
+    # The job-state function reads nothing in input buckets (it asks their Region), nor the control bucket's inputs/.
     job_state, manifest = role_grants("HandleJobStateChangeRole"), role_grants("HandleManifestUploadRole")
     assert job_state and manifest
     for action, resource, _ in job_state:
-        assert "InputBucketNames" not in resource and "/inputs/" not in resource, (action, resource)
+        if "InputBucketNames" in resource:
+            assert action == "s3:GetBucketLocation" and resource.startswith(INPUTS), (action, resource)
+        assert "/inputs/" not in resource, (action, resource)
     # The manifest function lists input buckets and reads only list-shaped objects there.
     for action, resource, _ in manifest:
         if not action.startswith("s3:"):

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from gpu_worker.errors import STALLED
-from gpu_worker.watchdog import Beats, BeatTarget, Watchdog, beat_key, stall_after_s
+from gpu_worker.watchdog import Beats, BeatTarget, Loading, Watchdog, beat_key, stall_after_s
 from sluice.control.policy import STALLED_EXIT
 
 TARGET = BeatTarget("beats", "run-1", "job:3", shard=3, attempt=2, rank=0)
@@ -102,7 +102,7 @@ def test_loading_models_gets_the_load_grace_and_readiness_counts_as_progress() -
     table, exits = Table(), Exits()
     beats = Beats(TARGET, 0.3, table)
     still = lambda: loading[0]  # noqa: E731
-    dog = Watchdog(lambda: 0, 0.3, beats, interval_s=0.05, exit_fn=exits, loading=still, load_grace_s=grace)
+    dog = Watchdog(lambda: 0, 0.3, beats, interval_s=0.05, exit_fn=exits, loading=Loading(still, grace))
     assert dog.limit_s(True) == 0.3 + grace and dog.limit_s(False) == 0.3
     dog.start()
     time.sleep(0.6)  # twice stall_after_s, but loading
@@ -119,7 +119,7 @@ def test_a_rank_still_loading_past_its_load_grace_is_ended() -> None:
     table, exits = Table(), Exits()
     beats = Beats(TARGET, 0.2, table)
     never_ready = lambda: True  # noqa: E731  the models never get ready
-    dog = Watchdog(lambda: 0, 0.2, beats, interval_s=0.05, exit_fn=exits, loading=never_ready, load_grace_s=0.3)
+    dog = Watchdog(lambda: 0, 0.2, beats, interval_s=0.05, exit_fn=exits, loading=Loading(never_ready, 0.3))
     t0 = time.monotonic()
     dog.start()
     assert exits.fired.wait(5)
