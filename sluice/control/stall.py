@@ -15,9 +15,10 @@ fails with the reason "sluice: stalled".
 
 An attempt that never wrote a beat (hung before its first: container start, plan read, a
 model download, a stuck GET) is found from the ledger instead: a shard RUNNING in its newest
-attempt with no beat of that attempt for the plan's load_grace_s is stalled too (cause
-"no_beat"). That reads the run's SHARD items (1 MB a page: about ten pages for 30,000 shards,
-some 2,500 read units a sweep, once every 5 minutes) and the plan only when such a shard exists.
+attempt with no beat of that attempt for the plan's load_grace_s, which Batch too says is
+RUNNING (a lost terminal event is settled, not re-run), is stalled (cause "no_beat"). That
+reads the run's SHARD items (1 MB a page: about ten pages for 30,000 shards, some 2,500 read
+units a sweep, once every 5 minutes), the plan and DescribeJobs only when such a shard exists.
 
 A rank that is slow but moving writes beats, so it is never ended. A termination that
 arrives after the attempt finished changes nothing: Batch ignores it, and the re-submission is
@@ -147,7 +148,21 @@ def _silent(ctx: Context, run: RunItem, beats: list[Beat], now: float) -> list[B
     if not quiet:
         return []
     plan = load_plan(functools.partial(read_uri, ctx.clients.s3), str(run.plan_uri))
-    return silent(quiet, beats, float(plan.load_grace_s or LEGACY_LOAD_GRACE_S), now)
+    found = silent(quiet, beats, float(plan.load_grace_s or LEGACY_LOAD_GRACE_S), now)
+    # Only what Batch says is RUNNING: a shard whose terminal event was lost is not hung (the
+    # sweep settles it from Batch), and must not be ended and run again.
+    running = _batch_running(ctx, [b.job_id for b in found])
+    return [b for b in found if b.job_id in running]
+
+
+def _batch_running(ctx: Context, job_ids: list[str]) -> set[str]:
+    """The jobs Batch describes as RUNNING (DescribeJobs: at most 100 jobs a call)."""
+    out: set[str] = set()
+    for i in range(0, len(job_ids), 100):
+        for job in ctx.clients.batch.describe_jobs(jobs=job_ids[i : i + 100]).get("jobs", []):
+            if job.get("status") == "RUNNING":
+                out.add(str(job["jobId"]))
+    return out
 
 
 def still_running(beat: Beat, shard: ShardItem | None) -> bool:

@@ -193,6 +193,12 @@ def test_an_attempt_that_never_beat_is_ended_after_the_plans_load_grace(aws, sta
     assert 60 <= grace <= 30 + 300  # derived: 30 s + 300 s for its one model, at most a quarter of the timeout
     started = ctx.records.shard(run_id, 0).updated_at
     _beat(aws, stack, run_id, f"{job_id}:1", 1, still_s=-grace)  # child 1 beat (and keeps moving): never ended
+    # Batch's view: moto ends jobs at once; on AWS child 0 is RUNNING (a SUCCEEDED one whose event was
+    # lost is settled from Batch instead: tests/integration/test_reconcile.py).
+    from moto.batch.models import batch_backends
+    from moto.core import DEFAULT_ACCOUNT_ID
+
+    batch_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_job_by_id(f"{job_id}:0").status = "RUNNING"
 
     assert sweep_stalls(ctx, row, now=started + grace - 5) == []  # within the grace: nothing
     n_jobs = len(all_jobs(aws))
