@@ -299,8 +299,9 @@ def _long_sample(src: TextModelSource) -> str:
 
 def _library_vectors(src: TextModelSource, texts: tuple[str, ...]) -> torch.Tensor | None:
     """sentence-transformers' `encode` of `texts` (unit vectors), when it is installed and the folder is its model."""
-    if not src.repo or not os.path.isfile(os.path.join(src.repo, "modules.json")):
-        return None
+    modules = _st_file(src.repo, "modules.json") if src.repo else None
+    if not isinstance(modules, list) or not any(str(m.get("type", "")).endswith(".Transformer") for m in modules):
+        return None  # not a sentence-transformers model folder
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
