@@ -71,13 +71,13 @@ def test_the_plan_holds_each_model_with_its_identity():
     ids = [modelid.static_id("builtin:resnet50"), "s3etag:abc@v1"]
     plan = build_plan(PlanInputs(
         run_id="r", manifest=manifest, manifest_uri="s3://c/m.json", control_bucket="ctl",
-        total_keys=10, duplicates=0, lay=lay, model_ids=ids,
+        total_keys=10, duplicates=0, lay=lay, capacity=Capacity(), model_ids=ids,
     ))  # fmt: skip
     assert [(m.name, m.model_id) for m in plan.models] == [("resnet50", "builtin:resnet50@1"), ("clip", ids[1])]
     assert plan.multi_model and plan.output_dir(3, 1) == "s3://ctl/runs/r/output/model_name=clip/shard=3/"
     single = build_plan(PlanInputs(
         run_id="r", manifest=_manifest({"uri": "builtin:resnet50"}), manifest_uri="s3://c/m.json",
-        control_bucket="ctl", total_keys=10, duplicates=0, lay=lay,
+        control_bucket="ctl", total_keys=10, duplicates=0, lay=lay, capacity=Capacity(),
     ))  # fmt: skip
     assert single.output_dir(3) == "s3://ctl/runs/r/output/shard=3/"  # one model: the layout it always had
 

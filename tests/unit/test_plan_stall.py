@@ -7,13 +7,14 @@ from pydantic import ValidationError
 
 from sluice.models import JobLayout, Manifest
 from sluice.plan.layout import Layout, PlanInputs, build_plan
+from sluice.preflight import Capacity
 from sluice.preflight.checks import STALL_LOAD_S, derived_stall_after_s
 
 
 def _plan(job: dict, rate: float | None = None):
     m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": job})
     lay = Layout(4, 25, [JobLayout(kind="array", shard_offset=0, shard_count=4)])
-    inputs = PlanInputs("r-1", m, "s3://c/manifests/m.json", "c", 100, 0, lay, images_per_gpu_s=rate)
+    inputs = PlanInputs("r-1", m, "s3://c/manifests/m.json", "c", 100, 0, lay, Capacity(images_per_gpu_s=rate))
     return build_plan(inputs)
 
 
