@@ -23,7 +23,7 @@ from sluice.contracts import JobLayoutItem, PassItem, RunStatus, RunSubmitted
 from sluice.control.context import Context, RunRequest
 from sluice.errors import Rejection
 from sluice.log import logger
-from sluice.models import RunPlan
+from sluice.models import RunPlan, stand_in_warnings
 from sluice.preflight import RunFacts, preflight
 from sluice.preflight.locality import InputSize, add_locality, input_buckets
 from sluice.preflight.spent import run_cost
@@ -46,7 +46,7 @@ def submit(
     """Preflight, submit the plan's jobs (adopted by name when already out), record SUBMITTED with "Run Submitted".
 
     `expect`: the run's status now (PLANNING in the Lambda, PREPARING after the prepare stage);
-    `warnings` (the prepare stage's) go out before the preflight's.
+    `warnings` (the prepare stage's) go out after a builtin stand-in model's and before the preflight's.
     """
     settings, plan_uri = ctx.settings, req.paths.plan
     facts = RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys)
@@ -66,7 +66,11 @@ def submit(
         mode=plan.mode,
         job_ids=job_ids,
         plan_uri=plan_uri,
-        warnings=[*warnings, *(f"preflight: {line}" for line in checked.lines("warn"))],
+        warnings=[
+            *stand_in_warnings([m.uri for m in plan.models]),
+            *warnings,
+            *(f"preflight: {line}" for line in checked.lines("warn")),
+        ],
         gpu_hours_estimate=checked.cost["gpu_hours"],
         cost_estimate_usd=run_cost(checked.cost),
         lineage=plan.lineage,

@@ -22,7 +22,14 @@ def _uploaded(s3) -> list[str]:
 
 def test_submit_refuses_what_plan_rejects_unless_told_not_to_validate(tmp_path, capsys, s3):
     bad = _write(
-        tmp_path, "m.json", {"version": 1, "input": {"keys": ["s3://images/a"]}, "job": {"keys_per_shard": True}}
+        tmp_path,
+        "m.json",
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": ["s3://images/a"]},
+            "job": {"keys_per_shard": True},
+        },
     )
     assert main(["submit", bad, "--bucket", "ctl-bucket"]) == 1
     err = capsys.readouterr().err
@@ -33,7 +40,12 @@ def test_submit_refuses_what_plan_rejects_unless_told_not_to_validate(tmp_path, 
 
 
 def test_submit_checks_the_output_prefix_against_its_control_bucket(tmp_path, capsys, s3):
-    doc = {"version": 1, "input": {"keys": ["s3://images/a"]}, "output": {"prefix": "s3://elsewhere/out/"}}
+    doc = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"keys": ["s3://images/a"]},
+        "output": {"prefix": "s3://elsewhere/out/"},
+    }
     assert main(["submit", _write(tmp_path, "o.json", doc), "--bucket", "ctl-bucket"]) == 1
     assert (
         "bucket 'elsewhere' is not the control bucket or an allowed output bucket (ctl-bucket"

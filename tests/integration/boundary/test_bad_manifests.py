@@ -31,11 +31,11 @@ INV = f"s3://{INPUT_BUCKET}/inv/manifest.json"
 
 
 def _m(**kw: object) -> str:
-    return json.dumps({"version": 1, "input": OK_INPUT, **kw})
+    return json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": OK_INPUT, **kw})
 
 
 def _inv_manifest() -> str:
-    return json.dumps({"version": 1, "input": {"inventory": INV}})
+    return json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"inventory": INV}})
 
 
 def _inventory(data: bytes, *, fmt: str = "CSV", schema: str = "Bucket, Key, Size", checksum: str | None = None):
@@ -77,7 +77,13 @@ def _parquet(table: dict) -> bytes:
 def _keylist(name: str, body: bytes | str) -> tuple[str, dict[str, bytes]]:
     """A JSON manifest naming a key-list object, and that object."""
     data = body.encode() if isinstance(body, str) else body
-    manifest = json.dumps({"version": 1, "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/{name}"}})
+    manifest = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/{name}"},
+        }
+    )
     return manifest, {f"{INPUT_BUCKET}/lists/{name}": data}
 
 
@@ -99,7 +105,9 @@ CASES = [
     (
         "two-sources",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": ["a"], "prefix": "s3://xyz/y"}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["a"], "prefix": "s3://xyz/y"}}
+        ),
         {},
         {},
         "exactly one of keys, key_list, prefix, inventory (got keys, prefix)",
@@ -107,7 +115,9 @@ CASES = [
     (
         "zero-keys",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": [], "bucket": INPUT_BUCKET}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": [], "bucket": INPUT_BUCKET}}
+        ),
         {},
         {},
         "zero keys",
@@ -115,7 +125,13 @@ CASES = [
     (
         "key-too-long",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": ["é" * 600], "bucket": INPUT_BUCKET}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"keys": ["é" * 600], "bucket": INPUT_BUCKET},
+            }
+        ),
         {},
         {},
         "input.keys[0]: key is 1200 bytes; S3 keys are at most 1024",
@@ -123,7 +139,9 @@ CASES = [
     (
         "bucket-not-allowed",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": ["s3://secret-bucket/a.jpg"]}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["s3://secret-bucket/a.jpg"]}}
+        ),
         {"SLUICE_ALLOWED_BUCKETS": INPUT_BUCKET},
         {},
         "bucket 'secret-bucket' is not allowed",
@@ -131,7 +149,13 @@ CASES = [
     (
         "prefix-empty",
         "m.json",
-        json.dumps({"version": 1, "input": {"prefix": f"s3://{INPUT_BUCKET}/nothing/"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"prefix": f"s3://{INPUT_BUCKET}/nothing/"},
+            }
+        ),
         {},
         {},
         "matched no objects",
@@ -139,7 +163,9 @@ CASES = [
     (
         "prefix-no-bucket",
         "m.json",
-        json.dumps({"version": 1, "input": {"prefix": "s3://no-such-bucket-x/p/"}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": "s3://no-such-bucket-x/p/"}}
+        ),
         {},
         {},
         "the bucket does not exist",
@@ -147,7 +173,13 @@ CASES = [
     (
         "inventory-missing",
         "m.json",
-        json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"},
+            }
+        ),
         {},
         {},
         f"s3://{INPUT_BUCKET}/inv/manifest.json does not exist",
@@ -155,7 +187,13 @@ CASES = [
     (
         "inventory-not-inventory",
         "m.json",
-        json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"},
+            }
+        ),
         {},
         {f"{INPUT_BUCKET}/inv/manifest.json": b'{"hello": 1}'},
         "not an S3 Inventory manifest.json",
@@ -163,7 +201,13 @@ CASES = [
     (
         "key-list-missing",
         "m.json",
-        json.dumps({"version": 1, "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/none.txt"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/none.txt"},
+            }
+        ),
         {},
         {},
         "lists/none.txt does not exist",
@@ -299,11 +343,18 @@ NEW_CASES = [
         "'bucket' must be a string",
     ),
     ("jsonl-uri-and-key", "m.json", _JSONL_BOTH[0], {}, _JSONL_BOTH[1], "give 'uri', or 'key' and 'bucket', not both"),
-    ("duplicate-field", "m.json", '{"version": 1, "version": 1, "input": {}}', {}, {}, "field 'version' appears twice"),
+    (
+        "duplicate-field",
+        "m.json",
+        '{"version": 1, "version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {}}',
+        {},
+        {},
+        "field 'version' appears twice",
+    ),
     (
         "duplicate-nested-field",
         "m.json",
-        '{"version": 1, "input": {"keys": ["a"], "bucket": "b1x", "bucket": "b2x"}}',
+        '{"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["a"], "bucket": "b1x", "bucket": "b2x"}}',
         {},
         {},
         "field 'bucket' appears twice",
@@ -346,7 +397,7 @@ NEW_CASES = [
     (
         "prefix-bad-bucket",
         "m.json",
-        json.dumps({"version": 1, "input": {"prefix": "s3://Bad..b/p/"}}),
+        json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": "s3://Bad..b/p/"}}),
         {},
         {},
         "input.prefix: 's3://Bad..b/p/'",

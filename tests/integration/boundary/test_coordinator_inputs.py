@@ -61,7 +61,11 @@ GOOD = [
 @pytest.mark.parametrize(("name", "obj", "body"), GOOD, ids=[g[0] for g in GOOD])
 def test_a_bom_or_blank_lines_never_become_part_of_a_key(aws, stack, monkeypatch, name, obj, body):
     uri = _put(aws, f"lists/{name}/{obj}", body)
-    manifest = {"version": 1, "input": {"key_list": uri, "bucket": INPUT_BUCKET}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"key_list": uri, "bucket": INPUT_BUCKET},
+    }
     out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps(manifest), monkeypatch)
     assert _keys_of(aws, stack, out) == WANT
 
@@ -73,7 +77,13 @@ def test_a_plain_key_list_upload_with_a_bom(aws, stack, monkeypatch):
 
 
 def test_a_json_manifest_with_a_bom(aws, stack, monkeypatch):
-    body = BOM + json.dumps({"version": 1, "input": {"keys": ["a.jpg", "b c.jpg"], "bucket": INPUT_BUCKET}})
+    body = BOM + json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": ["a.jpg", "b c.jpg"], "bucket": INPUT_BUCKET},
+        }
+    )
     out = invoke_manifest_handler(aws, stack, "manifests/bom.json", body.encode(), monkeypatch)
     assert _keys_of(aws, stack, out) == WANT
 
@@ -128,7 +138,13 @@ def test_a_data_file_that_does_not_match_its_md5_rejects_the_run(aws, stack, mon
         raw = _report(aws, f"{name}/", data, md5=md5)
         _put(aws, f"{name}/manifest.json", raw)
         _put(aws, f"{name}/manifest.checksum", hashlib.md5(raw).hexdigest())
-        manifest = json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/{name}/manifest.json"}})
+        manifest = json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"inventory": f"s3://{INPUT_BUCKET}/{name}/manifest.json"},
+            }
+        )
         out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", manifest, monkeypatch)
         if ok:
             assert _keys_of(aws, stack, out) == [(INPUT_BUCKET, "a.jpg"), (INPUT_BUCKET, "b.jpg")]
@@ -162,7 +178,13 @@ def test_a_compression_bomb_is_rejected_while_streaming_in_bounded_memory(aws, s
     raw = _report(aws, "bomb/", bomb, schema="Bucket, Key, Size")
     _put(aws, "bomb/manifest.json", raw)
     _put(aws, "bomb/manifest.checksum", hashlib.md5(raw).hexdigest())
-    manifest = json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/bomb/manifest.json"}})
+    manifest = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"inventory": f"s3://{INPUT_BUCKET}/bomb/manifest.json"},
+        }
+    )
     tracemalloc.start()
     try:
         out = invoke_manifest_handler(aws, stack, "manifests/bomb.json", manifest, monkeypatch)
@@ -242,7 +264,9 @@ def test_an_unforeseen_error_while_reading_the_input_is_a_rejection(aws, stack, 
     s3 = sluice_aws.client("s3")
     s3.meta.events.register("before-call.s3.ListObjectsV2", boom, unique_id="boom")
     try:
-        body = json.dumps({"version": 1, "input": {"prefix": f"s3://{INPUT_BUCKET}/pics/"}})
+        body = json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": f"s3://{INPUT_BUCKET}/pics/"}}
+        )
         out = invoke_manifest_handler(aws, stack, "manifests/boom.json", body, monkeypatch)
     finally:
         s3.meta.events.unregister("before-call.s3.ListObjectsV2", unique_id="boom")
@@ -271,6 +295,12 @@ def test_a_parquet_inventory_is_read_a_row_group_at_a_time(aws, stack, monkeypat
     ).encode()
     _put(aws, "pq/manifest.json", raw)
     _put(aws, "pq/manifest.checksum", hashlib.md5(raw).hexdigest())
-    manifest = json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/pq/manifest.json"}})
+    manifest = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"inventory": f"s3://{INPUT_BUCKET}/pq/manifest.json"},
+        }
+    )
     out = invoke_manifest_handler(aws, stack, "manifests/pq.json", manifest, monkeypatch)
     assert _keys_of(aws, stack, out) == sorted((INPUT_BUCKET, k) for k in keys[:-1])
