@@ -251,6 +251,12 @@ class JobSpec(_ManifestPart):
         "retried. Default: model load plus a few batch times (sluice.preflight.checks.derived_stall_after_s); "
         "SLUICE_STALL_AFTER_S on the worker wins.",
     )
+    load_grace_s: Annotated[int, Field(ge=10, le=14 * 24 * 3600)] | None = Field(
+        default=None,
+        description="How long an attempt may run before its first progress beat (container start, plan read, "
+        "model download), and the extra stillness the watchdog allows while models load. Default: "
+        "30 s plus 300 s a model, at most a quarter of the timeout (sluice.preflight.checks.derived_load_grace_s).",
+    )
     decode: Decode = Field(
         default="auto",
         description="Where workers decode JPEGs: cpu (Pillow), gpu (nvJPEG; CPU when the worker has no CUDA), "
@@ -540,6 +546,8 @@ class RunPlan(_Strict):
     attempts: int
     timeout_s: int
     stall_after_s: int | None = None  # no progress this long: stalled (None: a plan from before; the worker's default)
+    load_grace_s: int | None = None  # no first beat this long after RUNNING: stalled (job.load_grace_s; None: before)
+    input_buckets: list[str] = []  # the buckets the prepare stage's keys name; empty: the manifest's input says
     max_failed_fraction: float
     retry_failed: int
     jobs: list[JobLayout]

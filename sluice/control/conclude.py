@@ -80,7 +80,7 @@ def _run_figures(ctx: Context, run: RunItem, n_total: int, retries_left: bool) -
 
     Shards are counted only inside the run and each terminal shard once, so shards_done ==
     n_total means every shard is settled. The counters give the figures and the FAIL# / RETRY#
-    marks name the shards that matter: a succeeded run costs one BatchGetItem, a failed one a
+    marks name the shards that matter: a succeeded run costs one TransactGetItems, a failed one a
     Query of its failed shards, not of all of them (a 30,000-shard run's SHARD items are ten
     1-MB pages). Counters or marks written before these existed (the per-reason sums, a mark
     per failed shard) are detected and the run is tallied from every SHARD item instead.

@@ -193,6 +193,8 @@ def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> R
             earlier_index=_earlier_index(ctx, req, spec),
         )
     )
+    # The buckets the workers read from: a key list's or an inventory's keys name them, not the manifest.
+    plan = plan.model_copy(update={"input_buckets": got.buckets})
     put_object(ctx.clients.s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
     return plan
 

@@ -52,7 +52,7 @@ def submit(
     facts = RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys)
     checked = preflight(facts, ctx.capacity.for_plan(plan))
     s3 = ctx.clients.s3  # input buckets in another Region: warned about, the transfer priced
-    buckets = input_buckets(req.manifest.input, settings.default_input_bucket)
+    buckets = plan.input_buckets or input_buckets(req.manifest.input, settings.default_input_bucket)
     add_locality(checked, buckets, s3.meta.region_name, s3, InputSize(plan.total_keys))
     if checked.errors:
         raise Rejection([f"preflight: {line}" for line in checked.lines("error")])

@@ -364,7 +364,7 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
         return 130
     summary = summarize(c, stack, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
     summary.update(skipped_files=len(uploaded.skipped), metrics=_metrics_note(args, svc))
-    summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s"}) for s in sweep.stalled()]
+    summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s", "cause"}) for s in sweep.stalled()]
     summary["input_prefix"] = uploaded.uri if uploaded.count else None
     summary["input_dir"] = str(run_dir / "input") if args.demo is not None and uploaded.count else None
     save(run_dir, summary)

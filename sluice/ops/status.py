@@ -30,6 +30,8 @@ SHOWN = (
     "gpu_family",
 )
 
+_STILL = {"no_beat": "no first progress beat", "no_progress": "no progress"}  # StalledAttempt.cause
+
 
 def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
     """The run's row plus derived progress, as plain JSON values."""
@@ -97,7 +99,8 @@ def render(s: dict[str, Any], out: TextIO) -> None:
     for st in s.get("stalled", []):
         redo = f", resumed by job {st['redo_job_id']}" if st.get("redo_job_id") else ", no attempt left"
         out.write(
-            f"stalled   shard {st['shard']} attempt {st['attempt']}: no progress for {st['after_s']:.0f} s{redo}\n"
+            f"stalled   shard {st['shard']} attempt {st['attempt']}: {_STILL[st.get('cause', 'no_progress')]} "
+            f"for {st['after_s']:.0f} s{redo}\n"
         )
     for w in s.get("waiting", []):
         out.write(f"waiting   {w['jobs']} job(s) RUNNABLE for {w['waiting_s']:.0f} s: {w['reason']}\n")

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
 from sluice.paths import RunPaths
-from sluice.preflight.checks import derived_stall_after_s, derived_timeout_s
+from sluice.preflight.checks import derived_load_grace_s, derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity
 
 
@@ -84,6 +84,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
     manifest, lay = i.manifest, i.lay
     root = RunPaths.in_bucket(i.control_bucket, i.run_id)
     timeout_s, stall_after_s = run_times(manifest, lay.keys_per_shard, i.capacity)
+    load_grace_s = manifest.job.load_grace_s or derived_load_grace_s(len(manifest.models), timeout_s)
     return RunPlan(
         run_id=i.run_id,
         manifest_uri=i.manifest_uri,
@@ -107,6 +108,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,
+        load_grace_s=load_grace_s,
         max_failed_fraction=manifest.max_failed_fraction,
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,

@@ -309,3 +309,23 @@ def test_a_key_list_underestimated_by_its_sample_is_rerouted_to_prepare_by_the_l
 def run_objects_under(aws, stack, run_id: str, sub: str) -> list[str]:
     resp = aws.s3.list_objects_v2(Bucket=stack.names["ControlBucket"], Prefix=f"runs/{run_id}/{sub}")
     return [o["Key"] for o in resp.get("Contents", [])]
+
+
+def test_a_prepared_run_warns_about_input_in_another_region_at_submit(aws, stack, monkeypatch):
+    # A key list's keys name their buckets only inside the file: the prepare workers report them, the plan
+    # carries them (input_buckets), and the submit step's preflight asks their Region.
+    from sluice.preflight import locality
+
+    monkeypatch.setattr(locality, "_REGIONS", {})
+    aws.s3.create_bucket(Bucket="photos-far", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    out, spec = _start(aws, stack, monkeypatch, [f"s3://photos-far/img/{i:04d}.jpg" for i in range(300)], "far")
+    _run_workers(aws, spec)
+    for ev in _all_prepare_events(stack, out, spec):
+        deliver_job_event(stack, ev, monkeypatch)
+    plan = RunPlan.model_validate_json(
+        read_uri(aws.s3, RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
+    )
+    assert plan.input_buckets == ["photos-far"]
+    (ev,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Run Submitted"]
+    far = [w for w in ev["detail"]["warnings"] if w.startswith("preflight: data locality")]
+    assert len(far) == 1 and "input bucket photos-far is in eu-west-1" in far[0], ev["detail"]["warnings"]
