@@ -1,6 +1,6 @@
 """bench/gpu_check.sh's Python part: the models, model-only and naive-loop timings, NVML samples, the table.
 
-    python bench/gpu_check.py model NAME SIZE DIR [--tiny]       model URI: builtin:reference-cnn-large or a ViT-B/16 file
+    python bench/gpu_check.py model NAME SIZE DIR [--tiny]       URI: builtin:reference-cnn-large or a ViT-B/16 file
     python bench/gpu_check.py model-only URI SIZE DEVICE BATCH SECONDS   one JSON row
     python bench/gpu_check.py naive URI SIZE DEVICE BATCH IMAGES          one JSON row
     python bench/gpu_check.py nvml OUT.csv                        NVML utilization and memory every 100 ms

@@ -180,8 +180,8 @@ def _unnamed_model_problems(manifest: Manifest, settings: Settings) -> list[str]
     return [
         f"{field}: no model given, and a deployed run does not embed with the builtin stand-in (untrained "
         "weights): export a real model (sluice model export hf:NAME --out s3://BUCKET/models/NAME.pt, "
-        f"docs/models.md) and set {field} to its s3:// URI; to test the pipeline, name the stand-in "
-        f"({field}: {stand_in})"
+        f"docs/models.md) and set {field} to its s3:// URI (or the stack's SLUICE_DEFAULT_MODEL_URI, for key "
+        f"lists); to test the pipeline, name the stand-in ({field}: {stand_in})"
         for field in manifest.unnamed_models
     ]
 

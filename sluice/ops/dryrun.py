@@ -45,7 +45,8 @@ def _local(
     if lower.endswith(KEYLIST_SUFFIXES):
         kind = next(s for s in KEYLIST_SUFFIXES if lower.endswith(s))
         keys = iter_keylist(_file_chunks(path), path, kind, settings.default_input_bucket, problems)
-        return Manifest(version=1, input=InputSpec(key_list=LOCAL_KEYLIST)), keys
+        model = {"model": {"uri": settings.default_model_uri}} if settings.default_model_uri else {}
+        return Manifest.model_validate({"version": 1, "input": InputSpec(key_list=LOCAL_KEYLIST), **model}), keys
     size = os.path.getsize(path)
     if size > settings.max_manifest_bytes:  # before reading it, as the Lambda does
         raise Rejection(

@@ -30,6 +30,10 @@ def put_manifest(aws: Any, stack: Any, key: str, body: bytes | str) -> dict[str,
     return object_created_event(control, key, put, len(data))
 
 
+# A stack that names the model of key lists and inventory drops (which cannot name one themselves).
+DEFAULT_MODEL_ENV = {"SLUICE_DEFAULT_MODEL_URI": STAND_IN}
+
+
 def invoke_manifest_handler(
     aws: Any, stack: Any, key: str, body: bytes | str, monkeypatch: Any, extra_env: dict[str, str] | None = None
 ) -> dict[str, Any]:

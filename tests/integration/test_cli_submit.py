@@ -71,10 +71,10 @@ def test_plan_of_a_local_inventory_manifest_reads_its_data_files_from_s3(tmp_pat
         }
     )
     path = _write(tmp_path, "manifest.json", raw)
-    assert main(["plan", path, "--json"]) == 0
+    assert main(["plan", path, "--json", "--model", "builtin:reference-cnn"]) == 0
     assert json.loads(capsys.readouterr().out)["unique_keys"] == 2
     (tmp_path / "manifest.checksum").write_text("0" * 32)
     assert main(["plan", path]) == 1
     assert f"{path}: its MD5 does not match" in capsys.readouterr().err
     (tmp_path / "manifest.checksum").write_text(hashlib.md5(raw.encode()).hexdigest())
-    assert main(["plan", path]) == 0
+    assert main(["plan", path, "--model", "builtin:reference-cnn"]) == 0

@@ -13,6 +13,7 @@ import pytest
 from sluice.control.ledger import Ledger
 from sluice.models import RunPlan
 from tests.integration.helpers import (
+    DEFAULT_MODEL_ENV,
     INPUT_BUCKET,
     all_jobs,
     bus_events,
@@ -166,7 +167,9 @@ def test_more_shards_than_one_array_allows_become_several_array_jobs(aws, stack,
 
 def test_plain_key_list_uploads_are_runs(aws, stack, images, monkeypatch):
     lines = [f"s3://{images}/{k}" for k in _keys(30)] + [f"s3://{images}/assets/2024/07/01/img-00000.jpg"]
-    out = invoke_manifest_handler(aws, stack, "manifests/list.txt", "\n".join(lines) + "\n", monkeypatch)
+    out = invoke_manifest_handler(
+        aws, stack, "manifests/list.txt", "\n".join(lines) + "\n", monkeypatch, DEFAULT_MODEL_ENV
+    )
     assert out["status"] == "submitted" and out["total_keys"] == 30 and out["duplicates"] == 1
 
 

@@ -67,3 +67,12 @@ def test_local_mode_keeps_the_stand_in_for_a_manifest_without_a_model_and_says_s
     assert out["status"] == "submitted", out
     (ev,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Run Submitted"]
     assert ev["detail"]["warnings"][0].startswith("model.uri builtin:reference-cnn: a builtin stand-in")
+
+
+def test_the_stacks_default_model_serves_a_manifest_that_names_none(aws, stack, monkeypatch):
+    aws.s3.create_bucket(Bucket=INPUT_BUCKET)
+    env = {"SLUICE_DEFAULT_MODEL_URI": "builtin:reference-cnn-large"}
+    out = invoke_manifest_handler(aws, stack, "manifests/default.json", _manifest(), monkeypatch, env)
+    assert out["status"] == "submitted", out
+    (ev,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Run Submitted"]
+    assert ev["detail"]["warnings"][0].startswith("model.uri builtin:reference-cnn-large: a builtin stand-in")

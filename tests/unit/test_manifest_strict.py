@@ -80,7 +80,10 @@ def test_strict_json_strips_a_bom():
         (_m(input={"inventory": "/tmp/manifest.json"}), "input.inventory: '/tmp/manifest.json' is not an s3:// URI"),
         (_m(model={"uri": "http://x/m.pt"}), "model.uri: 'http://x/m.pt': workers read models from s3://"),
         (_m(model={"uri": "hf://org/model"}), "workers read models from s3:// or builtin:NAME only"),
-        (_m(model={"uri": "builtin:resnet"}), "unknown builtin model 'resnet'; builtins: reference-cnn, reference-cnn-large"),
+        (
+            _m(model={"uri": "builtin:resnet"}),
+            "unknown builtin model 'resnet'; builtins: reference-cnn, reference-cnn-large",
+        ),
         (_m(model={"uri": "s3://b/"}), "model.uri"),
         (_m(output={"prefix": "runs/out/"}), "output.prefix: 'runs/out/' is not an s3:// URI"),
         (_m(output={"prefix": "s3://" + "b" * 70 + "/x/"}), "3 to 63 characters"),

@@ -51,11 +51,17 @@ def test_one_model_or_a_list():
 @pytest.mark.parametrize(
     ("model", "reason"),
     [
-        ([{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-cnn-large"}], "two models are named 'reference-cnn-large'"),
+        (
+            [{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-cnn-large"}],
+            "two models are named 'reference-cnn-large'",
+        ),
         ([{"uri": "builtin:nope"}], "model[0].uri: unknown builtin model 'nope'"),
         ({"uri": "builtin:nope"}, "model.uri: unknown builtin model 'nope'"),
         ([], "model: List should have at least 1 item"),
-        ([{"uri": "builtin:reference-cnn-large", "name": f"m{i}"} for i in range(5)], "model: List should have at most 4 items"),
+        (
+            [{"uri": "builtin:reference-cnn-large", "name": f"m{i}"} for i in range(5)],
+            "model: List should have at most 4 items",
+        ),
         ([{"uri": "builtin:reference-cnn-large", "name": "a/b"}], "model[0].name: String should match pattern"),
         ("builtin:reference-cnn-large", "model: Input should be a valid dictionary or instance of ModelSpec"),
     ],
@@ -66,14 +72,19 @@ def test_bad_model_lists_say_which_entry_and_what_to_do(model, reason):
 
 
 def test_the_plan_holds_each_model_with_its_identity():
-    manifest = _manifest([{"uri": "builtin:reference-cnn-large"}, {"uri": "s3://models-bucket/m/clip.pt", "name": "clip"}])
+    manifest = _manifest(
+        [{"uri": "builtin:reference-cnn-large"}, {"uri": "s3://models-bucket/m/clip.pt", "name": "clip"}]
+    )
     lay = layout(10, manifest, 10_000)
     ids = [modelid.static_id("builtin:reference-cnn-large"), "s3etag:abc@v1"]
     plan = build_plan(PlanInputs(
         run_id="r", manifest=manifest, manifest_uri="s3://c/m.json", control_bucket="ctl",
         total_keys=10, duplicates=0, lay=lay, capacity=Capacity(), model_ids=ids,
     ))  # fmt: skip
-    assert [(m.name, m.model_id) for m in plan.models] == [("reference-cnn-large", "builtin:reference-cnn-large@1"), ("clip", ids[1])]
+    assert [(m.name, m.model_id) for m in plan.models] == [
+        ("reference-cnn-large", "builtin:reference-cnn-large@1"),
+        ("clip", ids[1]),
+    ]
     assert plan.multi_model and plan.output_dir(3, 1) == "s3://ctl/runs/r/output/model_name=clip/shard=3/"
     single = build_plan(PlanInputs(
         run_id="r", manifest=_manifest({"uri": "builtin:reference-cnn-large"}), manifest_uri="s3://c/m.json",
@@ -88,14 +99,21 @@ def test_a_plan_written_before_model_lists_still_reads():
     old.pop("models")
     old["model"] = {"uri": "builtin:reference-cnn-large", "batch_size": 32, "image_size": 160}
     back = RunPlan.model_validate(old)
-    assert (back.model.uri, back.model.batch_size, back.model.name) == ("builtin:reference-cnn-large", 32, "reference-cnn-large")
+    assert (back.model.uri, back.model.batch_size, back.model.name) == (
+        "builtin:reference-cnn-large",
+        32,
+        "reference-cnn-large",
+    )
 
 
 def test_two_models_cost_twice_the_gpu_time():
     settings = Settings()
     one = facts_for(_manifest({"uri": "builtin:reference-cnn-large"}), 100_000_000, settings, 6 * 3600)
     two = facts_for(
-        _manifest([{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-cnn"}]), 100_000_000, settings, 6 * 3600
+        _manifest([{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-cnn"}]),
+        100_000_000,
+        settings,
+        6 * 3600,
     )
     cap = Capacity()
     a, b = preflight(one, cap).cost, preflight(two, cap).cost

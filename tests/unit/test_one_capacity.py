@@ -16,7 +16,13 @@ KEYS = 100_000
 
 
 def _settings(size: str) -> Settings:
-    return Settings.from_values({"gpu_instance_types": f"{size},g5", "default_input_bucket": "images"})
+    return Settings.from_values(
+        {
+            "gpu_instance_types": f"{size},g5",
+            "default_input_bucket": "images",
+            "default_model_uri": "builtin:reference-cnn",
+        }
+    )
 
 
 def _plan(size: str, manifest: Manifest):

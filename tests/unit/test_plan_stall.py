@@ -63,7 +63,9 @@ def test_an_earlier_runs_failures_are_read_by_one_model_task_whatever_the_models
         }
     )
     lay = Layout(6, 25, [JobLayout(kind="array", shard_offset=0, shard_count=6)])
-    plan = build_plan(PlanInputs("r-0", m, "s3://c/manifests/m.json", "c", 150, 0, lay, model_ids=["ida", "idb"]))
+    plan = build_plan(
+        PlanInputs("r-0", m, "s3://c/manifests/m.json", "c", 150, 0, lay, Capacity(), model_ids=["ida", "idb"])
+    )
     tasks = Lineage([EarlierRun("r-0", plan, 6)]).tasks(["ida", "idb"], workers=2)
     shards = lambda want: sorted(s for t in tasks if t.failures == want for s in range(t.start, t.stop))  # noqa: E731
     assert {t.model_id for t in tasks} == {"ida", "idb"}

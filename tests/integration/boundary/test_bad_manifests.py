@@ -11,7 +11,14 @@ import zlib
 import pytest
 
 from sluice.control.ledger import Ledger
-from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler, run_objects
+from tests.integration.helpers import (
+    DEFAULT_MODEL_ENV,
+    INPUT_BUCKET,
+    all_jobs,
+    bus_events,
+    invoke_manifest_handler,
+    run_objects,
+)
 
 
 # One emulated stack for the whole module (a rejection writes nothing under runs/ and submits
@@ -354,7 +361,8 @@ NEW_CASES = [
     (
         "duplicate-nested-field",
         "m.json",
-        '{"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["a"], "bucket": "b1x", "bucket": "b2x"}}',
+        '{"version": 1, "model": {"uri": "builtin:reference-cnn"}, '
+        '"input": {"keys": ["a"], "bucket": "b1x", "bucket": "b2x"}}',
         {},
         {},
         "field 'bucket' appears twice",
@@ -478,6 +486,7 @@ def test_rejected_with_a_specific_reason_and_nothing_written(
     for path, data in objects.items():
         b, k = path.split("/", 1)
         aws.s3.put_object(Bucket=b, Key=k, Body=data)
+    env = {**DEFAULT_MODEL_ENV, **env}  # a key list names no model: the stack's, so its lines are what is checked
     out = invoke_manifest_handler(aws, stack, f"manifests/{key}", body, monkeypatch, extra_env=env)
 
     assert out["status"] == "rejected", out
@@ -493,6 +502,6 @@ def test_rejected_with_a_specific_reason_and_nothing_written(
 
 def test_many_bad_lines_are_summarised_not_all_listed(aws, stack, monkeypatch):
     body = "".join(f"http://x/{i}\n" for i in range(100))
-    out = invoke_manifest_handler(aws, stack, "manifests/many.txt", body, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/many.txt", body, monkeypatch, DEFAULT_MODEL_ENV)
     assert out["status"] == "rejected" and len(out["reasons"]) <= 21
     assert out["reasons"][0].startswith("many.txt line 1: not a key")

@@ -17,6 +17,7 @@ from sluice.control.ledger import Ledger
 from sluice.errors import RetriableError
 from sluice.models import RunPlan
 from tests.integration.helpers import (
+    DEFAULT_MODEL_ENV,
     INPUT_BUCKET,
     bus_events,
     deliver,
@@ -72,7 +73,7 @@ def test_a_bom_or_blank_lines_never_become_part_of_a_key(aws, stack, monkeypatch
 
 def test_a_plain_key_list_upload_with_a_bom(aws, stack, monkeypatch):
     body = f"{BOM}s3://{INPUT_BUCKET}/a.jpg\ns3://{INPUT_BUCKET}/b c.jpg\n"
-    out = invoke_manifest_handler(aws, stack, "manifests/bom-list.txt", body, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/bom-list.txt", body, monkeypatch, DEFAULT_MODEL_ENV)
     assert _keys_of(aws, stack, out) == WANT
 
 
@@ -164,10 +165,10 @@ def test_an_inventory_manifest_dropped_under_manifests_is_checked_against_its_ch
     put = aws.s3.put_object(Bucket=control, Key="manifests/manifest.checksum", Body=b"0" * 32)
     ignored = deliver(stack, object_created_event(control, "manifests/manifest.checksum", put, 32), monkeypatch)
     assert ignored["status"] == "ignored"
-    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch, DEFAULT_MODEL_ENV)
     assert out["status"] == "rejected" and "does not match" in out["reasons"][0], out
     aws.s3.put_object(Bucket=control, Key="manifests/manifest.checksum", Body=hashlib.md5(raw).hexdigest().encode())
-    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch, DEFAULT_MODEL_ENV)
     assert _keys_of(aws, stack, out) == [(INPUT_BUCKET, "a.jpg")]
 
 
