@@ -254,6 +254,8 @@ class RunItem(_Written):
     output_prefix: str | None = None
     lineage: list[str] | None = None  # an incremental run: the earlier runs it completes, newest first
     skipped: dict[str, int] | None = None  # an incremental run: keys left out, by reason
+    warnings: list[str] | None = None  # Run Submitted's (a builtin stand-in model, the preflight's)
+    gpu_family: str | None = None  # the GPU family its GPU-hours are priced on (the stack's Capacity)
     jobs_done: int = 0
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)

@@ -102,9 +102,15 @@ def _st_file(repo: str, name: str) -> dict[str, Any] | list[Any] | None:
         raise ExportError(f"hf:{repo}: {name} cannot be read ({exc}): is the model folder complete?") from None
 
 
+def _st_modules(repo: str) -> list[dict[str, Any]]:
+    """modules.json's entries (the pipeline sentence-transformers builds); none when absent."""
+    modules = _st_file(repo, "modules.json")
+    return [m for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+
+
 def _pooling(repo: str) -> str:
     """sentence-transformers' pooling (1_Pooling/config.json, or the folder modules.json names); mean by default."""
-    modules = _st_file(repo, "modules.json") or []
+    modules = _st_modules(repo)
     folder = next((m.get("path") for m in modules if str(m.get("type", "")).endswith(".Pooling")), "1_Pooling")
     cfg = _st_file(repo, os.path.join(folder or "1_Pooling", "config.json"))
     if not isinstance(cfg, dict):
@@ -128,7 +134,7 @@ def _st_rules(repo: str, config: Any) -> tuple[int, bool, bool]:
     st = _st_file(repo, "sentence_bert_config.json")
     st = st if isinstance(st, dict) else {}
     window = min(limit, int(st.get("max_seq_length") or limit))
-    modules = _st_file(repo, "modules.json") or []
+    modules = _st_modules(repo)
     normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
     return window, bool(st.get("do_lower_case")), normalize
 

@@ -112,7 +112,7 @@ def _record_success(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, *,
         failed_by_reason={r: n for r, n in sorted(t.by_reason.items()) if n},
         failed_keys_uri=plan.failures_prefix,
         retry_passes=retry_passes,
-        **spent(t.gpu_seconds),
+        **spent(t.gpu_seconds, ctx.capacity.gpu_family),
     )
     ctx.ledger.leave_finalizing(
         run.run_id,
@@ -141,7 +141,7 @@ def _record_failure(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, re
         processed=t.processed,
         failed=t.failed,
         duration_s=round(time.time() - float(run.created_at), 1),
-        **spent(t.gpu_seconds),
+        **spent(t.gpu_seconds, ctx.capacity.gpu_family),
     )
     ctx.ledger.leave_finalizing(
         run.run_id,

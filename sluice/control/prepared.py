@@ -43,7 +43,6 @@ from sluice.log import logger
 from sluice.models import IndexTarget, Manifest, RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.layout import Layout, PlanInputs, build_plan, job_layouts
-from sluice.preflight import Capacity
 from sluice.prepare.collect import Collected, collect
 from sluice.prepare.store import PrepareStore
 from sluice.prepare.versions_reduce import place_shards
@@ -187,7 +186,7 @@ def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> R
             total_keys=got.unique_keys,
             duplicates=got.duplicates,
             lay=lay,
-            images_per_gpu_s=Capacity.from_settings(ctx.settings).rate,
+            capacity=ctx.capacity,
             model_ids=list(req.model_ids) or None,
             lineage=spec.lineage,
             skipped=got.skipped,

@@ -26,6 +26,8 @@ SHOWN = (
     "reasons",
     "lineage",
     "skipped",
+    "warnings",
+    "gpu_family",
 )
 
 _STILL = {"no_beat": "no first progress beat", "no_progress": "no progress"}  # StalledAttempt.cause
@@ -79,6 +81,8 @@ def render(s: dict[str, Any], out: TextIO) -> None:
             out.write(f"reason    {r}\n")
     if s.get("reason"):
         out.write(f"reason    {s['reason']}\n")
+    for w in s.get("warnings", []):  # Run Submitted's: a builtin stand-in model, the preflight's
+        out.write(f"warning   {w}\n")
     if s.get("prepare"):
         p = s["prepare"]
         out.write(
@@ -103,7 +107,7 @@ def render(s: dict[str, Any], out: TextIO) -> None:
     if s.get("gpu_hours"):
         from sluice.preflight.spent import describe
 
-        out.write(f"gpu time  {describe(s['gpu_hours'])}\n")
+        out.write(f"gpu time  {describe(s['gpu_hours'], s.get('gpu_family'))}\n")
     if s.get("output_prefix"):
         out.write(f"output    {s['output_prefix']}\n")
     if s.get("index"):

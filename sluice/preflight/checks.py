@@ -358,7 +358,7 @@ def decode_check(cap: Capacity) -> Check:
     if cap.decode == "auto":
         advice = f"job.decode auto: workers with CUDA decode on the GPU (nvJPEG), as CPU decode would bind: {feeds}"
         return Check("decode", round(model), round(cpu), "ok", advice, unit)
-    size = more_cpu_per_gpu(cap.gpu_family, model / cap.decode_per_core_s)
+    size = more_cpu_per_gpu(cap.gpu_family, model / cap.decode_per_core_s, cap.table)
     bigger = f", or a size with more vCPUs per GPU ({size})" if size else ""
     advice = (
         f"CPU decode binds: {feeds}, so the GPU idles {1 - cpu / model:.0%} of the time and the estimates "

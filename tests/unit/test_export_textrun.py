@@ -28,7 +28,6 @@ WORDS += ["section", "results", "quarter", ",", "!", "."]
 def tiny_bert(tmp_path_factory) -> Path:
     """A sentence-transformers-like folder: a 2-layer BERT config, its WordPiece tokenizer, CLS pooling."""
     import transformers
-
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
 

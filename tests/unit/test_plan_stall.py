@@ -7,13 +7,14 @@ from pydantic import ValidationError
 
 from sluice.models import JobLayout, Manifest
 from sluice.plan.layout import Layout, PlanInputs, build_plan
+from sluice.preflight import Capacity
 from sluice.preflight.checks import STALL_LOAD_S, derived_stall_after_s
 
 
 def _plan(job: dict, rate: float | None = None):
     m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": job})
     lay = Layout(4, 25, [JobLayout(kind="array", shard_offset=0, shard_count=4)])
-    inputs = PlanInputs("r-1", m, "s3://c/manifests/m.json", "c", 100, 0, lay, images_per_gpu_s=rate)
+    inputs = PlanInputs("r-1", m, "s3://c/manifests/m.json", "c", 100, 0, lay, Capacity(images_per_gpu_s=rate))
     return build_plan(inputs)
 
 
@@ -62,7 +63,9 @@ def test_an_earlier_runs_failures_are_read_by_one_model_task_whatever_the_models
         }
     )
     lay = Layout(6, 25, [JobLayout(kind="array", shard_offset=0, shard_count=6)])
-    plan = build_plan(PlanInputs("r-0", m, "s3://c/manifests/m.json", "c", 150, 0, lay, model_ids=["ida", "idb"]))
+    plan = build_plan(
+        PlanInputs("r-0", m, "s3://c/manifests/m.json", "c", 150, 0, lay, Capacity(), model_ids=["ida", "idb"])
+    )
     tasks = Lineage([EarlierRun("r-0", plan, 6)]).tasks(["ida", "idb"], workers=2)
     shards = lambda want: sorted(s for t in tasks if t.failures == want for s in range(t.start, t.stop))  # noqa: E731
     assert {t.model_id for t in tasks} == {"ida", "idb"}
