@@ -1,26 +1,43 @@
-"""A model artifact's identity: what "embedded with the same model" means to incremental runs.
+"""A model's identity: what "embedded with the same model" means to incremental runs and indexes.
+
+The artifact's identity, then the preprocessing that changes its vectors, `;name=value` each:
 
     builtin:<name>@<BUILTIN_WEIGHTS>   the seeded builtin networks (their weights change only with it)
     s3etag:<ETag>[@<version id>]       an s3:// model object: S3's ETag, and its version id when the
                                        bucket is versioned (a re-upload of other bytes changes both)
     sha256:<hex>                       a local model file (local mode): the hash of its bytes
 
-Resolved once, when the run is planned, and written into the plan (PlannedModel.model_id);
-every output record carries it, and an incremental run skips a key only when an earlier record
-has the model_id of this run's model. Torch-free: the manifest Lambda resolves it.
+    ;image_size=<n>                    image and video: the input side the worker resizes to (a file's
+                                       sidecar spec fixes it when it has one, else the model's image_size)
+    ;chunk_tokens=<n|default>;overlap_tokens=<n|default>
+                                       text: the window (default: the model's own, which its artifact fixes)
+    ;frames_per_second=<f|default> or ;frames_per_video=<n>
+                                       video: the frame sampling
+
+e.g. builtin:reference-cnn@1;image_size=128. Resolved once, when the run is planned, and written
+into the plan (PlannedModel.model_id); every output record carries it, an incremental run skips
+a key only when an earlier record has this run's model_id, and an index table holds one model_id.
+Ids written before the preprocessing was part of them (no `;`) match no new one: such keys are
+embedded again. Torch-free: the manifest Lambda resolves it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sluice.aws.errors import classify, translate
 from sluice.aws.s3uri import parse_s3_uri
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from sluice.models import ContentSpec, ModelSpec
 
 # Bump when a builtin network's construction or seed changes: its earlier embeddings are then stale.
 BUILTIN_WEIGHTS = "1"
@@ -59,3 +76,59 @@ def resolve(uri: str, s3: S3Client | None = None) -> str:
         bucket, key = parse_s3_uri(uri)
         return object_id(s3.head_object(Bucket=bucket, Key=key))
     return file_id(uri) if os.path.isfile(uri) else static_id(uri)
+
+
+def artifact(model_id: str) -> str:
+    """The artifact part of a model_id (what `resolve` returns), its preprocessing left off."""
+    return model_id.split(";", 1)[0]
+
+
+def preprocessing(kind: str, image_size: int, content: ContentSpec) -> str:
+    """The `;name=value` suffix of the preprocessing that changes a model's vectors for input `kind`."""
+    if kind == "text":
+        return f";chunk_tokens={_or_default(content.chunk_tokens)};overlap_tokens={_or_default(content.overlap_tokens)}"
+    suffix = f";image_size={image_size}"
+    if kind == "video":
+        if content.frames_per_video is not None:
+            return suffix + f";frames_per_video={content.frames_per_video}"
+        return suffix + f";frames_per_second={_or_default(content.frames_per_second)}"
+    return suffix
+
+
+def identity(spec: ModelSpec, content: ContentSpec, s3: S3Client | None = None) -> str:
+    """The model_id a run records for `spec`: its artifact (`resolve`) and the preprocessing the worker uses."""
+    size = spec.image_size if content.kind == "text" else (sidecar_image_size(spec.uri, s3) or spec.image_size)
+    return resolve(spec.uri, s3) + preprocessing(content.kind, size, content)
+
+
+def static_identity(spec: ModelSpec, content: ContentSpec) -> str:
+    """`identity` without I/O (plans made without the coordinator): the static artifact id, the manifest's sizes."""
+    return static_id(spec.uri) + preprocessing(content.kind, spec.image_size, content)
+
+
+def sidecar_image_size(uri: str, s3: S3Client | None) -> int | None:
+    """The image_size a model file's sidecar spec (`<file>.json`) fixes, overriding the manifest's; None: none read."""
+    if uri.startswith("builtin:"):
+        return None
+    try:
+        if uri.startswith("s3://"):
+            if s3 is None:
+                return None
+            bucket, key = parse_s3_uri(uri + ".json")
+            raw = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        else:
+            with open(uri + ".json", "rb") as fh:
+                raw = fh.read()
+        spec = json.loads(raw)
+    except (ClientError, BotoCoreError) as exc:
+        if classify(exc).retriable:  # a 503 must not change the id: the coordinator retries the upload
+            raise translate(exc, f"GET {uri}.json") from exc
+        return None  # no sidecar, or none this role may read: the manifest's size (may re-embed, never mix)
+    except (OSError, ValueError):
+        return None
+    size = spec.get("image_size") if isinstance(spec, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def _or_default(value: float | None) -> str:
+    return "default" if value is None else f"{value:g}"

@@ -5,8 +5,8 @@
     sluice search INDEX (--image FILE... | --key S3URI | --vector-file FILE.npy | --text "...") [-k 10] [--json]
 
 --image and --text embed the query with the index's own model: the artifact the table records
-(or --artifact URI), whose identity (sluice.modelid) must be the table's model_id; torch and the
-worker's code are imported for them only. A missing or foreign index, or a query it cannot
+(or --artifact URI), whose identity (sluice.modelid) must be the artifact part of the table's
+model_id; torch and the worker's code are imported for them only. A missing or foreign index, or a query it cannot
 answer, is one line on stderr and exit 2.
 """
 
@@ -101,7 +101,7 @@ class SearchInputError(SluiceError):
 
 def _artifact(meta: Any, override: str | None, work: str) -> str:
     """A local path (or builtin:NAME) of the index's model artifact, its identity checked."""
-    from sluice.modelid import resolve
+    from sluice.modelid import artifact, resolve
 
     uri = override or meta.model_uri
     if not uri:
@@ -112,9 +112,9 @@ def _artifact(meta: Any, override: str | None, work: str) -> str:
 
         s3 = client("s3")
     got = resolve(uri, s3)
-    if got != meta.model_id:
+    if got != artifact(meta.model_id):  # the table's id also names its preprocessing (meta.image_size applies it)
         raise SearchInputError(
-            f"{uri} is model_id {got}; the index holds {meta.model!r} embedded with model_id {meta.model_id}: "
+            f"{uri} is artifact {got}; the index holds {meta.model!r} embedded with model_id {meta.model_id}: "
             "embed queries with the artifact the index was built with (--artifact URI)"
         )
     return _download(uri, work) if s3 is not None else uri

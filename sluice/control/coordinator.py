@@ -148,14 +148,14 @@ def _existing_key(s3: S3Client, bucket: str, key: str) -> str:
 
 
 def _request(ctx: Context, upload: UploadItem, run_id: str) -> RunRequest:
-    """The upload read, parsed and checked, its models' artifact ids resolved (once): the run's request."""
+    """The upload read, parsed and checked, its models' ids (artifact and preprocessing) resolved once: the request."""
     settings, s3 = ctx.settings, ctx.clients.s3
     control = settings.control_bucket or upload.bucket
     with reading_input():
         src = read_manifest_object(s3, upload.bucket, upload.key, settings)
         manifest = parse_manifest(src, settings)
         check_manifest(manifest, settings, control=control, s3=s3)
-        model_ids = [modelid.resolve(m.uri, s3) for m in manifest.models]
+        model_ids = [modelid.identity(m, manifest.input.content, s3) for m in manifest.models]
     return RunRequest.of(run_id, src.uri, manifest, control, model_ids)
 
 

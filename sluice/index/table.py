@@ -189,13 +189,13 @@ class IndexTable:
         return table
 
     def check(self, shape: Shape, what: str) -> None:
-        """Refuse rows of another model artifact or dimension, naming both."""
+        """Refuse rows of another model_id (artifact or preprocessing) or dimension, naming both."""
         m = self.meta
         if (shape.model_id, shape.dim) != (m.model_id, m.dim):
             raise IndexBuildError(
                 f"{what} holds {shape.dim}-d rows of model {shape.model!r} (model_id {shape.model_id}); the index "
                 f"table {self.uri} holds {m.dim}-d rows of model {m.model!r} (model_id {m.model_id}): one model "
-                "artifact a table: build into another index (--out), or pick the model (--model)"
+                "artifact and preprocessing a table: build into another index (--out), or pick the model (--model)"
             )
 
     @property

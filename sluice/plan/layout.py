@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
+from sluice.modelid import static_identity
 from sluice.paths import RunPaths
 from sluice.preflight.checks import derived_load_grace_s, derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity
@@ -56,7 +57,7 @@ class PlanInputs:
     duplicates: int  # keys left out as duplicates of others
     lay: Layout
     capacity: Capacity  # the stack's (Capacity.build): decode placement, derived timeout and stall time
-    model_ids: Sequence[str] | None = None  # each model's artifact identity (sluice.modelid.resolve); None: static
+    model_ids: Sequence[str] | None = None  # each model's identity (sluice.modelid.identity); None: static
     lineage: Sequence[str] = ()  # an incremental run's earlier runs, newest first (RunPlan.lineage)
     skipped: Mapping[str, int] | None = None  # an incremental run's keys left out, by reason (RunPlan.skipped)
     earlier_index: IndexTarget | None = None  # an incremental run: the index of input.since_run (its plan's)
@@ -100,7 +101,10 @@ def build_plan(i: PlanInputs) -> RunPlan:
         nodes=manifest.job.nodes if manifest.job.mode == "multinode" else 1,
         gpus_per_node=manifest.job.gpus_per_node,
         spot_allowed=manifest.job.mode == "array",
-        models=[PlannedModel.of(m, i.model_ids[n] if i.model_ids else None) for n, m in enumerate(manifest.models)],
+        models=[
+            PlannedModel.of(m, i.model_ids[n] if i.model_ids else static_identity(m, manifest.input.content))
+            for n, m in enumerate(manifest.models)
+        ],
         lineage=list(i.lineage),
         skipped=dict(i.skipped or {}),
         output_dtype=manifest.output.dtype,
