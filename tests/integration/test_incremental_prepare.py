@@ -37,7 +37,8 @@ from tests.integration.incremental_support import (
 
 CNN = ModelSpec(uri="builtin:reference-cnn")
 RESNET = ModelSpec(uri="builtin:reference-cnn-large")
-CNN_ID, RESNET_ID = "builtin:reference-cnn@1", "builtin:reference-cnn-large@1"
+# The identity a run records: the artifact, then the preprocessing (sluice.modelid); 224 px is the default.
+CNN_ID, RESNET_ID = "builtin:reference-cnn@1;image_size=224", "builtin:reference-cnn-large@1;image_size=224"
 
 
 def _images(aws, names: list[str], version: str = "v1") -> dict[str, str]:
@@ -223,6 +224,21 @@ def test_nothing_to_embed_rejects_the_run_saying_the_output_is_complete(aws, sta
     assert row.reasons and "nothing to embed" in row.reasons[0] and "sluice output sql full-a" in row.reasons[0]
 
 
+def test_another_image_size_embeds_every_key_again_instead_of_nothing_to_embed(aws, stack, monkeypatch):
+    # The earlier run embedded both keys at 224 px; at 128 px the vectors differ, so none is "unchanged".
+    etags = _images(aws, ["s/1.jpg", "s/2.jpg"])
+    a = earlier_plan("at-224", _root(stack, "at-224"), [(CNN, CNN_ID)], n_shards=1, total_keys=2)
+    write_output(PrepareStore(aws.s3), a, [[(_uri(n), e, None) for n, e in etags.items()]])
+    record_run(aws, stack, a)
+    inp = {"keys": ["s/1.jpg", "s/2.jpg"], "bucket": INPUT_BUCKET, "since_run": "at-224"}
+    body = json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn", "image_size": 128}, "input": inp})
+    out = invoke_manifest_handler(aws, stack, "manifests/at-128.json", body, monkeypatch)
+    plan, spec = _prepare_and_submit(aws, stack, monkeypatch, out)
+    assert spec.model_ids == ["builtin:reference-cnn@1;image_size=128"] == [m.model_id for m in plan.models]
+    assert plan.total_keys == 2 and plan.skipped == {"unchanged": 0}
+    assert sorted(k for shard in shard_pairs(aws, stack, out["run_id"]) for _, k in shard) == ["s/1.jpg", "s/2.jpg"]
+
+
 def test_bad_since_runs_are_rejected_at_upload_with_what_to_do(aws, stack, monkeypatch):
     _images(aws, ["r/1.jpg"])
     running = earlier_plan("still-running", _root(stack, "still-running"), [(CNN, CNN_ID)], n_shards=1, total_keys=1)
@@ -272,6 +288,7 @@ def test_the_prepare_route_plans_with_the_model_artifacts_resolved_ids(aws, stac
     # (s3etag:<ETag>), which an incremental run built on it compares with, not the placeholder uri:...
     ctl = stack.names["ControlBucket"]
     model = aws.s3.put_object(Bucket=ctl, Key="models/m.pt", Body=b"weights")
+    aws.s3.put_object(Bucket=ctl, Key="models/m.pt.json", Body=b'{"image_size": 336}')  # the file's spec decides
     _images(aws, ["m/1.jpg", "m/2.jpg"])
     aws.s3.put_object(Bucket=INPUT_BUCKET, Key="lists/m.txt", Body=b"m/1.jpg\nm/2.jpg\n")
     body = _manifest(
@@ -290,6 +307,7 @@ def test_the_prepare_route_plans_with_the_model_artifacts_resolved_ids(aws, stac
         deliver_job_event(stack, ev, monkeypatch)
     plan = RunPlan.model_validate_json(read_uri(aws.s3, RunPaths.in_bucket(ctl, out["run_id"]).plan))
     want = "s3etag:" + model["ETag"].strip('"') + (f"@{model['VersionId']}" if model.get("VersionId") else "")
+    want += ";image_size=336"  # the sidecar's size, which the worker uses, not the manifest's default 224
     assert plan.models[0].model_id == want == spec.model_ids[0]
     assert plan.lineage == [] and plan.skipped == {} and plan.total_keys == 2
 

@@ -60,7 +60,7 @@ def test_vector_file_gives_one_list_per_query_and_key_finds_itself(tmp_path, bui
         (["{idx}", "--vector-file", "{wide_npy}"], "the index holds 24-d vectors"),
         (
             ["{idx}", "--image", "{img}", "--artifact", "builtin:reference-cnn-large"],
-            "is model_id builtin:reference-cnn-large@1",
+            "is artifact builtin:reference-cnn-large@1",
         ),
         (["{idx}", "--text", "a cat"], "has no text tower"),
     ],
