@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -37,7 +37,30 @@ from sluice.aws.s3uri import parse_s3_uri
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-    from sluice.models import ContentSpec, ModelSpec
+
+class ModelSpec(Protocol):
+    """What identity reads of a manifest's model (sluice.models.ModelSpec; sluice.models imports this module)."""
+
+    @property
+    def uri(self) -> str: ...
+    @property
+    def image_size(self) -> int: ...
+
+
+class ContentSpec(Protocol):
+    """What identity reads of the run's content (sluice.models.ContentSpec)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def chunk_tokens(self) -> int | None: ...
+    @property
+    def overlap_tokens(self) -> int | None: ...
+    @property
+    def frames_per_second(self) -> float | None: ...
+    @property
+    def frames_per_video(self) -> int | None: ...
+
 
 # Bump when a builtin network's construction or seed changes: its earlier embeddings are then stale.
 BUILTIN_WEIGHTS = "1"

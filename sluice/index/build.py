@@ -127,7 +127,8 @@ class _Rows:
             raise IndexBuildError(
                 f"{uri} holds {got.dim}-d rows of model {got.model!r} (model_id {got.model_id}), {first} "
                 f"{self.shape.dim}-d rows of model {self.shape.model!r} (model_id {self.shape.model_id}): "
-                "one model artifact and preprocessing a table: pick one (--model NAME) or build them into separate indexes"
+                "one model artifact and preprocessing a table: pick one (--model NAME) or build them into "
+                "separate indexes"
             )
         return self._seen(to_index_rows(rows, target, self.out.order, self.out.run_id))
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
 from sluice.modelid import static_identity
+from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
 from sluice.paths import RunPaths
 from sluice.preflight.checks import derived_load_grace_s, derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity

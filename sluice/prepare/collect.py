@@ -158,7 +158,8 @@ def _all_unchanged(spec: PrepareSpec, unique: int, failed_before: int = 0) -> st
     )
     return (
         f"input.since_run: nothing to embed: each of the {unique} unique keys is unchanged since the output of "
-        f"{', '.join(spec.lineage)} (same object version, same model_id: artifact and preprocessing, for every model){bad}; that output "
+        f"{', '.join(spec.lineage)} (same object version, same model_id, its artifact and preprocessing, for every "
+        f"model){bad}; that output "
         f"is already complete for this input (read it with `sluice output sql {spec.lineage[0]}`)"
     )
 
