@@ -151,3 +151,13 @@ def test_since_run_uploads_over_the_earlier_input_and_skips_a_known_bad_file(tmp
         assert sql.returncode == 0, sql.stderr
         keys = [r[0].rsplit("/", 1)[-1] for r in duckdb.sql(f"SELECT key FROM ({sql.stdout})").fetchall()]
         assert sorted(keys) == sorted([f"p{i}.jpg" for i in range(20)] + ["new.jpg"])
+        # At another image size no earlier vector is comparable (its model_id differs): every image again,
+        # and the lineage's index, which holds the 128 px rows, refuses the 64 px ones instead of mixing them.
+        third = _cli(
+            "local", "run", "--images", str(photos), "--since-run", s2["run_id"], "--image-size", "64",
+            "--endpoint-url", server.endpoint, *common,
+        )  # fmt: skip
+        assert third.returncode == 0, third.stderr[-3000:]
+        s3 = json.loads(third.stdout)
+        assert (s3["outcome"], s3["processed"], s3["skipped"]) == ("succeeded", 21, {"unchanged": 0}), s3
+        assert "image_size=64" in s3["index_error"] and "image_size=128" in s3["index_error"], s3
