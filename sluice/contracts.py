@@ -470,7 +470,7 @@ class RunSubmitted(EventDetail):
     skipped: dict[str, int] = Field(
         default_factory=dict,
         description="An incremental run: input keys left out, by reason (unchanged: an earlier run of the lineage "
-        "embedded the same object version with the same model artifact, for every model of this run).",
+        "embedded the same object version with the same model_id, artifact and preprocessing, for every model).",
     )
 
 
@@ -663,7 +663,7 @@ class EarlierOutput(_Written):
     run_id: str
     rank: int = Field(ge=0, description="Its place in the lineage: 0 is input.since_run, 1 the run it completed, ...")
     model_prefix: str = Field(description="RunPlan.model_output_prefix of that model: shard=<i>/ folders under it.")
-    model_id: str = Field(description="The model artifact's identity in that run's plan (sluice.modelid).")
+    model_id: str = Field(description="The model's identity (artifact, preprocessing) in its plan (sluice.modelid).")
     start: int = Field(ge=0)
     stop: int = Field(ge=0)
     failures: bool = Field(

@@ -112,7 +112,8 @@ class InputSpec(_ManifestPart):
     since_run: Annotated[str, Field(pattern=RUN_ID)] | None = Field(
         default=None,
         description="Incremental run: skip keys that this earlier run (or the runs it was itself incremental "
-        "on) already embedded from the same object version (ETag / version id) with the same model artifact.",
+        "on) already embedded from the same object version (ETag / version id) with the same model_id (artifact "
+        "and preprocessing).",
     )
 
     @field_validator("key_list", "inventory")
@@ -505,8 +506,9 @@ class PlannedModel(_Strict):
     batch_size: int
     image_size: int
     name: str  # ModelSpec.output_name: the output records' `model` and, with several models, the folder
-    # What "the same model artifact" means to incremental runs (sluice.modelid): builtin:<name>@<weights
-    # version>, s3etag:<ETag>[@<version id>] of the model object, or sha256:<hex> of a local file.
+    # What "the same model" means to incremental runs and indexes (sluice.modelid): the artifact
+    # (builtin:<name>@<weights version>, s3etag:<ETag>[@<version id>], sha256:<hex>) and its
+    # preprocessing (;image_size=128, a text window, a video's frame sampling).
     model_id: str
 
     @classmethod
@@ -556,7 +558,7 @@ class RunPlan(_Strict):
     # Incremental runs: the earlier runs whose output this one completes, newest first (input.since_run
     # and the runs it was itself incremental on), and the keys left out because they already have output.
     lineage: list[str] = []
-    skipped: dict[str, int] = {}  # reason -> keys (unchanged: same object version, same model artifact)
+    skipped: dict[str, int] = {}  # reason -> keys (unchanged: same object version, same model_id)
     index: IndexTarget | None = None  # the search index the index stage updates (output.index); None: off
     decode: Decode = "auto"  # job.decode
     decode_binds: bool = False  # the preflight's estimate: CPU decode would hold the GPUs back (auto decodes on GPU)

@@ -9,7 +9,7 @@ Columns (docs/worker.md, "Output and the commit protocol"; docs/kinds.md for the
     embedding      fixed_size_list<float16|float32>[dim], L2-normalised
     model          string    the model's name (PlannedModel.name)
     model_version  string    its spec's version ("" when the file has none)
-    model_id       string    its artifact's identity (sluice.modelid)
+    model_id       string    its model's identity: artifact + preprocessing (sluice.modelid)
     etag           string    the object's ETag when it was read, without quotes
     version_id     string    its version id (null in an unversioned bucket)
     size           int64     its size in bytes
