@@ -26,7 +26,7 @@ _STRINGS = (outputs.MODEL, outputs.MODEL_VERSION, outputs.MODEL_ID, outputs.ETAG
 
 @dataclass(frozen=True)
 class Shape:
-    """What a table holds, from its first rows: one model artifact, one dimension."""
+    """What a table holds, from its first rows: one model_id (artifact and preprocessing), one dimension."""
 
     model: str
     model_id: str

@@ -66,7 +66,7 @@ _COMMITTED = """committed AS (  -- a chunk counts only with its commit marker: o
 """
 _RECIPE = """-- The embeddings of run {run} and the runs it completes, newest first ({names}):
 -- the rows of each (key, model_id) (one a part: part, part_start, part_end) from the newest run that
--- embedded the key with that model artifact (output from before parts: part NULL, an image).
+-- embedded the key with that model_id (output from before parts: part NULL, an image).
 WITH lineage(run, rank) AS (VALUES {ranks}),
 {committed}rows AS (
     SELECT o.*, lineage.rank
