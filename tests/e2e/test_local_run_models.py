@@ -49,8 +49,8 @@ def test_two_models_embed_every_image_once_each(tmp_path):
         assert all(r["etag"] and r["size"] > 0 and r["run"] == s["run_id"] for r in rows)
     tiny = (root / "model_name=tiny").rglob("*.parquet")
     assert {r["model_id"] for f in tiny for r in pq.read_table(f).to_pylist()} == {
-        "sha256:" + hashlib.sha256((tmp_path / "tiny.pt").read_bytes()).hexdigest()
-    }
+        "sha256:" + hashlib.sha256((tmp_path / "tiny.pt").read_bytes()).hexdigest() + ";image_size=48"
+    }, "the file's hash and the size its spec fixes (the worker's, not the run's default 128)"
     # The README's recipes: duckdb reads every model (embeddings of two widths as lists) ...
     rows = duckdb.sql(f"SELECT key, model, len(embedding) AS dim FROM read_parquet('{root}/**/*.parquet')").fetchall()
     assert len(rows) == 48 and {(m, d) for _, m, d in rows} == {("reference-cnn", 128), ("tiny", 16)}
