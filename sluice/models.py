@@ -606,6 +606,8 @@ class RunPlan(_Strict):
         Any other field can be given in `overrides`; `mode` (default "array") also decides
         `nodes` (one per shard for "multinode") and `spot_allowed`, unless those are given too.
         """
+        from sluice.modelid import static_identity
+
         mode = overrides.get("mode", "array")
         bucket = base[5:].split("/", 1)[0] if base.startswith("s3://") else "local"
         root = RunPaths(base)
@@ -624,7 +626,10 @@ class RunPlan(_Strict):
             "nodes": n_shards if mode == "multinode" else 1,
             "gpus_per_node": 0,
             "spot_allowed": mode == "array",
-            "models": [PlannedModel.of(m) for m in (model if isinstance(model, list) else [model or ModelSpec()])],
+            "models": [
+                PlannedModel.of(m, static_identity(m, ContentSpec.model_validate(overrides.get("content") or {})))
+                for m in (model if isinstance(model, list) else [model or ModelSpec()])
+            ],
             "output_dtype": "float16",
             "attempts": 3,
             "timeout_s": 3600,

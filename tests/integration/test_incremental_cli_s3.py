@@ -67,6 +67,6 @@ def test_output_sql_reads_the_lineage_from_the_control_bucket(s3, capsys):
     sql = capsys.readouterr().out
     assert f"'s3://{CTL}/runs/inc/output/shard=*/part-*.parquet', 's3://{CTL}/runs/full/output/shard=*/part-*" in sql
     assert "_commits/*.json" in sql and "('inc', 0), ('full', 1)" in sql
-    assert "o.model_id IN ('builtin:reference-cnn@1')" in sql
+    assert "o.model_id IN ('builtin:reference-cnn@1;image_size=224')" in sql
     assert main(["output", "sql", "missing", "--bucket", CTL]) == 1
     assert "AWS error" in capsys.readouterr().err

@@ -94,7 +94,7 @@ def test_show_prints_the_index_metadata(built, capsys):
     [table] = json.loads(capsys.readouterr().out)["tables"]
     assert {k: table[k] for k in ("model", "model_id", "dim", "dtype", "rows", "ann")} == {
         "model": "reference-cnn",
-        "model_id": "builtin:reference-cnn@1",
+        "model_id": "builtin:reference-cnn@1;image_size=224",
         "dim": 24,
         "dtype": "float16",
         "rows": 600,
@@ -116,7 +116,8 @@ def test_build_json_report(tmp_path, capsys):
     assert main(["index", "build", str(tmp_path / "runs" / "r1"), "--out", str(tmp_path / "i"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["rows"], doc["ann"], doc["index"]) == (50, "none", str(tmp_path / "i") + "/")
-    assert doc["tables"][0]["merged"] == ["r1"] and doc["tables"][0]["model_id"] == "builtin:reference-cnn@1"
+    assert doc["tables"][0]["merged"] == ["r1"]
+    assert doc["tables"][0]["model_id"] == "builtin:reference-cnn@1;image_size=224"
 
 
 @pytest.fixture(scope="module")

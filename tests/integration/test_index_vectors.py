@@ -70,7 +70,8 @@ def test_a_runs_rows_land_once_each_in_its_shards_index_in_batches_of_at_most_50
     assert (desc["dimension"], desc["dataType"], desc["distanceMetric"]) == (16, "float32", "cosine")
     v = held[names[shard_of(keys[7], 2)]][keys[7]]
     assert np.allclose(v["data"]["float32"], x[7].astype(np.float16).astype(np.float32))
-    assert v["metadata"] == {"model_id": "builtin:reference-cnn@1", "run": "r1", "etag": v["metadata"]["etag"]}
+    mid = "builtin:reference-cnn@1;image_size=224"
+    assert v["metadata"] == {"model_id": mid, "run": "r1", "etag": v["metadata"]["etag"]}
 
     # A retried stage: the table already holds r1 (skipped), its rows are put again, still one vector a key.
     again = build([str(tmp_path / "runs" / "r1")], str(tmp_path / "idx"))

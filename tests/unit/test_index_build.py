@@ -40,7 +40,7 @@ def test_a_run_is_indexed_without_its_uncommitted_chunk_and_searched_exactly(tmp
     [t] = report.tables
     assert (t.model, t.model_id, t.dim, t.inserted, t.merged) == (
         "reference-cnn",
-        "builtin:reference-cnn@1",
+        "builtin:reference-cnn@1;image_size=224",
         DIM,
         3000,
         ["r1"],
@@ -53,7 +53,7 @@ def test_a_run_is_indexed_without_its_uncommitted_chunk_and_searched_exactly(tmp
     assert searcher.describe() | {"table": ""} == {
         "table": "",
         "model": "reference-cnn",
-        "model_id": "builtin:reference-cnn@1",
+        "model_id": "builtin:reference-cnn@1;image_size=224",
         "dim": DIM,
         "dtype": "float16",
         "rows": 3000,

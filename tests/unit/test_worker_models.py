@@ -51,7 +51,9 @@ def test_each_key_is_fetched_once_and_embedded_by_every_model(tmp_path):
     small, big = _table(plan, 0), _table(plan, 1)
     assert set(small) == set(big) == {f"s3://bkt/{k}" for k in IMAGES}
     assert {r["model"] for r in small.values()} == {"small"} and {r["model"] for r in big.values()} == {"big"}
-    assert {r["model_id"] for r in big.values()} == {"builtin:reference-cnn@1"}
+    # One builtin at two sizes: two models, whose vectors are not comparable (sluice.modelid).
+    assert {r["model_id"] for r in big.values()} == {"builtin:reference-cnn@1;image_size=48"}
+    assert {r["model_id"] for r in small.values()} == {"builtin:reference-cnn@1;image_size=32"}
     assert {r["size"] for r in small.values()} == {len(b) for b in IMAGES.values()}
     assert Path(plan.failures_prefix, "0.jsonl").read_text().count("\n") == 1  # gone.jpg, once
 
