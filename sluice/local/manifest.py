@@ -45,6 +45,7 @@ class Uploaded:
     prefix: str
     count: int
     skipped: list[str] = field(default_factory=list)  # files of DIR that are not images by name
+    unreadable: list[str] = field(default_factory=list)  # ... and what could not be read (a dangling symlink)
 
     @property
     def uri(self) -> str:

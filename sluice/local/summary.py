@@ -11,6 +11,7 @@ from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
+from sluice.local.bus import BusTap
 from sluice.paths import COMMITS_DIR, RunPaths, is_commit_marker
 
 SUMMARY_FILE = "summary.json"  # the summary, in the run's folder too (a closed terminal pipe loses stdout)
@@ -26,22 +27,10 @@ class Ended:
     run_dir: Path
 
 
-def _read_bus(c: Any, queue_url: str) -> list[dict[str, Any]]:
-    """Every event the observer queue holds (what was published on Sluice's buses)."""
-    events: list[dict[str, Any]] = []
-    while True:
-        msgs = c.sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
-        if not msgs:
-            return events
-        events += [json.loads(m["Body"]) for m in msgs]
-        for m in msgs:
-            c.sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
-
-
-def summarize(c: Any, stack: Any, run: Ended) -> dict[str, Any]:
-    """The run's summary; copies its committed output, failures and plan.json into run.run_dir."""
+def summarize(c: Any, tap: BusTap, run: Ended) -> dict[str, Any]:
+    """The run's summary (its own events only, from its tap); copies its output, failures and plan.json to run_dir."""
     row = run.row
-    events = _read_bus(c, stack.observer_queue_url)
+    events = tap.events(c, row.run_id)
     details = [parse_detail(e["detail-type"], e["detail"]) for e in events]
     final = next((d for d in details if isinstance(d, RunSucceeded | RunFailed)), None)
     processed = final.processed if final else (row.processed or 0)
