@@ -135,6 +135,21 @@ def check_flags(args: argparse.Namespace) -> None:
         )
 
 
+def check_file(args: argparse.Namespace) -> None:
+    """--manifest FILE is there and, if .json, is JSON: else refused naming the local path, before anything starts."""
+    if not args.manifest:
+        return
+    path = Path(args.manifest).expanduser()
+    if not path.is_file():
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise SystemExit(f"sluice: --manifest {path}: {what} (give a .json manifest or a .txt/.csv/.jsonl key list)")
+    if path.name.lower().endswith(".json"):
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise SystemExit(f"sluice: --manifest {path}: not valid JSON ({exc}): fix it, then run again") from None
+
+
 def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> tuple[str, bytes, list[str]]:
     """(object name under manifests/, body, the flags applied on top of --manifest)."""
     if args.manifest:
@@ -185,7 +200,7 @@ def _from_file(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | 
     try:
         manifest = json.loads(body)
     except ValueError:
-        return path.name, body, []  # the manifest function rejects it, naming the line
+        return path.name, body, []  # check_file refused it before the run; the manifest function would too
     if not isinstance(manifest, dict):
         return path.name, body, []
     return path.name, json.dumps(apply(manifest, args, uploaded, earlier), indent=2).encode(), flags

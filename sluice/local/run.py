@@ -253,6 +253,7 @@ def _run_local(args: argparse.Namespace) -> int:
                 fh.write(f"{pid}\n")
 
     local_manifest.check_flags(args)
+    local_manifest.check_file(args)  # a missing or broken --manifest: before any server starts
     kind, source, _ = local_manifest.content_source(args)
     folder = Folder.read(source, kind) if source else None  # a missing or empty folder: before anything starts
     if args.model:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 
 import pytest
 
@@ -127,3 +128,23 @@ def test_texts_and_videos_flags_give_their_kind_and_its_model(tmp_path):
     assert m["input"]["kind"] == "text"
     with pytest.raises(SystemExit):
         _args("--texts", "a", "--images", "b")  # one source at a time
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "message"),
+    [
+        ("nonexist.json", None, "nonexist.json: no such file"),
+        ("broken.json", '{"version": 1,', "broken.json: not valid JSON (Expecting property name"),
+    ],
+)
+def test_a_missing_or_broken_manifest_is_refused_naming_its_local_path(tmp_path, name, body, message):
+    from sluice.local.manifest import check_file
+
+    path = tmp_path / name
+    if body is not None:
+        path.write_text(body)
+    with pytest.raises(SystemExit, match=re.escape(f"--manifest {tmp_path}/{message}")):
+        check_file(_args("--manifest", str(path)))
+    keys = tmp_path / "keys.txt"
+    keys.write_text("s3://b/a.jpg\n")
+    check_file(_args("--manifest", str(keys)))  # a key list is read by the manifest function
