@@ -16,6 +16,8 @@ import argparse
 import json
 import os
 import re
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,8 +152,19 @@ def check_file(args: argparse.Namespace) -> None:
             raise SystemExit(f"sluice: --manifest {path}: not valid JSON ({exc}): fix it, then run again") from None
 
 
-def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> tuple[str, bytes, list[str]]:
-    """(object name under manifests/, body, the flags applied on top of --manifest)."""
+def run_token() -> str:
+    """A local run's own stamp (UTC time and a random part): runs started in the same second still differ."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:4]}"
+
+
+def build(
+    args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None, token: str = ""
+) -> tuple[str, bytes, list[str]]:
+    """(object name under manifests/, body, the flags applied on top of --manifest).
+
+    A generated manifest's name (the default index name) carries `token`: each run its own index,
+    not one shared by every demo run of the emulator; an incremental run updates its lineage's.
+    """
     if args.manifest:
         return _from_file(args, uploaded, earlier)
     job: dict[str, Any] = {"mode": args.mode or "array"}
@@ -169,7 +182,7 @@ def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None)
     name = f"local-{kind}s" if folder else ("local-incremental" if earlier and not uploaded.count else "local-demo")
     manifest: dict[str, Any] = {
         "version": 1,
-        "name": name,
+        "name": f"{name}-{token}" if token and earlier is None else name,
         "input": _input(uploaded, kind) if uploaded.count else dict(earlier.input if earlier else {}),
         "model": specs[0] if len(specs) == 1 else specs,
         "job": job,

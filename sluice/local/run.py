@@ -174,12 +174,13 @@ def say_skipped(skipped: list[str], kind: str = "image", unreadable: list[str] |
         print(f"sluice: skipped {len(skipped) + len(unreadable)} file(s): {'; '.join(parts)}", file=sys.stderr)
 
 
-def _upload_images(c: Any, args: argparse.Namespace, folder: Folder | None, earlier: Earlier | None) -> Uploaded:
+def _upload_images(
+    c: Any, args: argparse.Namespace, folder: Folder | None, earlier: Earlier | None, stamp: str
+) -> Uploaded:
     """Upload --images DIR (images by name) or --demo N images; nothing for --manifest / --since-run alone.
 
     With --since-run, DIR goes to the prefix that run read (its unchanged images keep their ETags).
     """
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     kind, _, demo = local_manifest.content_source(args)
     if folder is None and demo is None and (args.manifest or earlier):
         return Uploaded("", 0)
@@ -469,16 +470,17 @@ def _submit(c: Any, stack: Any, router: Router, start: _Start) -> tuple[dict[str
     args = start.args
     control = stack.names["ControlBucket"]
     earlier = local_manifest.read_earlier(c.s3, control, args.since_run) if args.since_run else None
-    uploaded = _upload_images(c, args, start.folder, earlier)
+    token = local_manifest.run_token()  # this run's own input prefix, manifest key and index
+    uploaded = _upload_images(c, args, start.folder, earlier, token)
     if not args.json:
         kind = local_manifest.content_source(args)[0]
         say_skipped(uploaded.skipped, kind, uploaded.unreadable)
         if uploaded.count:
             print(f"sluice: uploaded {uploaded.count} {kind}(s) to {uploaded.uri}", file=sys.stderr)
-    name, body, applied = local_manifest.build(args, uploaded, earlier)
+    name, body, applied = local_manifest.build(args, uploaded, earlier, token)
     if applied and not args.json:
         print(f"sluice: --manifest {args.manifest} with {', '.join(applied)} applied on top", file=sys.stderr)
-    key = MANIFESTS_PREFIX + name
+    key = f"{MANIFESTS_PREFIX}local/{token}/{name}"  # one key a run: `sluice status` finds each run's own
     put = c.s3.put_object(Bucket=control, Key=key, Body=body)
     event = s3_object_created(
         control,

@@ -148,3 +148,16 @@ def test_a_missing_or_broken_manifest_is_refused_naming_its_local_path(tmp_path,
     keys = tmp_path / "keys.txt"
     keys.write_text("s3://b/a.jpg\n")
     check_file(_args("--manifest", str(keys)))  # a key list is read by the manifest function
+
+
+def test_each_generated_run_names_its_own_index_and_an_incremental_one_its_lineages(tmp_path):
+    from sluice.local.manifest import run_token
+
+    a, b = run_token(), run_token()
+    assert a != b  # two runs started in the same second differ
+    first = json.loads(build(_args("--demo", "3"), Uploaded(f"demo-{a}/", 3), None, a)[1])
+    second = json.loads(build(_args("--demo", "3"), Uploaded(f"demo-{b}/", 3), None, b)[1])
+    assert (first["name"], second["name"]) == (f"local-demo-{a}", f"local-demo-{b}")
+    earlier = Earlier("run-1", {"prefix": "s3://sluice-local-images/demo-x/"}, [{"uri": "builtin:reference-cnn"}])
+    again = json.loads(build(_args("--since-run", "run-1", "--endpoint-url", "http://e"), NOTHING, earlier, b)[1])
+    assert again["name"] == "local-incremental" and "output" not in again  # the earlier run's index, updated
