@@ -461,6 +461,34 @@ def terminate(jobs: Mapping[str, LocalJob], job_id: str, reason: str, emit: Call
     return killed
 
 
+def abandon(ex: LocalExecutor, reason: str) -> int:
+    """The run is interrupted: stop every worker and fail what did not finish, with `reason`, in events.
+
+    As Batch reports a terminated job: the completion handler settles those shards failed and
+    concludes the run, so an emulator that outlives the run does not keep it RUNNING. A worker
+    that had already exited is reaped as it ended. Returns how many workers were running.
+    """
+    for job in ex.jobs.values():
+        for task in job.tasks:
+            if task.proc is not None and task.proc.poll() is not None:
+                ex._reap(task)
+    running = ex.stop()
+    now = int(time.time() * 1000)
+    for job in ex.jobs.values():
+        if job.done:
+            continue
+        for task in job.tasks:
+            if task.status.terminal:
+                continue
+            if task.proc is not None:
+                task.proc = None
+                task.attempts[-1] = attempt_entry(task.started_ms, now, None, reason)
+            task.terminated, task.status = reason, JobStatus.FAILED
+            ex._emit(job, task, JobStatus.FAILED, reason=reason)
+        ex._finish(job)
+    return running
+
+
 def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, sig)

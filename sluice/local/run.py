@@ -54,6 +54,7 @@ KIND_SUFFIXES = {
     "video": (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"),
 }
 NotePid = Callable[[int], None]
+INTERRUPTED = "interrupted: the local run was stopped (Ctrl-C, SIGTERM or SIGHUP) and its workers with it"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops the run and what it started
 
 
@@ -219,6 +220,7 @@ class _Services:
     # by SIGKILL (or stopped mid-way) cannot remove its own sluice-worker-* or spill folders.
     scratch: str = ""
     tap: BusTap | None = None  # this run's queue of its own events, removed when it ends
+    stopped: int = 0  # workers an interrupted run stopped before its summary
     clients: Any = None
 
 
@@ -313,7 +315,7 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
     Each step runs even when one before it fails: no server of ours outlives the run by accident.
     """
     keep = args.keep and not interrupted
-    stopped = 0
+    stopped = svc.stopped
     try:
         for ex in svc.executors:
             stopped += ex.stop()
@@ -377,7 +379,7 @@ def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "") -> st
 
 def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     from sluice.control.ledger import Ledger
-    from sluice.local.executor import ExecutorConfig, LocalExecutor
+    from sluice.local.executor import ExecutorConfig, LocalExecutor, abandon
     from sluice.local.infra import create_local
 
     args = start.args
@@ -420,16 +422,31 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     svc.waiting = True
     row = _wait(executor, ledger, run_id, progress, interrupted, sweep)
     progress.end()
-    if row is None:
-        return 130
+    if row is None:  # interrupted: the run is concluded (failed) and still gets its summary.json
+        svc.waiting = False  # a second signal stops at once, without the summary
+        svc.stopped += abandon(executor, INTERRUPTED)
+        svc.executors.remove(executor)
+        row = ledger.get(run_id)
+        if row is None:
+            return 130
     summary = summarize(c, svc.tap, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
-    summary.update(skipped_files=len(uploaded.skipped) + len(uploaded.unreadable), metrics=_metrics_note(args, svc))
+    summary.update(_more_summary(args, svc, uploaded, run_dir), interrupted=interrupted.is_set())
     summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s"}) for s in sweep.stalled()]
-    summary["input_prefix"] = uploaded.uri if uploaded.count else None
-    summary["input_dir"] = str(run_dir / "input") if args.demo is not None and uploaded.count else None
     save(run_dir, summary)
     report(summary, args.json)
+    if interrupted.is_set():
+        return 130
     return 0 if row.status is RunStatus.SUCCEEDED else 1
+
+
+def _more_summary(args: argparse.Namespace, svc: _Services, uploaded: Uploaded, run_dir: Path) -> dict[str, Any]:
+    """What the summary says that the run's records do not: skipped files, metrics, the input."""
+    return {
+        "skipped_files": len(uploaded.skipped) + len(uploaded.unreadable),
+        "metrics": _metrics_note(args, svc),
+        "input_prefix": uploaded.uri if uploaded.count else None,
+        "input_dir": str(run_dir / "input") if args.demo is not None and uploaded.count else None,
+    }
 
 
 def _save_demo(run_dir: Path, n: int) -> None:
