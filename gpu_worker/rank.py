@@ -63,7 +63,7 @@ def run_rank(
         return summary
     # Progress beats, and the watchdog that ends this rank when its count stops (gpu_worker.watchdog).
     ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
-    dog = watchdog.for_rank(ids, plan.stall_after_s, ctx.stats, cfg.beat_interval_s)
+    dog = watchdog.for_rank(ids, plan.stall_after_s, plan.load_grace_s, ctx.stats, cfg.beat_interval_s)
     try:
         kind: RankPass = (
             ImagePass(ctx, work, fetcher) if plan.content.kind == "image" else PartsPass(ctx, work, fetcher)

@@ -28,7 +28,7 @@ from gpu_worker.log import logger
 from gpu_worker.telemetry.stats import Stats
 
 LEGACY_STALL_AFTER_S = 1800.0  # a plan written before plans carried stall_after_s
-LOAD_GRACE_S = 120.0  # added to stall_after_s until the rank's models are ready (loading moves no count)
+LEGACY_LOAD_GRACE_S = 120.0  # a plan written before plans carried load_grace_s
 BEAT_TTL_S = 15 * 86400  # beats expire with the sweep's lookback (sluice.control.reconcile.LOOKBACK_S)
 
 
@@ -60,7 +60,7 @@ class Beats:
     def write(self, processed: int, moved_at: float, limit_s: float | None = None) -> None:
         """Record that the rank had processed `processed` keys at `moved_at` (epoch seconds).
 
-        `limit_s`: how long it may stay still from there (stall_after_s, plus LOAD_GRACE_S while loading).
+        `limit_s`: how long it may stay still from there (stall_after_s, plus the load grace while loading).
         """
         limit = self._stall if limit_s is None else limit_s
         if self._t.table:
@@ -93,6 +93,14 @@ class Beats:
             logger.warning("progress beat not written", extra={"error": f"{type(exc).__name__}: {exc}"[:300]})
 
 
+@dataclass(frozen=True)
+class Loading:
+    """Whether the rank's models are still loading, and how much longer it may then stay still (the plan's)."""
+
+    now: Callable[[], bool] = lambda: False
+    grace_s: float = LEGACY_LOAD_GRACE_S
+
+
 class Watchdog:
     """Beats on progress; ends the process with STALLED_EXIT when progress stops for stall_after_s."""
 
@@ -104,10 +112,11 @@ class Watchdog:
         *,
         interval_s: float = 10.0,
         exit_fn: Callable[[int], Any] = os._exit,
-        loading: Callable[[], bool] = lambda: False,
+        loading: Loading | None = None,
     ) -> None:
         self._progress = progress
-        self._loading = loading
+        loads = loading or Loading()
+        self._loading, self.load_grace_s = loads.now, loads.grace_s
         self.stall_after_s = stall_after_s
         self._beats = beats
         self._interval = max(0.05, min(interval_s, stall_after_s / 4))
@@ -125,8 +134,8 @@ class Watchdog:
         self._thread.join(timeout=5)
 
     def limit_s(self, loading: bool) -> float:
-        """How long the rank may stay still: stall_after_s, plus LOAD_GRACE_S while its models load."""
-        return self.stall_after_s + (LOAD_GRACE_S if loading else 0.0)
+        """How long the rank may stay still: stall_after_s, plus the plan's load grace while its models load."""
+        return self.stall_after_s + (self.load_grace_s if loading else 0.0)
 
     def _loop(self) -> None:
         last = (self._progress(), self._loading())
@@ -154,11 +163,14 @@ def stall_after_s(plan_value: float | None, env: Mapping[str, str] | None = None
     return float(plan_value) if plan_value else LEGACY_STALL_AFTER_S
 
 
-def for_rank(ids: BeatTarget, plan_value: float | None, stats: Stats, interval_s: float) -> Watchdog:
+def for_rank(
+    ids: BeatTarget, plan_value: float | None, load_grace_s: float | None, stats: Stats, interval_s: float
+) -> Watchdog:
     """A started watchdog for one rank: its progress is keys embedded or failed, its models ready or not."""
     limit = stall_after_s(plan_value)
+    grace = float(load_grace_s) if load_grace_s else LEGACY_LOAD_GRACE_S
     progress = lambda: stats.get("images") + stats.get("failed")  # noqa: E731
-    loading = lambda: not stats.get("model_ready_seconds")  # noqa: E731
+    loading = Loading(lambda: not stats.get("model_ready_seconds"), grace)
     return Watchdog(progress, limit, Beats(ids, limit), interval_s=interval_s, loading=loading).start()
 
 

@@ -254,6 +254,8 @@ class RunItem(_Written):
     output_prefix: str | None = None
     lineage: list[str] | None = None  # an incremental run: the earlier runs it completes, newest first
     skipped: dict[str, int] | None = None  # an incremental run: keys left out, by reason
+    warnings: list[str] | None = None  # Run Submitted's (a builtin stand-in model, the preflight's)
+    gpu_family: str | None = None  # the GPU family its GPU-hours are priced on (the stack's Capacity)
     jobs_done: int = 0
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)
@@ -315,12 +317,20 @@ class ShardItem(_Written):
     gpu_seconds: int = Field(default=0, description="The worker's wall seconds x its GPUs (result.json; 0 on CPU).")
 
 
+StallCause = Literal["no_progress", "no_beat"]
+
+
 class StalledAttempt(_Written):
-    """An attempt whose progress stopped for its stall_after_s: ended by the sweep (a STALL# item, counted once)."""
+    """An attempt ended by the sweep (a STALL# item, counted once): still for its stall_after_s, or never beat."""
 
     shard: int
     attempt: int
-    after_s: float = Field(description="Seconds without progress when the sweep ended it.")
+    after_s: float = Field(description="Seconds without progress (or, no_beat, since it started) when ended.")
+    cause: StallCause = Field(
+        default="no_progress",
+        description="no_progress: its beat aged past stall_after_s; no_beat: RUNNING for the plan's load_grace_s "
+        "without a first beat (hung before its first batch).",
+    )
     job_id: str | None = Field(default=None, description="The child, node or plain job terminated.")
     redo_job_id: str | None = Field(default=None, description="The job Sluice submitted to resume the shard.")
 
@@ -656,6 +666,11 @@ class EarlierOutput(_Written):
     model_id: str = Field(description="The model artifact's identity in that run's plan (sluice.modelid).")
     start: int = Field(ge=0)
     stop: int = Field(ge=0)
+    failures: bool = Field(
+        default=True,
+        description="Also read these shards' failures files: they are the run's, not a model's, so only the "
+        "tasks of one of its models read them (counted once, however many models match).",
+    )
 
 
 class PrepareSpec(_Written):
@@ -709,6 +724,9 @@ class MapResult(_Written):
     seconds: float
     peak_rss_mb: float
     versions: VersionCounts | None = Field(default=None, description="An incremental run: what the worker learned.")
+    buckets: list[str] = Field(
+        default_factory=list, description="The buckets its keys name (at most 100): the submit's cross-Region check."
+    )
 
 
 class VersionCounts(_Written):
@@ -729,7 +747,7 @@ class VersionCounts(_Written):
     )
     earlier_failures: int = Field(
         default=0,
-        description="Failure lines of earlier runs whose bytes failed (with the version read), once per model task.",
+        description="Failure lines of earlier runs whose bytes failed (with the version read), once per shard.",
     )
 
 

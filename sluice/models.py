@@ -10,7 +10,17 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    ModelWrapValidatorHandler,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sluice import paths
 from sluice.aws.s3uri import bad_char, bucket_problem, parse_s3_uri
@@ -20,13 +30,15 @@ from sluice.paths import RunPaths
 MANIFEST_VERSION = 1
 # The worker's builtin networks (gpu_worker.models.builtins.BUILTINS; a unit test keeps the two equal),
 # named here so the manifest Lambda, which never imports torch, can check model.uri.
-BUILTIN_MODELS = ("reference-cnn", "resnet50", "reference-text")
+# All are stand-ins with untrained weights, named so that none passes for a real model.
+BUILTIN_MODELS = ("reference-cnn", "reference-cnn-large", "reference-text")
 # The content kinds each builtin accepts (an image model embeds a video's sampled frames too).
 BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "reference-cnn": ("image", "video"),
-    "resnet50": ("image", "video"),
+    "reference-cnn-large": ("image", "video"),
     "reference-text": ("text",),
 }
+RENAMED_BUILTINS = {"resnet50": "reference-cnn-large"}  # old name -> new: the old is refused, naming the new
 Kind = Literal["image", "text", "video"]
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
@@ -180,7 +192,7 @@ class ModelSpec(_ManifestPart):
 
     @property
     def output_name(self) -> str:
-        """`name`, else derived from the uri: builtin:resnet50 -> resnet50, s3://b/m/vit-b.pt2 -> vit-b."""
+        """`name`, else derived from the uri: builtin:reference-cnn -> reference-cnn, s3://b/m/vit-b.pt2 -> vit-b."""
         if self.name:
             return self.name
         base = self.uri.split(":", 1)[1] if self.uri.startswith("builtin:") else re.split(r"[\\/]", self.uri)[-1]
@@ -193,6 +205,12 @@ class ModelSpec(_ManifestPart):
     def _uri(cls, v: str) -> str:
         """What can be told without S3 or settings (sluice.input.checks checks the rest at plan time)."""
         if v.startswith("builtin:"):
+            if v[8:] in RENAMED_BUILTINS:
+                raise ValueError(
+                    f"{v} is now builtin:{RENAMED_BUILTINS[v[8:]]}: an untrained network of that shape, not the "
+                    "trained model; for the real one, export it (sluice model export torchvision:resnet50, "
+                    "docs/models.md) and give its s3:// URI"
+                )
             if v[8:] not in BUILTIN_MODELS:
                 raise ValueError(f"unknown builtin model {v[8:80]!r}; builtins: {', '.join(BUILTIN_MODELS)}")
             return v
@@ -232,6 +250,12 @@ class JobSpec(_ManifestPart):
         description="A rank whose processed count has not moved this long is stalled: its attempt is ended and "
         "retried. Default: model load plus a few batch times (sluice.preflight.checks.derived_stall_after_s); "
         "SLUICE_STALL_AFTER_S on the worker wins.",
+    )
+    load_grace_s: Annotated[int, Field(ge=10, le=14 * 24 * 3600)] | None = Field(
+        default=None,
+        description="How long an attempt may run before its first progress beat (container start, plan read, "
+        "model download), and the extra stillness the watchdog allows while models load. Default: "
+        "30 s plus 300 s a model, at most a quarter of the timeout (sluice.preflight.checks.derived_load_grace_s).",
     )
     decode: Decode = Field(
         default="auto",
@@ -377,14 +401,30 @@ class Manifest(_ManifestPart):
             raise ValueError(f'{_json_type(v)} is not a version: write "version": 1')
         raise ValueError(f'unsupported manifest version {v!r}: this Sluice reads version 1 (write "version": 1)')
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _default_model(cls, data: Any) -> Any:
-        """No model given: the builtin stand-in of the input's kind (a text run needs a text model)."""
-        inp = data.get("input") if isinstance(data, dict) and "model" not in data else None
+    def _default_model(cls, data: Any, handler: ModelWrapValidatorHandler[Manifest]) -> Manifest:
+        """No model given: the builtin stand-in of the input's kind (a text run needs a text model), noted.
+
+        A deployed run refuses the stand-in it was not asked for (sluice.input.checks: `unnamed_models`).
+        """
+        absent = isinstance(data, dict) and "model" not in data
+        inp = data.get("input") if absent else None
         if isinstance(inp, dict) and inp.get("kind") == "text":
-            return {**data, "model": {"uri": "builtin:reference-text"}}
-        return data
+            data = {**data, "model": {"uri": "builtin:reference-text"}}
+        out = handler(data)
+        if absent:  # the stand-in was filled in, not written: model_fields_set says so (equality ignores it)
+            out.__pydantic_fields_set__.discard("model")
+        return out
+
+    @property
+    def unnamed_models(self) -> list[str]:
+        """The model.uri fields the manifest left out (the builtin stand-in fills them): model.uri, model[1].uri."""
+        if "model" not in self.model_fields_set:
+            return ["model.uri"]
+        if isinstance(self.model, ModelSpec):
+            return [] if "uri" in self.model.model_fields_set else ["model.uri"]
+        return [f"model[{i}].uri" for i, m in enumerate(self.model) if "uri" not in m.model_fields_set]
 
     @model_validator(mode="after")
     def _model_names(self) -> Manifest:
@@ -413,6 +453,17 @@ class Manifest(_ManifestPart):
     def models(self) -> list[ModelSpec]:
         """The run's models, in the manifest's order (one for `"model": {...}`)."""
         return list(self.model) if isinstance(self.model, list) else [self.model]
+
+
+def stand_in_warnings(uris: Sequence[str]) -> list[str]:
+    """A warning for each builtin model of a run: untrained weights, so its vectors only test the pipeline."""
+    return [
+        f"{'model' if len(uris) == 1 else f'model[{i}]'}.uri {uri}: a builtin stand-in with untrained weights: "
+        "its vectors test the pipeline and mean nothing for search; export a real model (sluice model export, "
+        "docs/models.md)"
+        for i, uri in enumerate(uris)
+        if uri.startswith("builtin:")
+    ]
 
 
 def builtin_kinds(uri: str) -> tuple[str, ...] | None:
@@ -495,6 +546,8 @@ class RunPlan(_Strict):
     attempts: int
     timeout_s: int
     stall_after_s: int | None = None  # no progress this long: stalled (None: a plan from before; the worker's default)
+    load_grace_s: int | None = None  # no first beat this long after RUNNING: stalled (job.load_grace_s; None: before)
+    input_buckets: list[str] = []  # the buckets the prepare stage's keys name; empty: the manifest's input says
     max_failed_fraction: float
     retry_failed: int
     jobs: list[JobLayout]

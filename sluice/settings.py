@@ -90,6 +90,11 @@ class Settings(EnvSettings):
     default_input_bucket: str | None = Field(
         None, description="SLUICE_DEFAULT_INPUT_BUCKET: bucket for bare keys in plain key lists."
     )
+    default_model_uri: str | None = Field(
+        None,
+        description="SLUICE_DEFAULT_MODEL_URI: the model (s3:// export or builtin:NAME) of a key list or manifest "
+        "that names none; unset, the deployed stack refuses them, naming model.uri.",
+    )
     max_manifest_bytes: int = Field(16 * 2**20, description="SLUICE_MAX_MANIFEST_BYTES: JSON manifest limit.")
     max_keylist_bytes: int = Field(
         4 * 2**30, description="SLUICE_MAX_KEYLIST_BYTES: key-list object limit (and each inventory data file's)."

@@ -137,17 +137,26 @@ class Framing:
     pad_id: int = 0
     prefix: tuple[int, ...] = ()
     suffix: tuple[int, ...] = ()
+    # The padded lengths the network takes, ascending (a traced file's buckets); empty: any length.
+    lengths: tuple[int, ...] | None = None
 
     @property
     def room(self) -> int:
         """Tokens of text a chunk can hold."""
         return self.length - len(self.prefix) - len(self.suffix)
 
+    def padded(self, need: int) -> int:
+        """The length a batch whose longest framed chunk has `need` tokens is padded to."""
+        if self.lengths is None:
+            return self.length  # a fixed shape: the full length
+        return next((n for n in self.lengths if n >= need), need if not self.lengths else self.length)
 
-def pad_ids(parts: list[TextChunk], framing: Framing) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, attention mask), both (len(parts), framing.length) int64: prefix, the chunk, suffix, padding."""
-    ids = np.full((len(parts), framing.length), framing.pad_id, np.int64)
-    mask = np.zeros((len(parts), framing.length), np.int64)
+
+def pad_ids(parts: list[TextChunk], framing: Framing, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, attention mask), both (len(parts), length or framing.length) int64: prefix, chunk, suffix, padding."""
+    width = length or framing.length
+    ids = np.full((len(parts), width), framing.pad_id, np.int64)
+    mask = np.zeros((len(parts), width), np.int64)
     head, tail = len(framing.prefix), len(framing.suffix)
     for i, p in enumerate(parts):
         body = p.ids[: framing.room]

@@ -54,26 +54,26 @@ class TextModel:
 
 
 class TextEmbedder:
-    """Chunks a text with the model's tokenizer and window; embeds chunks in batches of `batch`."""
+    """Chunks a text with the model's tokenizer and window; embeds chunks in batches of `batch`.
 
-    def __init__(self, model: TextModel, window: TextWindow, how: Loading) -> None:
+    Chunks are sorted by length and each batch is padded to its longest chunk, rounded up to one
+    of the model's lengths (a traced file's buckets; any length for the builtin), not to the
+    window: short texts cost their own tokens. Masked pooling makes padding change nothing.
+    """
+
+    def __init__(self, model: TextModel, window: TextWindow, *, device: str, batch: int, name: str, label: str) -> None:
         window.check()
         if window.chunk_tokens > model.framing.room:
             raise ConfigError(
-                f"model {how.planned.uri}: chunk_tokens {window.chunk_tokens} is over the {model.framing.room} "
+                f"model {label}: chunk_tokens {window.chunk_tokens} is over the {model.framing.room} "
                 "tokens its context holds: give input.chunk_tokens at most that"
             )
-        self.info = PartsInfo(how.planned.name, model.version)
         self.window = window
         self._model = model
-        self._device = torch.device(how.device)
+        self._device = torch.device(device)
         self._net = model.net.to(self._device)
-        f = model.framing
-        # A traced file takes sequences of its context's length; the builtin any length: the chunk's.
-        traced = isinstance(model.net, torch.jit.ScriptModule)
-        length = f.length if traced else window.chunk_tokens + len(f.prefix) + len(f.suffix)
-        self._framing = Framing(length, f.pad_id, f.prefix, f.suffix)
-        self._batch = how.batch
+        self._batch = max(1, batch)
+        self.info = PartsInfo(name, model.version)
         self.output_dim = int(self.embed([TextChunk(0, 0, 1, np.ones(1, np.int32))]).shape[1])
 
     def split(self, data: bytes) -> list[Part]:
@@ -81,23 +81,32 @@ class TextEmbedder:
         return [Part(c.part, float(c.start), float(c.end), c) for c in chunks]
 
     def embed(self, payloads: Sequence[Any]) -> np.ndarray:
-        out = []
-        for i in range(0, len(payloads), self._batch):
-            ids, mask = pad_ids(list(payloads[i : i + self._batch]), self._framing)
+        """(len(payloads), D) unit vectors, in the payloads' order."""
+        f = self._model.framing
+        order = sorted(range(len(payloads)), key=lambda i: len(payloads[i].ids))
+        out = np.empty((len(payloads), 0), np.float32)
+        for i in range(0, len(order), self._batch):
+            idx = order[i : i + self._batch]
+            parts = [payloads[j] for j in idx]
+            need = len(f.prefix) + len(f.suffix) + max(min(len(p.ids), f.room) for p in parts)
+            ids, mask = pad_ids(parts, f, f.padded(need))
             args = [torch.from_numpy(ids).to(self._device)]
             if "attention_mask" in self._model.inputs:
                 args.append(torch.from_numpy(mask).to(self._device))
             with torch.inference_mode():
                 y = self._net(*args)
                 y = y[0] if isinstance(y, tuple | list) else y
-                out.append(F.normalize(y.float(), dim=1).cpu().numpy())
-        return np.concatenate(out).astype(np.float32, copy=False)
+                got = F.normalize(y.float(), dim=1).cpu().numpy()
+            if out.shape[1] == 0:
+                out = np.empty((len(payloads), got.shape[1]), np.float32)
+            out[idx] = got
+        return out
 
 
 def reference_model() -> TextModel:
     """builtin:reference-text: seeded weights, the word tokenizer, a 256-token window by default."""
     w = ReferenceText.WINDOW
-    return TextModel(ReferenceText.build(), WordTokenizer(), Framing(65_536), w)  # no context limit
+    return TextModel(ReferenceText.build(), WordTokenizer(), Framing(65_536, lengths=()), w)  # any length
 
 
 def file_model(path: str) -> TextModel:
@@ -122,11 +131,14 @@ def file_model(path: str) -> TextModel:
         )
     raw = extra[TOKENIZER_NAME]
     tok = HFTokenizer.from_str(raw.decode() if isinstance(raw, bytes) else raw)
+    length = int(spec["context_length"])
     framing = Framing(
-        int(spec["context_length"]),
+        length,
         int(spec.get("pad_id", 0)),
         tuple(int(i) for i in spec.get("prefix_ids", ())),
         tuple(int(i) for i in spec.get("suffix_ids", ())),
+        # The padded lengths its trace takes; a file from before `lengths` takes its full length only.
+        lengths=tuple(sorted({*(int(n) for n in spec.get("lengths") or ()), length})),
     )
     room = framing.room
     window = TextWindow(room, int(spec.get("overlap_tokens", room // 8)))
@@ -142,7 +154,20 @@ def load_text(how: Loading) -> TextEmbedder:
     overlap = how.content.overlap_tokens
     if overlap is None:
         overlap = min(base.overlap_tokens, chunk // 4)
-    return TextEmbedder(model, TextWindow(chunk, overlap), how)
+    return TextEmbedder(
+        model,
+        TextWindow(chunk, overlap),
+        device=how.device,
+        batch=how.batch,
+        name=how.planned.name,
+        label=how.planned.uri,
+    )
+
+
+def text_embedder(model: TextModel, batch: int, device: str = "cpu") -> TextEmbedder:
+    """The model with its own window (the export's check: chunks as a run with default settings makes them)."""
+    label = model.version or "text model"
+    return TextEmbedder(model, model.window, device=device, batch=batch, name=label, label=label)
 
 
 def is_text_model(path: str) -> bool:

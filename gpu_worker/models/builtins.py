@@ -1,8 +1,8 @@
 """The builtin networks: seeded, BatchNorm-calibrated stand-ins with no trained weights.
 
-builtin:reference-cnn   small deterministic CNN: a stand-in that exercises the real path; 128-d output
-builtin:resnet50        ResNet-50-shaped network: throughput checks only (same FLOPs as the real
-                        thing, meaningless output); 2048-d output
+builtin:reference-cnn         small deterministic CNN: a stand-in that exercises the real path; 128-d output
+builtin:reference-cnn-large   ResNet-50-shaped network: throughput checks only (same FLOPs as a ResNet-50,
+                              meaningless output; named so no one takes it for the trained model); 2048-d
 """
 
 from __future__ import annotations
@@ -82,7 +82,10 @@ class ResNet50(nn.Module):
         return self.layers(self.stem(x)).mean(dim=(2, 3))
 
 
-BUILTINS: dict[str, tuple[type[nn.Module], int]] = {"reference-cnn": (ReferenceCNN, 128), "resnet50": (ResNet50, 2048)}
+BUILTINS: dict[str, tuple[type[nn.Module], int]] = {
+    "reference-cnn": (ReferenceCNN, 128),
+    "reference-cnn-large": (ResNet50, 2048),
+}
 
 
 def _synthetic_batch(n: int, size: int, gen: torch.Generator) -> torch.Tensor:

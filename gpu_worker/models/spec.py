@@ -59,6 +59,10 @@ SPEC_KEYS = {
     "suffix_ids",
     "overlap_tokens",
     "pooling",
+    "lengths",  # the padded lengths a traced text model takes (chunks are padded to their batch's longest)
+    "lower_case",
+    "normalize",
+    "reference",  # what the export compared the file with (sentence-transformers' encode), and how close
 }
 
 

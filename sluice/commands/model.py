@@ -81,6 +81,16 @@ def _print_export(result: Any) -> None:
             f"tokens -> {spec['output_dim']}-d, tokenizer inside, max |exported - eager| {result.max_abs_diff:.2e}"
             f'\nspec: {result.uri}.json; {use}, with "input": {{..., "kind": "text"}}'
         )
+        room = spec["context_length"] - len(spec.get("prefix_ids", ())) - len(spec.get("suffix_ids", ()))
+        lengths = spec.get("lengths") or [spec["context_length"]]
+        print(
+            f"window: {spec['context_length']} tokens ({room} of text a chunk, the model's own; input.chunk_tokens "
+            f"sets another), padded to its batch's longest of {'/'.join(map(str, lengths))}; pooling "
+            f"{spec.get('pooling', 'mean')}{', lower case' if spec.get('lower_case') else ''}"
+        )
+        ref = spec.get("reference")
+        if ref:
+            print(f"checked against {ref['library']} encode: max difference {ref['max_abs_diff']:.2e}")
         return
     print(
         f"{result.uri} ({spec['format']}): {spec['name']} {spec['version']}, {spec['image_size']} px -> "

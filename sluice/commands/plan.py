@@ -32,6 +32,11 @@ def add_plan(sub: Subparsers) -> None:
     plan.add_argument(
         "--bucket", metavar="BUCKET", help="bucket for bare keys (SLUICE_DEFAULT_INPUT_BUCKET's role in the Lambda)"
     )
+    plan.add_argument(
+        "--model",
+        metavar="URI",
+        help="model of a key list or manifest that names none (SLUICE_DEFAULT_MODEL_URI's role in the Lambda)",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object (checks, cost, layout)")
     plan.add_argument(
         "--assume-keys",
@@ -109,6 +114,8 @@ def cmd_plan(args: argparse.Namespace, inv: Invocation) -> int:
     settings = inv.settings
     if args.bucket:
         settings = settings.model_copy(update={"default_input_bucket": args.bucket})
+    if args.model:
+        settings = settings.model_copy(update={"default_model_uri": args.model})
     if args.images_per_gpu_s:
         settings = settings.model_copy(update={"images_per_gpu_s": args.images_per_gpu_s})
     if args.instance_type:  # the first GPU type is the one planned and priced

@@ -80,7 +80,7 @@ def _run_figures(ctx: Context, run: RunItem, n_total: int, retries_left: bool) -
 
     Shards are counted only inside the run and each terminal shard once, so shards_done ==
     n_total means every shard is settled. The counters give the figures and the FAIL# / RETRY#
-    marks name the shards that matter: a succeeded run costs one BatchGetItem, a failed one a
+    marks name the shards that matter: a succeeded run costs one TransactGetItems, a failed one a
     Query of its failed shards, not of all of them (a 30,000-shard run's SHARD items are ten
     1-MB pages). Counters or marks written before these existed (the per-reason sums, a mark
     per failed shard) are detected and the run is tallied from every SHARD item instead.
@@ -112,7 +112,7 @@ def _record_success(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, *,
         failed_by_reason={r: n for r, n in sorted(t.by_reason.items()) if n},
         failed_keys_uri=plan.failures_prefix,
         retry_passes=retry_passes,
-        **spent(t.gpu_seconds),
+        **spent(t.gpu_seconds, ctx.capacity.gpu_family),
     )
     ctx.ledger.leave_finalizing(
         run.run_id,
@@ -141,7 +141,7 @@ def _record_failure(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, re
         processed=t.processed,
         failed=t.failed,
         duration_s=round(time.time() - float(run.created_at), 1),
-        **spent(t.gpu_seconds),
+        **spent(t.gpu_seconds, ctx.capacity.gpu_family),
     )
     ctx.ledger.leave_finalizing(
         run.run_id,

@@ -4,7 +4,9 @@
 artifact ids (resolved once, sluice.modelid) and its paths. The manifest Lambda builds it after
 parsing the upload; the prepare stage's submit step builds it again from the RUN item, the spec
 and the manifest the stage stored. `Context` is what one handler invocation (or one sweep) uses:
-settings, clients and the adapters built from them (ledger, shard records, event publisher, Batch).
+settings, clients and the adapters built from them (ledger, shard records, event publisher, Batch),
+and the stack's capacity (sluice.preflight.Capacity), built once so the plan, the preflight and
+the cost decide from the same instance facts.
 A run's paths always come from `RunPaths.in_bucket(control bucket, run id)`: through the request,
 or from the RUN item (`run_paths`).
 """
@@ -23,6 +25,7 @@ from sluice.control.notify import EventPublisher
 from sluice.control.records import ShardRecords
 from sluice.models import Manifest
 from sluice.paths import RunPaths
+from sluice.preflight import Capacity
 from sluice.settings import Settings
 
 
@@ -57,6 +60,7 @@ class Context:
     records: ShardRecords
     events: EventPublisher
     batch: BatchAdapter
+    capacity: Capacity
 
     @classmethod
     def build(cls, settings: Settings | None = None, clients: Clients | None = None) -> Context:
@@ -70,6 +74,7 @@ class Context:
             ShardRecords(clients.dynamodb, settings.runs_table),
             EventPublisher(clients.events, settings.event_bus),
             BatchAdapter(clients.batch),
+            Capacity.build(settings),
         )
 
 

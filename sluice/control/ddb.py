@@ -25,9 +25,10 @@ from sluice.errors import RetriableError
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
-    from mypy_boto3_dynamodb.type_defs import TransactWriteItemTypeDef
+    from mypy_boto3_dynamodb.type_defs import TransactGetItemTypeDef, TransactWriteItemTypeDef
 
 _ser, _de = TypeSerializer(), TypeDeserializer()
+TRANSACT_GET_MAX = 100  # items in one TransactGetItems (DynamoDB service quotas)
 TRANSACT_TRIES = 8  # first try included; then RetriableError (the invocation is retried)
 BACKOFF_BASE_S, BACKOFF_MAX_S = 0.02, 1.0  # full jitter: sleep U(0, min(max, base * 2**i))
 STATS: Counter[str] = Counter()  # transactions retried in this process (bench/completion_scale.py)
@@ -141,6 +142,35 @@ class Table:
             f"{TRANSACT_TRIES} tries; will retry"
         )
 
+    def transact_get(self, keys: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+        """TransactGetItems: the items of keys (None where absent) as one serializable snapshot.
+
+        DynamoDB's isolation levels: TransactGetItems is serializable against every transaction,
+        while BatchGetItem is only read-committed per item, so a batch read beside a concurrent
+        TransactWriteItems may see some items before it and some after, a sum that never existed.
+        A get is cancelled (TransactionConflict) while a write transaction holds one of the items:
+        retried here like a cancelled write. At most 100 items a call (DynamoDB quotas).
+        """
+        if len(keys) > TRANSACT_GET_MAX:
+            raise ValueError(f"TransactGetItems reads at most {TRANSACT_GET_MAX} items, not {len(keys)}")
+        request = [{"Get": {"TableName": self._table, "Key": k}} for k in keys]
+        for i in range(TRANSACT_TRIES):
+            try:
+                resp = self._client.transact_get_items(TransactItems=cast("list[TransactGetItemTypeDef]", request))
+                return [values(r["Item"]) if r.get("Item") else None for r in resp.get("Responses", [])]
+            except (ClientError, BotoCoreError) as exc:
+                if not (_get_cancelled(exc) and i < TRANSACT_TRIES - 1):
+                    if _get_cancelled(exc):
+                        _count("reads_given_up")
+                        raise RetriableError(
+                            f"DynamoDB TransactGetItems on table {self._table!r} still cancelled after "
+                            f"{TRANSACT_TRIES} tries; will retry"
+                        ) from exc
+                    raise translate(exc, f"DynamoDB TransactGetItems on table {self._table!r}") from exc
+            _count("reads_retried")
+            _backoff(i)
+        raise AssertionError("unreachable: the last try returns or raises")
+
     def _transact_once(self, items: list[dict[str, Any]]) -> str | bool | None:
         """None: written; False: a condition failed; a string: the transient reasons (try again)."""
         try:
@@ -175,6 +205,17 @@ def _backoff(i: int) -> None:
 
 def _in_conflict(exc: ClientError | BotoCoreError) -> bool:
     return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "TransactionConflictException"
+
+
+def _get_cancelled(exc: ClientError | BotoCoreError) -> bool:
+    """A TransactGetItems cancelled for a transient reason (a write transaction in flight, throttling)."""
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code")
+        if code == "TransactionCanceledException":
+            reasons = [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons", [])]
+            return all(r == "None" or classify(_cancelled(r)).retriable for r in reasons)
+        return code == "TransactionConflictException" or classify(exc).retriable
+    return classify(exc).retriable
 
 
 def _cancelled(code: str) -> ClientError:

@@ -73,6 +73,9 @@ class Lineage:
         outs = self.outputs(model_ids)
         total = sum(run.shards for _, run, _ in outs)
         per = max(1, math.ceil(total / max(1, workers * TASKS_PER_WORKER)))
+        first: dict[str, int] = {}  # run id -> the model whose tasks read the run's failures files
+        for _, run, m in outs:
+            first.setdefault(run.run_id, m)
         return [
             EarlierOutput(
                 run_id=run.run_id,
@@ -81,6 +84,7 @@ class Lineage:
                 model_id=run.plan.models[m].model_id,
                 start=a,
                 stop=min(a + per, run.shards),
+                failures=first[run.run_id] == m,
             )
             for rank, run, m in outs
             for a in range(0, run.shards, per)

@@ -43,7 +43,6 @@ from sluice.log import logger
 from sluice.models import IndexTarget, Manifest, RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.layout import Layout, PlanInputs, build_plan, job_layouts
-from sluice.preflight import Capacity
 from sluice.prepare.collect import Collected, collect
 from sluice.prepare.store import PrepareStore
 from sluice.prepare.versions_reduce import place_shards
@@ -187,13 +186,15 @@ def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> R
             total_keys=got.unique_keys,
             duplicates=got.duplicates,
             lay=lay,
-            images_per_gpu_s=Capacity.from_settings(ctx.settings).rate,
+            capacity=ctx.capacity,
             model_ids=list(req.model_ids) or None,
             lineage=spec.lineage,
             skipped=got.skipped,
             earlier_index=_earlier_index(ctx, req, spec),
         )
     )
+    # The buckets the workers read from: a key list's or an inventory's keys name them, not the manifest.
+    plan = plan.model_copy(update={"input_buckets": got.buckets})
     put_object(ctx.clients.s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
     return plan
 

@@ -16,9 +16,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
-from sluice.aws.errors import translate
 from sluice.contracts import (
     CounterItem,
     Counts,
@@ -215,23 +214,24 @@ class ShardRecords(Table):
         )
 
     def counts(self, run_id: str) -> Counts:
-        """The run's counters: one BatchGetItem of its COUNTER_SHARDS counter items."""
+        """The run's counters as one snapshot: one TransactGetItems of its COUNTER_SHARDS items.
+
+        Not BatchGetItem: it reads each item at its own moment (read-committed), so beside a
+        shard's transaction it can return a sum that never existed (a shard counted twice, or
+        half of it). The sum decides "every shard settled" and is published, so it is read
+        serializably (docs/architecture.md, "Counters").
+        """
         keys = [item({"pk": run_id, "sk": counter_sk(k)}) for k in range(COUNTER_SHARDS)]
         total = Counts()
-        request: dict[str, Any] = {self.table: {"Keys": keys, "ConsistentRead": True}}
-        while request:
-            try:
-                resp = self._client.batch_get_item(RequestItems=request)
-            except (ClientError, BotoCoreError) as exc:
-                raise translate(exc, f"DynamoDB BatchGetItem on table {self.table!r}") from exc
-            for raw in resp.get("Responses", {}).get(self.table, []):
-                c = CounterItem.model_validate(values(raw))
-                for k in _TOTALS:
-                    setattr(total, k, getattr(total, k) + getattr(c, k))
-                for k, r in _REASONS.items():
-                    if getattr(c, k):
-                        total.failed_by_reason[r] = total.failed_by_reason.get(r, 0) + getattr(c, k)
-            request = resp.get("UnprocessedKeys") or {}
+        for raw in self.transact_get(keys):
+            if raw is None:
+                continue
+            c = CounterItem.model_validate(raw)
+            for k in _TOTALS:
+                setattr(total, k, getattr(total, k) + getattr(c, k))
+            for k, r in _REASONS.items():
+                if getattr(c, k):
+                    total.failed_by_reason[r] = total.failed_by_reason.get(r, 0) + getattr(c, k)
         return total
 
     def _query(self, run_id: str, prefix: str) -> list[dict[str, Any]]:

@@ -32,7 +32,6 @@ from sluice.models import Manifest, RunPlan
 from sluice.paths import SCRATCH_TAG
 from sluice.plan.layout import PlanInputs, build_plan, layout
 from sluice.plan.scan import scan, write_shards
-from sluice.preflight import Capacity
 from sluice.prepare import split
 from sluice.prepare.split import PARTITION_FACTOR
 from sluice.prepare.store import PrepareStore
@@ -223,7 +222,7 @@ def plan_here(ctx: Context, req: RunRequest) -> RunPlan:
                 total_keys=sc.unique_keys,
                 duplicates=sc.duplicates,
                 lay=lay,
-                images_per_gpu_s=Capacity.from_settings(settings).rate,
+                capacity=ctx.capacity,
                 model_ids=list(req.model_ids),
             )
         )

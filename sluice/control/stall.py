@@ -13,6 +13,13 @@ it resumes from the committed chunks, and its events outrank the terminated atte
 attempts in all stay the plan's: a shard stalled on its last attempt is not re-submitted and
 fails with the reason "sluice: stalled".
 
+An attempt that never wrote a beat (hung before its first: container start, plan read, a
+model download, a stuck GET) is found from the ledger instead: a shard RUNNING in its newest
+attempt with no beat of that attempt for the plan's load_grace_s, which Batch too says is
+RUNNING (a lost terminal event is settled, not re-run), is stalled (cause "no_beat"). That
+reads the run's SHARD items (1 MB a page: about ten pages for 30,000 shards, some 2,500 read
+units a sweep, once every 5 minutes), the plan and DescribeJobs only when such a shard exists.
+
 A rank that is slow but moving writes beats, so it is never ended. A termination that
 arrives after the attempt finished changes nothing: Batch ignores it, and the re-submission is
 skipped when the ledger already shows a newer or terminal state of the shard.
@@ -28,7 +35,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.aws.s3io import read_uri
-from sluice.contracts import JobItem, JobLayoutItem, RunItem, RunProgress, RunStatus, ShardItem, StalledAttempt
+from sluice.contracts import (
+    JobItem,
+    JobLayoutItem,
+    JobStatus,
+    RunItem,
+    RunProgress,
+    RunStatus,
+    ShardItem,
+    StallCause,
+    StalledAttempt,
+)
 from sluice.control.batch import RUN_TAG, job_request
 from sluice.control.context import Context, run_paths
 from sluice.control.ddb import item, prefixed, values
@@ -37,6 +54,7 @@ from sluice.log import logger
 from sluice.models import JobLayout, RunPlan, load_plan
 
 STALL_PREFIX = "STALL#"
+LEGACY_LOAD_GRACE_S = 900.0  # a plan written before plans carried load_grace_s
 SWEPT = (RunStatus.SUBMITTED, RunStatus.RUNNING, RunStatus.RETRYING)
 
 
@@ -55,13 +73,16 @@ class Beat:
     processed: int
     moved_at: float
     stall_after_s: float
+    cause: StallCause = "no_progress"
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> Beat:
         v = values(dict(raw))
-        fields = ("shard", "attempt", "rank", "processed")
         return cls(
-            **{k: int(v[k]) for k in fields},
+            shard=int(v["shard"]),
+            attempt=int(v["attempt"]),
+            rank=int(v["rank"]),
+            processed=int(v["processed"]),
             job_id=str(v["job_id"]),
             moved_at=float(v["moved_at"]),
             stall_after_s=float(v["stall_after_s"]),
@@ -103,6 +124,47 @@ def candidates(beats: Iterable[Beat], now: float) -> list[Beat]:
     return [worst[s] for s in sorted(worst)]
 
 
+def silent(shards: Iterable[ShardItem], beats: Iterable[Beat], grace_s: float, now: float) -> list[Beat]:
+    """Attempts RUNNING in the ledger for grace_s without a single beat: hung before their first (pure)."""
+    beating = {(b.shard, b.attempt) for b in beats}
+    return [
+        Beat(s.shard, s.attempt, 0, s.job_id, 0, float(s.updated_at), grace_s, "no_beat")
+        for s in shards
+        if s.status == JobStatus.RUNNING
+        and not s.terminal
+        and (s.shard, s.attempt) not in beating
+        and now - s.updated_at >= grace_s
+    ]
+
+
+def _silent(ctx: Context, run: RunItem, beats: list[Beat], now: float) -> list[Beat]:
+    """silent() over the run's SHARD items, with its plan's load grace (read only when a shard has no beat)."""
+    beating = {(b.shard, b.attempt) for b in beats}
+    quiet = [
+        s
+        for s in ctx.records.shard_items(run.run_id)
+        if s.status == JobStatus.RUNNING and not s.terminal and (s.shard, s.attempt) not in beating
+    ]
+    if not quiet:
+        return []
+    plan = load_plan(functools.partial(read_uri, ctx.clients.s3), str(run.plan_uri))
+    found = silent(quiet, beats, float(plan.load_grace_s or LEGACY_LOAD_GRACE_S), now)
+    # Only what Batch says is RUNNING: a shard whose terminal event was lost is not hung (the
+    # sweep settles it from Batch), and must not be ended and run again.
+    running = _batch_running(ctx, [b.job_id for b in found])
+    return [b for b in found if b.job_id in running]
+
+
+def _batch_running(ctx: Context, job_ids: list[str]) -> set[str]:
+    """The jobs Batch describes as RUNNING (DescribeJobs: at most 100 jobs a call)."""
+    out: set[str] = set()
+    for i in range(0, len(job_ids), 100):
+        for job in ctx.clients.batch.describe_jobs(jobs=job_ids[i : i + 100]).get("jobs", []):
+            if job.get("status") == "RUNNING":
+                out.add(str(job["jobId"]))
+    return out
+
+
 def still_running(beat: Beat, shard: ShardItem | None) -> bool:
     """False when the ledger shows the attempt finished, or a later attempt (pure)."""
     if shard is None:
@@ -116,9 +178,10 @@ def sweep_stalls(ctx: Context, run: RunItem, *, now: float) -> list[str]:
     """End the run's stalled attempts and re-submit their shards; what it did (the sweep's actions)."""
     if run.status not in SWEPT or not run.jobs:
         return []
+    beats = read_beats(ctx, run.run_id)
     found = [
         b
-        for b in candidates(read_beats(ctx, run.run_id), now)
+        for b in candidates(beats, now) + _silent(ctx, run, beats, now)
         if still_running(b, ctx.records.shard(run.run_id, b.shard))
     ]
     ended = [s for b in found if (s := _end(ctx, run, b, now)) is not None]
@@ -141,7 +204,11 @@ def sweep_stalls(ctx: Context, run: RunItem, *, now: float) -> list[str]:
 def _end(ctx: Context, run: RunItem, beat: Beat, now: float) -> StalledAttempt | None:
     """Record the stall once, terminate the attempt, re-submit the shard; None when another sweep has it."""
     stalled = StalledAttempt(
-        shard=beat.shard, attempt=beat.attempt, after_s=round(now - beat.moved_at, 1), job_id=beat.job_id
+        shard=beat.shard,
+        attempt=beat.attempt,
+        after_s=round(now - beat.moved_at, 1),
+        job_id=beat.job_id,
+        cause=beat.cause,
     )
     key = {"pk": run.run_id, "sk": stall_sk(beat.shard, beat.attempt)}
     try:
@@ -159,9 +226,8 @@ def _end(ctx: Context, run: RunItem, beat: Beat, now: float) -> StalledAttempt |
     try:
         job = _layout_of(run, beat.job_id)
         target = job.id if job is not None and job.kind == "multinode" else beat.job_id
-        reason = (
-            f"{STALLED_REASON}: no progress for {stalled.after_s:.0f} s (shard {beat.shard}, attempt {beat.attempt})"
-        )
+        what = "no progress" if beat.cause == "no_progress" else "no progress beat since it started"
+        reason = f"{STALLED_REASON}: {what} for {stalled.after_s:.0f} s (shard {beat.shard}, attempt {beat.attempt})"
         ctx.clients.batch.terminate_job(jobId=target, reason=reason)
         redo = _resubmit(ctx, run, job, beat) if job is not None else None
     except BaseException:
@@ -274,6 +340,7 @@ __all__ = [
     "candidates",
     "live_jobs",
     "read_beats",
+    "silent",
     "stall_sk",
     "stalled_attempts",
     "still_running",

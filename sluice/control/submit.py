@@ -3,8 +3,8 @@
 Both routes end here: the manifest Lambda after planning in-process (the run PLANNING), the
 prepare stage's submit step after its reducers (the run PREPARING, sluice.control.prepared). A
 preflight error (a limit the run cannot pass: sluice.preflight) raises Rejection before
-anything is submitted; its warnings and the GPU-hour and cost estimate go out with "Run
-Submitted". SubmitJob has no idempotency token, so each job is adopted by its deterministic name
+anything is submitted; its warnings and its GPU-hour and cost estimate (the one `sluice plan`
+shows) go out with "Run Submitted". SubmitJob has no idempotency token, so each job is adopted by its deterministic name
 when a delivery that died before recording it already submitted it (sluice.control.batch); the
 transition is conditional on the status the run had (sluice.control.ledger). Two invocations
 that both planned one run (a redrive racing the original, sluice.control.redrive) can both
@@ -15,7 +15,6 @@ jobs the recorded submission does not name, so the run keeps one set of jobs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -24,10 +23,10 @@ from sluice.contracts import JobLayoutItem, PassItem, RunStatus, RunSubmitted
 from sluice.control.context import Context, RunRequest
 from sluice.errors import Rejection
 from sluice.log import logger
-from sluice.models import RunPlan
-from sluice.preflight import Capacity, RunFacts, preflight
+from sluice.models import RunPlan, stand_in_warnings
+from sluice.preflight import RunFacts, preflight
 from sluice.preflight.locality import InputSize, add_locality, input_buckets
-from sluice.preflight.spent import spent
+from sluice.preflight.spent import run_cost
 
 WITHDRAWN = "sluice: superseded: another invocation recorded this run's submission"
 
@@ -47,22 +46,17 @@ def submit(
     """Preflight, submit the plan's jobs (adopted by name when already out), record SUBMITTED with "Run Submitted".
 
     `expect`: the run's status now (PLANNING in the Lambda, PREPARING after the prepare stage);
-    `warnings` (the prepare stage's) go out before the preflight's.
+    `warnings` (the prepare stage's) go out after a builtin stand-in model's and before the preflight's.
     """
     settings, plan_uri = ctx.settings, req.paths.plan
-    cap = replace(
-        Capacity.from_settings(settings), models=len(plan.models), decode=plan.decode
-    )  # each image costs every model
-    checked = preflight(
-        RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys), cap
-    )
+    facts = RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys)
+    checked = preflight(facts, ctx.capacity.for_plan(plan))
     s3 = ctx.clients.s3  # input buckets in another Region: warned about, the transfer priced
-    buckets = input_buckets(req.manifest.input, settings.default_input_bucket)
+    buckets = plan.input_buckets or input_buckets(req.manifest.input, settings.default_input_bucket)
     add_locality(checked, buckets, s3.meta.region_name, s3, InputSize(plan.total_keys))
     if checked.errors:
         raise Rejection([f"preflight: {line}" for line in checked.lines("error")])
     job_ids = ctx.batch.submit(plan, plan_uri, settings, queue=req.manifest.job.queue)
-    estimate = spent(round(plan.total_keys / cap.rate))  # GPU-seconds at the estimated rate
     submitted = RunSubmitted(
         run_id=req.run_id,
         manifest=req.manifest_uri,
@@ -72,14 +66,21 @@ def submit(
         mode=plan.mode,
         job_ids=job_ids,
         plan_uri=plan_uri,
-        warnings=[*warnings, *(f"preflight: {line}" for line in checked.lines("warn"))],
-        gpu_hours_estimate=estimate["gpu_hours"],
-        cost_estimate_usd=estimate["cost_usd"],
+        warnings=[
+            *stand_in_warnings([m.uri for m in plan.models]),
+            *warnings,
+            *(f"preflight: {line}" for line in checked.lines("warn")),
+        ],
+        gpu_hours_estimate=checked.cost["gpu_hours"],
+        cost_estimate_usd=run_cost(checked.cost),
         lineage=plan.lineage,
         skipped=plan.skipped,
     )
     try:
-        ctx.ledger.mark_submitted(req.run_id, submitted_fields(plan, job_ids, plan_uri), submitted, expect=expect)
+        fields = submitted_fields(plan, job_ids, plan_uri) | {"gpu_family": ctx.capacity.gpu_family}
+        if submitted.warnings:
+            fields["warnings"] = submitted.warnings
+        ctx.ledger.mark_submitted(req.run_id, fields, submitted, expect=expect)
     except ClientError as exc:  # only a lost condition stays a ClientError: the run is no longer `expect`
         _withdraw(ctx, req.run_id, job_ids)
         raise Superseded(req.run_id) from exc

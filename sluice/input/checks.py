@@ -172,11 +172,26 @@ def _kind_problem(manifest: Manifest, i: int, s3: S3Client | None) -> str | None
     )
 
 
+def _unnamed_model_problems(manifest: Manifest, settings: Settings) -> list[str]:
+    """A deployed run embeds with the model it names: no silent stand-in (local mode keeps it, warned about)."""
+    if settings.local_mode:
+        return []
+    stand_in = "builtin:reference-text" if manifest.input.kind == "text" else "builtin:reference-cnn"
+    return [
+        f"{field}: no model given, and a deployed run does not embed with the builtin stand-in (untrained "
+        "weights): export a real model (sluice model export hf:NAME --out s3://BUCKET/models/NAME.pt, "
+        f"docs/models.md) and set {field} to its s3:// URI (or the stack's SLUICE_DEFAULT_MODEL_URI, for key "
+        f"lists); to test the pipeline, name the stand-in ({field}: {stand_in})"
+        for field in manifest.unnamed_models
+    ]
+
+
 def check_manifest(manifest: Manifest, settings: Settings, *, control: str | None, s3: S3Client | None = None) -> None:
     """Reject what the manifest dooms to fail: every reason at once. `s3`: None skips the S3 checks."""
     reasons = [
         r
         for r in (
+            *_unnamed_model_problems(manifest, settings),
             _queue_problem(manifest, settings),
             _output_problem(manifest, settings, control),
             *(

@@ -82,7 +82,7 @@ def parse_manifest(src: ManifestSource, settings: Settings) -> Manifest:
     """Parse the uploaded object into a Manifest; a plain key list gets default settings."""
     lower = src.key.lower()
     if lower.endswith(KEYLIST_SUFFIXES):
-        return _implied(src, key_list=src.uri, bucket=settings.default_input_bucket)
+        return _implied(src, settings, key_list=src.uri, bucket=settings.default_input_bucket)
     if len(src.body) > settings.max_manifest_bytes:
         raise Rejection(
             f"{src.name}: manifest is {len(src.body)} bytes, over the {settings.max_manifest_bytes}-byte "
@@ -96,19 +96,29 @@ def parse_manifest(src: ManifestSource, settings: Settings) -> Manifest:
     doc = strictjson.loads(src.body, src.name)
     if isinstance(doc, dict) and "sourceBucket" in doc and "files" in doc:
         # An S3 Inventory manifest.json dropped as is: run over its listing.
-        return _implied(src, inventory=src.uri)
+        return _implied(src, settings, inventory=src.uri)
     if not isinstance(doc, dict):
         raise Rejection(f"{src.name}: a manifest is a JSON object, not {type(doc).__name__}")
     try:
-        return Manifest.model_validate(doc)
+        return Manifest.model_validate(_default_model(doc, settings))
     except ValidationError as exc:
         raise Rejection(_pydantic_reasons(exc)) from exc
 
 
-def _implied(src: ManifestSource, **spec: Any) -> Manifest:
+def _default_model(doc: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """A manifest that names no model gets the stack's SLUICE_DEFAULT_MODEL_URI (when set), as if written."""
+    uri = settings.default_model_uri
+    model = doc.get("model")
+    if uri is None or (model is not None and not (isinstance(model, dict) and "uri" not in model)):
+        return doc
+    return {**doc, "model": {**(model or {}), "uri": uri}}
+
+
+def _implied(src: ManifestSource, settings: Settings, **spec: Any) -> Manifest:
     """The manifest an upload that is not one implies (a key list, an inventory's manifest.json)."""
+    model = {"model": {"uri": settings.default_model_uri}} if settings.default_model_uri else {}
     try:
-        return Manifest(version=1, input=InputSpec(**spec))
+        return Manifest.model_validate({"version": 1, "input": InputSpec(**spec), **model})
     except ValidationError as exc:  # the object's own name (a control character), SLUICE_DEFAULT_INPUT_BUCKET
         raise Rejection([f"{src.name}: {r}" for r in _pydantic_reasons(exc)]) from exc
 

@@ -431,7 +431,7 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
             return 130
     summary = summarize(c, svc.tap, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
     summary.update(_more_summary(args, svc, uploaded, run_dir), interrupted=interrupted.is_set())
-    summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s"}) for s in sweep.stalled()]
+    summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s", "cause"}) for s in sweep.stalled()]
     save(run_dir, summary)
     report(summary, args.json)
     if interrupted.is_set():

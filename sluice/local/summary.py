@@ -16,6 +16,9 @@ from sluice.paths import COMMITS_DIR, RunPaths, is_commit_marker
 
 SUMMARY_FILE = "summary.json"  # the summary, in the run's folder too (a closed terminal pipe loses stdout)
 
+# How a stalled attempt was found (StalledAttempt.cause).
+_STILL = {"no_beat": "without a first progress beat", "no_progress": "without progress", None: "without progress"}
+
 
 @dataclass(frozen=True)
 class Ended:
@@ -186,7 +189,10 @@ def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("shards", s["shards"]),
         ("retry passes", s["retry_passes"]),
         *(
-            ("stalled", f"shard {st['shard']} attempt {st['attempt']}: ended after {st['after_s']} s without progress")
+            (
+                "stalled",
+                f"shard {st['shard']} attempt {st['attempt']}: ended after {st['after_s']} s {_STILL[st.get('cause')]}",
+            )
             for st in s.get("stalled") or []
         ),
         ("wall time", f"{s['wall_s']} s"),

@@ -37,6 +37,19 @@ class LocalBatch:
         terminate(self._executor.jobs, jobId, reason, self._executor._emit)  # the events Batch would send
         return {}
 
+    def describe_jobs(self, *, jobs: list[str]) -> dict[str, Any]:
+        """The emulator's descriptions, with the status the executor's tasks have (moto's is SUCCEEDED at once)."""
+        tasks = {t.job_id: t for j in self._executor.jobs.values() for t in j.tasks}
+        described = {d["jobId"]: d for d in self._batch.describe_jobs(jobs=jobs).get("jobs", [])}
+        out = []
+        for job_id in jobs:
+            d = dict(described.get(job_id) or ({"jobId": job_id} if job_id in tasks else {}))
+            if job_id in tasks:
+                d["status"] = tasks[job_id].status.value
+            if d:
+                out.append(d)
+        return {"jobs": out}
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._batch, name)
 

@@ -21,10 +21,10 @@ from sluice.input.manifest import ManifestSource, parse_manifest, read_manifest_
 from sluice.input.sources import KEYLIST_SUFFIXES, KeyBatch, Problems, iter_keylist
 from sluice.models import InputSpec, Manifest
 from sluice.ops.plan_report import facts_for
-from sluice.plan.layout import layout
+from sluice.plan.layout import layout, run_times
 from sluice.plan.scan import scan
 from sluice.preflight import Capacity, preflight
-from sluice.preflight.checks import Check, Preflight, derived_timeout_s
+from sluice.preflight.checks import Check, Preflight
 from sluice.preflight.locality import InputSize, add_locality
 from sluice.settings import Settings
 
@@ -48,7 +48,8 @@ def _local(
     if lower.endswith(KEYLIST_SUFFIXES):
         kind = next(s for s in KEYLIST_SUFFIXES if lower.endswith(s))
         keys = iter_keylist(_file_chunks(path), path, kind, settings.default_input_bucket, problems)
-        return Manifest(version=1, input=InputSpec(key_list=LOCAL_KEYLIST)), keys
+        model = {"model": {"uri": settings.default_model_uri}} if settings.default_model_uri else {}
+        return Manifest.model_validate({"version": 1, "input": InputSpec(key_list=LOCAL_KEYLIST), **model}), keys
     size = os.path.getsize(path)
     if size > settings.max_manifest_bytes:  # before reading it, as the Lambda does
         raise Rejection(
@@ -175,11 +176,10 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
     source, settings = req.source, req.settings
     n = scanned["unique_keys"]
     lay = layout(n, manifest, settings.max_array_size)
-    cap = replace(Capacity.from_settings(settings), models=len(manifest.models), decode=manifest.job.decode)
+    cap = Capacity.build(settings).for_manifest(manifest)  # as the manifest function builds it (Context)
     if req.decode_per_core_s:
         cap = replace(cap, decode_per_core_s=req.decode_per_core_s)
-    gpus = max(1, manifest.job.gpus_per_node)
-    timeout = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, cap.rate)
+    timeout, stall_after_s = run_times(manifest, lay.keys_per_shard, cap)
     pf = preflight(facts_for(manifest, n, settings, timeout), cap)
     if manifest.input.prefix and n > LISTING_ADVICE_KEYS:
         pf.checks.append(
@@ -207,6 +207,7 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
         "models": [m.model_dump() | {"name": m.output_name} for m in manifest.models],
         "timeout_s": timeout,
         "timeout_derived": manifest.job.timeout_s is None,
+        "stall_after_s": stall_after_s,
         "images_per_gpu_s": cap.rate,
         "images_per_gpu_s_source": cap.rate_source,
         "decode": manifest.job.decode,

@@ -26,7 +26,11 @@ SHOWN = (
     "reasons",
     "lineage",
     "skipped",
+    "warnings",
+    "gpu_family",
 )
+
+_STILL = {"no_beat": "no first progress beat", "no_progress": "no progress"}  # StalledAttempt.cause
 
 
 def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
@@ -77,6 +81,8 @@ def render(s: dict[str, Any], out: TextIO) -> None:
             out.write(f"reason    {r}\n")
     if s.get("reason"):
         out.write(f"reason    {s['reason']}\n")
+    for w in s.get("warnings", []):  # Run Submitted's: a builtin stand-in model, the preflight's
+        out.write(f"warning   {w}\n")
     if s.get("prepare"):
         p = s["prepare"]
         out.write(
@@ -93,14 +99,15 @@ def render(s: dict[str, Any], out: TextIO) -> None:
     for st in s.get("stalled", []):
         redo = f", resumed by job {st['redo_job_id']}" if st.get("redo_job_id") else ", no attempt left"
         out.write(
-            f"stalled   shard {st['shard']} attempt {st['attempt']}: no progress for {st['after_s']:.0f} s{redo}\n"
+            f"stalled   shard {st['shard']} attempt {st['attempt']}: {_STILL[st.get('cause', 'no_progress')]} "
+            f"for {st['after_s']:.0f} s{redo}\n"
         )
     for w in s.get("waiting", []):
         out.write(f"waiting   {w['jobs']} job(s) RUNNABLE for {w['waiting_s']:.0f} s: {w['reason']}\n")
     if s.get("gpu_hours"):
         from sluice.preflight.spent import describe
 
-        out.write(f"gpu time  {describe(s['gpu_hours'])}\n")
+        out.write(f"gpu time  {describe(s['gpu_hours'], s.get('gpu_family'))}\n")
     if s.get("output_prefix"):
         out.write(f"output    {s['output_prefix']}\n")
     if s.get("index"):

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
 from sluice.paths import RunPaths
-from sluice.preflight.checks import derived_stall_after_s, derived_timeout_s
+from sluice.preflight.checks import derived_load_grace_s, derived_stall_after_s, derived_timeout_s
 from sluice.preflight.facts import Capacity
 
 
@@ -55,7 +55,7 @@ class PlanInputs:
     total_keys: int  # unique keys in the run's shards
     duplicates: int  # keys left out as duplicates of others
     lay: Layout
-    images_per_gpu_s: float | None = None  # sizes a derived job timeout; None: the estimate table's (Capacity)
+    capacity: Capacity  # the stack's (Capacity.build): decode placement, derived timeout and stall time
     model_ids: Sequence[str] | None = None  # each model's artifact identity (sluice.modelid.resolve); None: static
     lineage: Sequence[str] = ()  # an incremental run's earlier runs, newest first (RunPlan.lineage)
     skipped: Mapping[str, int] | None = None  # an incremental run's keys left out, by reason (RunPlan.skipped)
@@ -70,15 +70,21 @@ def index_target(i: PlanInputs) -> IndexTarget | None:
     return spec.target(i.control_bucket, index_name(i.manifest.name, i.manifest_uri))
 
 
+def run_times(manifest: Manifest, keys_per_shard: int, cap: Capacity) -> tuple[int, int]:
+    """(job timeout, stall time) in seconds: the manifest's, else derived at `cap`'s rate for this manifest."""
+    cap = cap.for_manifest(manifest)
+    gpus = max(1, manifest.job.gpus_per_node)
+    timeout_s = manifest.job.timeout_s or derived_timeout_s(keys_per_shard, gpus, cap.rate)
+    batch = pass_batch(manifest.models)  # the batch the workers run (RunPlan.effective_batch)
+    return timeout_s, manifest.job.stall_after_s or derived_stall_after_s(batch, cap.rate, timeout_s)
+
+
 def build_plan(i: PlanInputs) -> RunPlan:
     """The plan.json a worker reads (PlanInputs documents each field)."""
     manifest, lay = i.manifest, i.lay
     root = RunPaths.in_bucket(i.control_bucket, i.run_id)
-    gpus = max(1, manifest.job.gpus_per_node)
-    rate = (i.images_per_gpu_s or Capacity().rate) / len(manifest.models)  # each image goes through every model
-    timeout_s = manifest.job.timeout_s or derived_timeout_s(lay.keys_per_shard, gpus, rate)
-    batch = pass_batch(manifest.models)  # the batch the workers run (RunPlan.effective_batch)
-    stall_after_s = manifest.job.stall_after_s or derived_stall_after_s(batch, rate, timeout_s)
+    timeout_s, stall_after_s = run_times(manifest, lay.keys_per_shard, i.capacity)
+    load_grace_s = manifest.job.load_grace_s or derived_load_grace_s(len(manifest.models), timeout_s)
     return RunPlan(
         run_id=i.run_id,
         manifest_uri=i.manifest_uri,
@@ -102,11 +108,12 @@ def build_plan(i: PlanInputs) -> RunPlan:
         attempts=manifest.job.attempts,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,
+        load_grace_s=load_grace_s,
         max_failed_fraction=manifest.max_failed_fraction,
         retry_failed=manifest.retry_failed,
         jobs=lay.jobs,
         index=index_target(i),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         decode=manifest.job.decode,
-        decode_binds=Capacity(images_per_gpu_s=i.images_per_gpu_s, models=len(manifest.models)).decode_binds,
+        decode_binds=i.capacity.for_manifest(manifest).decode_binds,
     )

@@ -18,6 +18,8 @@ TIMEOUT_SLACK_S = 900  # ... plus start-up (image pull, model load)
 TIMEOUT_FLOOR_S = 6 * 3600  # and never below Batch's usual 6 h
 STALL_LOAD_S = 600  # a rank's progress may not move while its models download and load ...
 STALL_BATCHES = 10  # ... nor for a few batch times after (a slow batch is not a stall)
+LOAD_GRACE_BASE_S = 30  # before a rank's first beat: container start, imports, plan read ...
+LOAD_GRACE_PER_MODEL_S = 300  # ... and each model's download and load
 # What a child pays before its first image: placement, container start, model load. An assumption
 # for a warm compute environment (not measured here: no GPU); a cold image pull adds minutes.
 CHILD_STARTUP_S = 60
@@ -80,6 +82,11 @@ def derived_stall_after_s(batch_size: int, rate: float, timeout_s: int) -> int:
     """
     est = STALL_LOAD_S + STALL_BATCHES * batch_size / max(rate, 1e-9)
     return int(max(60, min(timeout_s // 4, math.ceil(est / 60) * 60)))
+
+
+def derived_load_grace_s(models: int, timeout_s: int) -> int:
+    """How long an attempt may go without its first beat (and load its models): bounded, at most timeout/4."""
+    return int(max(60, min(timeout_s // 4, LOAD_GRACE_BASE_S + LOAD_GRACE_PER_MODEL_S * max(1, models))))
 
 
 @dataclass
@@ -351,7 +358,7 @@ def decode_check(cap: Capacity) -> Check:
     if cap.decode == "auto":
         advice = f"job.decode auto: workers with CUDA decode on the GPU (nvJPEG), as CPU decode would bind: {feeds}"
         return Check("decode", round(model), round(cpu), "ok", advice, unit)
-    size = more_cpu_per_gpu(cap.gpu_family, model / cap.decode_per_core_s)
+    size = more_cpu_per_gpu(cap.gpu_family, model / cap.decode_per_core_s, cap.table)
     bigger = f", or a size with more vCPUs per GPU ({size})" if size else ""
     advice = (
         f"CPU decode binds: {feeds}, so the GPU idles {1 - cpu / model:.0%} of the time and the estimates "

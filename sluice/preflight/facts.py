@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from sluice.models import RunPlan
+from sluice.models import Manifest, RunPlan
 from sluice.preflight.estimate import DEFAULT_FAMILY, IMAGES_PER_GPU_S, family_of
-from sluice.preflight.instances import DECODE_PER_CORE_S, instance
+from sluice.preflight.instances import DECODE_PER_CORE_S, INSTANCES, Instance, instances
 from sluice.settings import Settings
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """The deployed stack's capacity (template.yaml parameters, passed to the functions as SLUICE_*)."""
+    """The deployed stack's capacity (template.yaml parameters, passed to the functions as SLUICE_*).
+
+    Built once per invocation (`build`: the settings and the instance table) and passed to
+    everything that decides from it: the route, the plan (decode placement, timeout, stall
+    time), the preflight and the cost, so `sluice plan`, the plan.json and the worker agree.
+    """
 
     max_vcpus: int = 256  # MaxVcpus: each GPU compute environment
     mnp_max_vcpus: int = 64  # MnpMaxVcpus
@@ -25,10 +31,13 @@ class Capacity:
     instance_type: str | None = None  # a size (g6e.xlarge): its vCPUs per GPU feed the decode check
     decode: str = "auto"  # job.decode: cpu decode binds the estimates when the CPUs cannot keep up
     decode_per_core_s: float = DECODE_PER_CORE_S  # images/s one core decodes (gpu_worker.autotune measures)
+    # The sizes' vCPUs and GPUs (sluice.preflight.instances): the table build() was given.
+    table: Mapping[str, Instance] = field(default_factory=lambda: INSTANCES, compare=False, repr=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Capacity:
-        first = settings.gpu_instance_types.split(",")[0].strip()
+    def build(cls, settings: Settings, table: Mapping[str, Instance] | None = None) -> Capacity:
+        """The stack's capacity: its settings, on the instance table (SLUICE_INSTANCES_FILE read once)."""
+        first = settings.gpu_instance_types.split(",")[0].strip().lower()
         return cls(
             max_vcpus=settings.max_vcpus,
             mnp_max_vcpus=settings.mnp_max_vcpus,
@@ -36,11 +45,21 @@ class Capacity:
             gpu_family=family_of(first),
             images_per_gpu_s=settings.images_per_gpu_s,
             instance_type=first if "." in first else None,
+            table=instances() if table is None else table,
         )
 
-    @classmethod
-    def from_env(cls) -> Capacity:
-        return cls.from_settings(Settings.from_env())
+    def for_manifest(self, manifest: Manifest) -> Capacity:
+        """For a run of this manifest: every model costs each image GPU time; job.decode says who decodes."""
+        return replace(self, models=len(manifest.models), decode=manifest.job.decode)
+
+    def for_plan(self, plan: RunPlan) -> Capacity:
+        """For a planned run, as for_manifest."""
+        return replace(self, models=len(plan.models), decode=plan.decode)
+
+    @property
+    def size(self) -> Instance | None:
+        """The instance size's vCPUs and GPUs (None: a family, or a size the table does not know)."""
+        return self.table.get(self.instance_type) if self.instance_type else None
 
     @property
     def model_rate(self) -> float:
@@ -51,8 +70,7 @@ class Capacity:
     @property
     def cpu_per_gpu(self) -> float:
         """vCPUs feeding each GPU: the instance size's, else a worker container's (one GPU each)."""
-        size = instance(self.instance_type) if self.instance_type else None
-        return size.vcpus_per_gpu if size else float(self.worker_vcpus)
+        return self.size.vcpus_per_gpu if self.size else float(self.worker_vcpus)
 
     @property
     def cpu_decode_rate(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,8 +75,9 @@ def instance(name: str) -> Instance | None:
     return instances().get(name.strip().lower())
 
 
-def more_cpu_per_gpu(family: str, need_per_gpu: float) -> str | None:
+def more_cpu_per_gpu(family: str, need_per_gpu: float, table: Mapping[str, Instance] | None = None) -> str | None:
     """The smallest size of `family` with at least `need_per_gpu` vCPUs per GPU (None: none has)."""
-    fits = [(i.vcpus, name) for name, i in instances().items() if name.startswith(family + ".")]
-    fits = [(v, name) for v, name in sorted(fits) if instances()[name].vcpus_per_gpu >= need_per_gpu]
+    table = instances() if table is None else table
+    fits = [(i.vcpus, name) for name, i in table.items() if name.startswith(family + ".")]
+    fits = [(v, name) for v, name in sorted(fits) if table[name].vcpus_per_gpu >= need_per_gpu]
     return fits[0][1] if fits else None

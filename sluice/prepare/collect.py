@@ -33,6 +33,7 @@ class Collected:
     skipped: dict[str, int] = field(default_factory=dict)
     pieces: list[int] = field(default_factory=list)
     versions: dict[str, int] = field(default_factory=dict)
+    buckets: list[str] = field(default_factory=list)  # the buckets the keys name (RunPlan.input_buckets)
 
     def summary(self, spec: PrepareSpec) -> dict[str, Any]:
         """The prepare stage in a run's summary (`sluice local run --json`, `sluice prepare --json`)."""
@@ -133,6 +134,7 @@ def collect(spec: PrepareSpec, store: PrepareStore) -> Collected:
         ),
         pieces=[len(r.shard_keys) for r in reduces] if any(r.staged for r in reduces) else [],
         versions=_version_counts(maps),
+        buckets=sorted({b for m in maps for b in m.buckets})[:100],
     )
     if unique == 0:
         return _reject(totals, _zero_keys(spec))

@@ -192,6 +192,7 @@ def run_map(spec: PrepareSpec, worker: int, store: PrepareStore, *, spill_dir: s
         seconds=round(time.monotonic() - t0, 3),
         peak_rss_mb=peak_rss_mb(),
         versions=None if sink.versions is None else sink.versions.counts,
+        buckets=sorted(sink.buckets),
     )
     store.put(paths.map_result(worker), result.model_dump_json().encode(), content_type="application/json")
     return result

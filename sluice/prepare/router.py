@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.prepare.mapparts import Parts, TaskProblems, Version
 
 if TYPE_CHECKING:
     from sluice.prepare.versions_map import VersionRouter
+
+
+MAX_BUCKETS = 100  # buckets a map worker reports (MapResult.buckets): enough for the Region check
 
 
 @dataclass
@@ -25,6 +28,7 @@ class KeyRouter:
     suffixes: tuple[str, ...] | None
     keys_in: int = 0
     versions: VersionRouter | None = None
+    buckets: set[str] = field(default_factory=set)  # the buckets its keys name (the submit's cross-Region check)
 
     def not_allowed(self, bucket: str, key: str, where: str = "") -> bool:
         """True (and a problem noted) when allowed buckets are set and `bucket` is not one."""
@@ -48,6 +52,8 @@ class KeyRouter:
             keys = [keys[i] for i in keep]
             versions = None if versions is None else [versions[i] for i in keep]
         self.keys_in += len(keys)
+        if keys and len(self.buckets) < MAX_BUCKETS:
+            self.buckets.add(bucket)
         pairs = [(bucket, k) for k in keys]
         self.parts.add(pairs)
         if self.versions is not None:
@@ -58,6 +64,8 @@ class KeyRouter:
         if self.suffixes:
             pairs = [p for p in pairs if p[1].lower().endswith(self.suffixes)]
         self.keys_in += len(pairs)
+        if len(self.buckets) < MAX_BUCKETS:
+            self.buckets.update(b for b, _ in pairs[:MAX_BUCKETS])  # a key list names few buckets
         self.parts.add(pairs)
         if self.versions is not None:
             self.versions.current(pairs, None)

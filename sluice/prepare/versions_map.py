@@ -193,7 +193,8 @@ def map_earlier(task: EarlierOutput, store: PrepareStore, sink: VersionRouter, p
                         sink.counts.earlier_unversioned += 1
                     else:
                         rows += sink.earlier(task.rank, *cols)
-                _map_failures(task, shard, store, sink)
+                if task.failures:
+                    _map_failures(task, shard, store, sink)
             except AwsFatalError as exc:
                 problems.add(_earlier_problem(task, shard_dir, exc))
                 return rows

@@ -89,3 +89,47 @@ def test_a_stopped_worker_is_ended_and_its_shard_resumed(tmp_path: Path) -> None
     assert _state(stopped) in (None, "Z")
     pids = [int(p) for p in pid_file.read_text().split()]
     assert [p for p in pids if _state(p) == "T"] == []
+
+
+def _stop_a_starting_worker(pid_file: Path, proc: subprocess.Popen[str]) -> tuple[int, str, float]:
+    """SIGSTOP the first worker process as soon as it exists: before its plan read, model load and first beat."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        pids = [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
+        for pid in pids:
+            index = _array_index(pid)
+            if index is not None and _state(pid) not in (None, "Z"):
+                os.kill(pid, signal.SIGSTOP)
+                return pid, index, time.monotonic()
+        time.sleep(0.02)
+    raise AssertionError("no worker started in time")
+
+
+def test_a_worker_stopped_before_its_first_beat_is_ended_after_the_load_grace(tmp_path: Path) -> None:
+    out, pid_file, manifest = tmp_path / "out", tmp_path / "pids", tmp_path / "m.json"
+    manifest.write_text(json.dumps({"version": 1, "job": {"load_grace_s": STALL_AFTER_S}}))
+    cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "64", "--shards", "2", "--slots", "2"]
+    cmd += ["--manifest", str(manifest), "--json", "--no-prometheus", "--out", str(out), "--pid-file", str(pid_file)]
+    env = {**os.environ, "SLUICE_STALL_AFTER_S": str(STALL_AFTER_S), "SLUICE_WORKER_LOG_LEVEL": "DEBUG"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stopped, index, at = _stop_a_starting_worker(pid_file, proc)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    recovered_s = time.monotonic() - at
+    print(f"stopped pid {stopped} (shard {index}) at start; the run ended {recovered_s:.1f} s after the hang")
+    assert proc.returncode == 0, stderr[-3000:]
+    s = json.loads(stdout)
+    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 64, 0)
+    # It never beat: the stopped attempt's log (if it got that far) has no progress beat.
+    logs = list(out.glob(f"*/logs/*_{index}-attempt1.log"))
+    assert all('"progress beat"' not in p.read_text(errors="replace") for p in logs)
+    (stalled,) = s["stalled"]
+    assert (stalled["shard"], stalled["attempt"], stalled["cause"]) == (int(index), 1, "no_beat")
+    assert STALL_AFTER_S <= stalled["after_s"] < STALL_AFTER_S + 15
+    files = sorted(Path(s["output_dir"], "output").rglob("*.parquet"))
+    keys = [r["key"] for f in files for r in pq.read_table(f, columns=["key"]).to_pylist()]
+    assert len(keys) == 64 == len(set(keys))
+    assert _state(stopped) in (None, "Z")

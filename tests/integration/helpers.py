@@ -15,6 +15,7 @@ from sluice.shards import ShardReader
 from tests.conftest import load_event
 
 INPUT_BUCKET = "images-in"
+STAND_IN = "builtin:reference-cnn"  # named: a deployed run refuses a manifest without model.uri
 
 
 def put_manifest(aws: Any, stack: Any, key: str, body: bytes | str) -> dict[str, Any]:
@@ -29,6 +30,10 @@ def put_manifest(aws: Any, stack: Any, key: str, body: bytes | str) -> dict[str,
     return object_created_event(control, key, put, len(data))
 
 
+# A stack that names the model of key lists and inventory drops (which cannot name one themselves).
+DEFAULT_MODEL_ENV = {"SLUICE_DEFAULT_MODEL_URI": STAND_IN}
+
+
 def invoke_manifest_handler(
     aws: Any, stack: Any, key: str, body: bytes | str, monkeypatch: Any, extra_env: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -37,10 +42,11 @@ def invoke_manifest_handler(
 
 
 def keys_manifest(n_keys: int, job: dict[str, Any] | None = None) -> str:
-    """A manifest of n_keys keys img/00000.jpg... in INPUT_BUCKET (with `job` when given)."""
+    """A manifest of n_keys keys img/00000.jpg... in INPUT_BUCKET (with `job` when given), on the named stand-in."""
     body: dict[str, Any] = {
         "version": 1,
         "input": {"keys": [f"img/{i:05d}.jpg" for i in range(n_keys)], "bucket": INPUT_BUCKET},
+        "model": {"uri": STAND_IN},
     }
     if job is not None:
         body["job"] = job
@@ -135,6 +141,7 @@ def all_jobs(aws: Any) -> list[dict[str, Any]]:
 
 __all__ = [
     "INPUT_BUCKET",
+    "STAND_IN",
     "all_jobs",
     "bus_events",
     "deliver",

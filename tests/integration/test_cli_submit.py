@@ -22,7 +22,14 @@ def _uploaded(s3) -> list[str]:
 
 def test_submit_refuses_what_plan_rejects_unless_told_not_to_validate(tmp_path, capsys, s3):
     bad = _write(
-        tmp_path, "m.json", {"version": 1, "input": {"keys": ["s3://images/a"]}, "job": {"keys_per_shard": True}}
+        tmp_path,
+        "m.json",
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": ["s3://images/a"]},
+            "job": {"keys_per_shard": True},
+        },
     )
     assert main(["submit", bad, "--bucket", "ctl-bucket"]) == 1
     err = capsys.readouterr().err
@@ -33,7 +40,12 @@ def test_submit_refuses_what_plan_rejects_unless_told_not_to_validate(tmp_path, 
 
 
 def test_submit_checks_the_output_prefix_against_its_control_bucket(tmp_path, capsys, s3):
-    doc = {"version": 1, "input": {"keys": ["s3://images/a"]}, "output": {"prefix": "s3://elsewhere/out/"}}
+    doc = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"keys": ["s3://images/a"]},
+        "output": {"prefix": "s3://elsewhere/out/"},
+    }
     assert main(["submit", _write(tmp_path, "o.json", doc), "--bucket", "ctl-bucket"]) == 1
     assert (
         "bucket 'elsewhere' is not the control bucket or an allowed output bucket (ctl-bucket"
@@ -59,10 +71,10 @@ def test_plan_of_a_local_inventory_manifest_reads_its_data_files_from_s3(tmp_pat
         }
     )
     path = _write(tmp_path, "manifest.json", raw)
-    assert main(["plan", path, "--json"]) == 0
+    assert main(["plan", path, "--json", "--model", "builtin:reference-cnn"]) == 0
     assert json.loads(capsys.readouterr().out)["unique_keys"] == 2
     (tmp_path / "manifest.checksum").write_text("0" * 32)
     assert main(["plan", path]) == 1
     assert f"{path}: its MD5 does not match" in capsys.readouterr().err
     (tmp_path / "manifest.checksum").write_text(hashlib.md5(raw.encode()).hexdigest())
-    assert main(["plan", path]) == 0
+    assert main(["plan", path, "--model", "builtin:reference-cnn"]) == 0

@@ -13,7 +13,6 @@ marks and the outcome must equal those of one sequential delivery in Batch's ord
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from sluice.control.ledger import Ledger
 from sluice.control.records import ShardRecords
 from sluice.errors import RetriableError
 from sluice.settings import Settings
+from tests.integration.concurrent_support import Contended
 from tests.integration.helpers import bus_events
 from tests.integration.test_completion_order import Scenario, _setup
 from tests.properties import examples
@@ -37,7 +37,6 @@ from tests.threads import deliver_concurrently
 EXAMPLES = examples(3)
 THREADS = 4
 LAMBDA_TRIES = 10  # a handler error is retried by Lambda (2 retries) and EventBridge (8): the event is redelivered
-WRITES = frozenset({"put_item", "update_item", "delete_item"})
 SHAPES = {
     "array": Scenario("array", ["ok", "spot_then_ok", "ok", "ok", "spot_then_ok", "ok", "ok"]),
     "array-failed": Scenario("array", ["ok", "spot_then_ok", "ok", "over_threshold", "spot_then_ok", "ok", "ok"]),
@@ -45,78 +44,6 @@ SHAPES = {
     "mnp-failed": Scenario("multinode", ["ok", "ok", "crash"], mnp_host_loss=True),
 }
 _REFERENCE: dict[str, dict[str, Any]] = {}  # shape -> what Batch's own order gives (computed once)
-
-
-class Contended:
-    """moto's DynamoDB, atomic per request, with TransactionConflict under contention as DynamoDB raises it.
-
-    A transaction that arrives while another one touching one of its items is in flight is
-    cancelled (CancellationReasons: TransactionConflict on that item, None on the others), and a
-    PutItem / UpdateItem / DeleteItem on such an item fails with TransactionConflictException.
-    Each transaction holds its items for `hold_s`, so concurrent handlers do contend.
-    """
-
-    def __init__(self, client: Any, hold_s: float = 0.002) -> None:
-        self._client, self._lock, self._hold = client, threading.Lock(), hold_s
-        self._held: dict[tuple[str, str], int] = {}
-        self._meta = threading.Lock()
-        self.conflicts = 0
-
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self._client, name)
-        if not callable(fn):
-            return fn
-        if name == "transact_write_items":
-            return self._transact
-
-        def call(*a: Any, **kw: Any) -> Any:
-            if name in WRITES and _key(kw) in self._held:  # a write to an item a transaction holds
-                self.conflicts += 1
-                raise ClientError(
-                    {"Error": {"Code": "TransactionConflictException", "Message": "Transaction is ongoing"}}, name
-                )
-            with self._lock:
-                return fn(*a, **kw)
-
-        return call
-
-    def _transact(self, **kw: Any) -> Any:
-        keys = [_key(next(iter(op.values()))) for op in kw["TransactItems"]]
-        with self._meta:
-            busy = [k in self._held for k in keys]
-            if any(busy):
-                self.conflicts += 1
-                reasons = [{"Code": "TransactionConflict" if b else "None"} for b in busy]
-                raise _conflict(reasons)
-            for k in keys:
-                self._held[k] = self._held.get(k, 0) + 1
-        try:
-            time.sleep(self._hold)  # in flight: others touching these items now conflict
-            with self._lock:
-                return self._client.transact_write_items(**kw)
-        finally:
-            with self._meta:
-                for k in keys:
-                    self._held[k] -= 1
-                    if not self._held[k]:
-                        del self._held[k]
-
-
-def _key(op: dict[str, Any]) -> tuple[str, str]:
-    """The item a write names (its Key, or its Item's key attributes)."""
-    raw = op.get("Key") or op["Item"]
-    return raw["pk"]["S"], raw["sk"]["S"]
-
-
-def _conflict(reasons: list[dict[str, str]]) -> ClientError:
-    codes = ", ".join(r["Code"] for r in reasons)
-    return ClientError(
-        {
-            "Error": {"Code": "TransactionCanceledException", "Message": f"Transaction cancelled [{codes}]"},
-            "CancellationReasons": reasons,
-        },
-        "TransactWriteItems",
-    )
 
 
 def _ledger_view(aws: Any, stack: Any, run_id: str) -> dict[str, Any]:

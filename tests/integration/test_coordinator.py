@@ -13,6 +13,7 @@ import pytest
 from sluice.control.ledger import Ledger
 from sluice.models import RunPlan
 from tests.integration.helpers import (
+    DEFAULT_MODEL_ENV,
     INPUT_BUCKET,
     all_jobs,
     bus_events,
@@ -38,7 +39,12 @@ def _keys(n: int, dup_every: int = 0) -> list[str]:
 
 def test_array_run_shards_exactly_the_unique_keys(aws, stack, images, monkeypatch):
     keys = _keys(95, dup_every=10)  # 95 unique + 10 duplicates
-    manifest = {"version": 1, "input": {"keys": keys, "bucket": images}, "job": {"keys_per_shard": 20}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"keys": keys, "bucket": images},
+        "job": {"keys_per_shard": 20},
+    }
     out = invoke_manifest_handler(aws, stack, "manifests/cats.json", json.dumps(manifest), monkeypatch)
 
     assert out["status"] == "submitted", out
@@ -80,7 +86,12 @@ def test_array_run_shards_exactly_the_unique_keys(aws, stack, images, monkeypatc
 
 def test_multinode_run_has_one_shard_per_node_and_no_spot(aws, stack, images, monkeypatch):
     keys = _keys(31)
-    manifest = {"version": 1, "input": {"keys": keys, "bucket": images}, "job": {"mode": "multinode", "nodes": 3}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"keys": keys, "bucket": images},
+        "job": {"mode": "multinode", "nodes": 3},
+    }
     out = invoke_manifest_handler(aws, stack, "manifests/mnp.json", json.dumps(manifest), monkeypatch)
     assert out["status"] == "submitted", out
     shards = shard_pairs(aws, stack, out["run_id"])
@@ -99,7 +110,9 @@ def test_multinode_run_has_one_shard_per_node_and_no_spot(aws, stack, images, mo
 
 def test_duplicate_delivery_three_times_submits_one_run(aws, stack, images, monkeypatch):
     control = stack.names["ControlBucket"]
-    body = json.dumps({"version": 1, "input": {"keys": _keys(10), "bucket": images}})
+    body = json.dumps(
+        {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": _keys(10), "bucket": images}}
+    )
     put = aws.s3.put_object(Bucket=control, Key="manifests/dup.json", Body=body)
     event = object_created_event(control, "manifests/dup.json", put, len(body))
     results = [deliver(stack, event, monkeypatch) for _ in range(3)]
@@ -110,7 +123,9 @@ def test_duplicate_delivery_three_times_submits_one_run(aws, stack, images, monk
 
 
 def test_a_new_upload_of_the_same_key_is_a_new_run(aws, stack, images, monkeypatch):
-    body = json.dumps({"version": 1, "input": {"keys": _keys(4), "bucket": images}})
+    body = json.dumps(
+        {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": _keys(4), "bucket": images}}
+    )
     a = invoke_manifest_handler(aws, stack, "manifests/again.json", body, monkeypatch)
     b = invoke_manifest_handler(aws, stack, "manifests/again.json", body, monkeypatch)
     assert a["status"] == b["status"] == "submitted" and a["run_id"] != b["run_id"]
@@ -122,7 +137,9 @@ def test_a_single_shard_is_a_plain_job_naming_its_shard(aws, stack, images, monk
         aws,
         stack,
         "manifests/one.json",
-        json.dumps({"version": 1, "input": {"keys": ["a.jpg"], "bucket": images}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["a.jpg"], "bucket": images}}
+        ),
         monkeypatch,
     )
     (job,) = all_jobs(aws)
@@ -132,7 +149,12 @@ def test_a_single_shard_is_a_plain_job_naming_its_shard(aws, stack, images, monk
 
 
 def test_more_shards_than_one_array_allows_become_several_array_jobs(aws, stack, images, monkeypatch):
-    manifest = {"version": 1, "input": {"keys": _keys(25), "bucket": images}, "job": {"keys_per_shard": 2}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"keys": _keys(25), "bucket": images},
+        "job": {"keys_per_shard": 2},
+    }
     out = invoke_manifest_handler(
         aws, stack, "manifests/big.json", json.dumps(manifest), monkeypatch, extra_env={"SLUICE_MAX_ARRAY_SIZE": "5"}
     )
@@ -145,7 +167,9 @@ def test_more_shards_than_one_array_allows_become_several_array_jobs(aws, stack,
 
 def test_plain_key_list_uploads_are_runs(aws, stack, images, monkeypatch):
     lines = [f"s3://{images}/{k}" for k in _keys(30)] + [f"s3://{images}/assets/2024/07/01/img-00000.jpg"]
-    out = invoke_manifest_handler(aws, stack, "manifests/list.txt", "\n".join(lines) + "\n", monkeypatch)
+    out = invoke_manifest_handler(
+        aws, stack, "manifests/list.txt", "\n".join(lines) + "\n", monkeypatch, DEFAULT_MODEL_ENV
+    )
     assert out["status"] == "submitted" and out["total_keys"] == 30 and out["duplicates"] == 1
 
 
@@ -165,7 +189,11 @@ def test_key_list_object_formats(aws, stack, images, monkeypatch, fmt):
     else:
         body = "\n".join(json.dumps(k if i % 2 else {"key": k, "bucket": images}) for i, k in enumerate(keys))
     aws.s3.put_object(Bucket=images, Key=f"lists/keys.{fmt}", Body=body.encode())
-    manifest = {"version": 1, "input": {"key_list": f"s3://{images}/lists/keys.{fmt}", "bucket": images}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"key_list": f"s3://{images}/lists/keys.{fmt}", "bucket": images},
+    }
     out = invoke_manifest_handler(aws, stack, f"manifests/{fmt}.json", json.dumps(manifest), monkeypatch)
     assert out["status"] == "submitted", out
     flat = [p for s in shard_pairs(aws, stack, out["run_id"]) for p in s]
@@ -179,6 +207,7 @@ def test_prefix_listing_is_paginated_and_skips_folder_markers(aws, stack, images
     aws.s3.put_object(Bucket=images, Key="photos/readme.txt", Body=b"x")
     manifest = {
         "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
         "input": {"prefix": f"s3://{images}/photos/", "suffixes": [".jpg"]},
         "job": {"keys_per_shard": 500},
     }
@@ -202,7 +231,11 @@ def test_s3_inventory_csv_report(aws, stack, images, monkeypatch):
     raw = json.dumps(inv).encode()
     aws.s3.put_object(Bucket=images, Key="inv/manifest.json", Body=raw)
     aws.s3.put_object(Bucket=images, Key="inv/manifest.checksum", Body=hashlib.md5(raw).hexdigest().encode())
-    manifest = {"version": 1, "input": {"inventory": f"s3://{images}/inv/manifest.json"}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"inventory": f"s3://{images}/inv/manifest.json"},
+    }
     out = invoke_manifest_handler(aws, stack, "manifests/inv.json", json.dumps(manifest), monkeypatch)
     assert out["status"] == "submitted", out
     flat = [k for s in shard_pairs(aws, stack, out["run_id"]) for _, k in s]
@@ -219,7 +252,9 @@ def test_shards_are_tagged_for_the_scratch_lifecycle_rule(aws, stack, images, mo
         aws,
         stack,
         "manifests/tag.json",
-        json.dumps({"version": 1, "input": {"keys": ["a.jpg"], "bucket": images}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["a.jpg"], "bucket": images}}
+        ),
         monkeypatch,
     )
     control = stack.names["ControlBucket"]

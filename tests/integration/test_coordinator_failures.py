@@ -15,7 +15,13 @@ from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, delive
 
 
 def _upload(aws, stack, key: str) -> dict:
-    body = json.dumps({"version": 1, "input": {"keys": ["a.jpg", "b.jpg"], "bucket": INPUT_BUCKET}})
+    body = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": ["a.jpg", "b.jpg"], "bucket": INPUT_BUCKET},
+        }
+    )
     return put_manifest(aws, stack, key, body)
 
 

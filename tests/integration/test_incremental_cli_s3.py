@@ -31,7 +31,15 @@ def test_plan_shows_the_lineage_of_an_incremental_manifest(s3, tmp_path, capsys,
     _plan(s3, "first", [])
     _plan(s3, "second", ["first"])
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"version": 1, "input": {"keys": ["s3://images/a.jpg"], "since_run": "second"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"keys": ["s3://images/a.jpg"], "since_run": "second"},
+            }
+        )
+    )
     monkeypatch.setenv("SLUICE_CONTROL_BUCKET", CTL)
     assert main(["plan", str(path), "--json"]) == 0
     inc = json.loads(capsys.readouterr().out)["incremental"]
@@ -39,7 +47,15 @@ def test_plan_shows_the_lineage_of_an_incremental_manifest(s3, tmp_path, capsys,
     assert "prepare stage decides" in inc["note"]
     assert main(["plan", str(path)]) == 0
     assert "since run       second  (lineage second, first)" in capsys.readouterr().out
-    path.write_text(json.dumps({"version": 1, "input": {"keys": ["s3://images/a.jpg"], "since_run": "nope"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"keys": ["s3://images/a.jpg"], "since_run": "nope"},
+            }
+        )
+    )
     assert main(["plan", str(path)]) == 1
     assert "input.since_run: run 'nope' has no plan" in capsys.readouterr().err
 

@@ -36,8 +36,8 @@ from tests.integration.incremental_support import (
 )
 
 CNN = ModelSpec(uri="builtin:reference-cnn")
-RESNET = ModelSpec(uri="builtin:resnet50")
-CNN_ID, RESNET_ID = "builtin:reference-cnn@1", "builtin:resnet50@1"
+RESNET = ModelSpec(uri="builtin:reference-cnn-large")
+CNN_ID, RESNET_ID = "builtin:reference-cnn@1", "builtin:reference-cnn-large@1"
 
 
 def _images(aws, names: list[str], version: str = "v1") -> dict[str, str]:
@@ -76,7 +76,7 @@ def _prepare_and_submit(aws, stack, monkeypatch, out: dict) -> tuple[RunPlan, Pr
 
 
 def _manifest(input_: dict, **rest) -> str:
-    return json.dumps({"version": 1, "input": input_, **rest})
+    return json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": input_, **rest})
 
 
 def test_a_prefix_since_run_skips_the_unchanged_keys_and_submits_the_rest(aws, stack, monkeypatch):
@@ -153,7 +153,7 @@ def test_a_key_list_since_run_heads_each_key_and_needs_every_model_in_a_lineage_
     record_run(aws, stack, b)
     keys = [*names, "pics/missing.jpg"]
     aws.s3.put_object(Bucket=INPUT_BUCKET, Key="lists/keys.txt", Body="\n".join(_uri(k) for k in keys).encode())
-    models = [{"uri": "builtin:reference-cnn"}, {"uri": "builtin:resnet50"}]
+    models = [{"uri": "builtin:reference-cnn"}, {"uri": "builtin:reference-cnn-large"}]
     body = _manifest({"key_list": f"s3://{INPUT_BUCKET}/lists/keys.txt", "since_run": "inc-b"}, model=models)
     out = invoke_manifest_handler(aws, stack, "manifests/inc2.json", body, monkeypatch)
     plan, spec = _prepare_and_submit(aws, stack, monkeypatch, out)

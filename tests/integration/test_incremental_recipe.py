@@ -34,7 +34,7 @@ from tests.integration.incremental_support import earlier_plan, md5, run_prepare
 IMAGES = "imgs"
 MODELS = [
     (ModelSpec(uri="builtin:reference-cnn"), "builtin:reference-cnn@1"),
-    (ModelSpec(uri="builtin:resnet50"), "builtin:resnet50@1"),
+    (ModelSpec(uri="builtin:reference-cnn-large"), "builtin:reference-cnn-large@1"),
 ]
 IDS = [mid for _, mid in MODELS]
 
@@ -128,7 +128,7 @@ def test_the_recipe_reads_a_run_and_its_lineage_as_one_complete_duplicate_free_s
             continue
         assert r["etag"] == current[name], f"{name}: the embedding of its current version"
         assert r["run"] == ("run-b" if name in b_keys else "run-a")
-    assert {r["model"] for r in got} == {"reference-cnn", "resnet50"}
+    assert {r["model"] for r in got} == {"reference-cnn", "reference-cnn-large"}
 
     # `sluice output sql RUN --local DIR` on a local copy (committed chunks only, plans next to them).
     Path(leftover, "part-0003-000000000.parquet").unlink()

@@ -58,7 +58,10 @@ def test_vector_file_gives_one_list_per_query_and_key_finds_itself(tmp_path, bui
         (["{idx}", "--key", "s3://b/not-there.jpg"], "holds no such key"),
         (["{idx}", "--vector-file", "{bad_npy}"], "not a .npy array"),
         (["{idx}", "--vector-file", "{wide_npy}"], "the index holds 24-d vectors"),
-        (["{idx}", "--image", "{img}", "--artifact", "builtin:resnet50"], "is model_id builtin:resnet50@1"),
+        (
+            ["{idx}", "--image", "{img}", "--artifact", "builtin:reference-cnn-large"],
+            "is model_id builtin:reference-cnn-large@1",
+        ),
         (["{idx}", "--text", "a cat"], "has no text tower"),
     ],
     ids=["missing", "foreign", "unknown-key", "not-npy", "wrong-dim", "other-model", "no-text-tower"],

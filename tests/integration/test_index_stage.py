@@ -321,7 +321,11 @@ def test_an_incremental_run_updates_its_lineages_index_unless_it_names_its_own(a
     aws.s3.put_object(Bucket=INPUT_BUCKET, Key="x/1.jpg", Body=b"1")
 
     def plan_of(name: str, **output: Any) -> RunPlan:
-        body = {"version": 1, "input": {"keys": ["x/1.jpg"], "bucket": INPUT_BUCKET, "since_run": "full-a"}}
+        body = {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": ["x/1.jpg"], "bucket": INPUT_BUCKET, "since_run": "full-a"},
+        }
         out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps({**body, **output}), monkeypatch)
         assert out["status"] == "preparing", out
         row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])

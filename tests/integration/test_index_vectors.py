@@ -110,7 +110,11 @@ def test_a_refused_call_names_the_bucket_index_and_the_grant(tmp_path, vectors_c
 
 
 def test_the_manifest_names_the_target_and_its_shards():
-    body = {"version": 1, "input": {"keys": ["a.jpg"], "bucket": "in-bucket"}}
+    body = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"keys": ["a.jpg"], "bucket": "in-bucket"},
+    }
     on = Manifest.model_validate({**body, "output": {"index": {"s3_vectors": {"bucket": "my-vectors", "shards": 4}}}})
     target = on.output.index.target("ctl-bucket", "cats")
     assert target is not None and target.s3_vectors == VectorsTarget(bucket="my-vectors", shards=4)

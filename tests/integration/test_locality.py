@@ -25,7 +25,14 @@ def _bucket(aws, name: str, region: str) -> None:
 
 
 def _manifest(keys: list[str]) -> str:
-    return json.dumps({"version": 1, "input": {"keys": keys}, "job": {"keys_per_shard": 100}})
+    return json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": keys},
+            "job": {"keys_per_shard": 100},
+        }
+    )
 
 
 def test_the_manifest_function_warns_about_a_bucket_in_another_region(aws, stack, monkeypatch):
@@ -48,7 +55,11 @@ def test_sluice_plan_prices_the_transfer_into_the_estimate(aws, tmp_path, capsys
     for i in range(5):
         aws.s3.put_object(Bucket="archive-tokyo", Key=f"img/{i}.jpg", Body=b"x")
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"version": 1, "input": {"prefix": "s3://archive-tokyo/img/"}}))
+    path.write_text(
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": "s3://archive-tokyo/img/"}}
+        )
+    )
     assert main(["plan", str(path), "--json", "--input-gb", "500"]) == 0
     s = json.loads(capsys.readouterr().out)
     (check,) = [c for c in s["checks"] if c["name"] == "data locality"]
@@ -65,7 +76,11 @@ def test_a_bucket_in_the_stacks_region_is_not_warned_about(aws, tmp_path, capsys
     _bucket(aws, "local-pics", "us-east-1")
     aws.s3.put_object(Bucket="local-pics", Key="img/0.jpg", Body=b"x")
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"version": 1, "input": {"prefix": "s3://local-pics/img/"}}))
+    path.write_text(
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": "s3://local-pics/img/"}}
+        )
+    )
     assert main(["plan", str(path), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert not [c for c in s["checks"] if c["name"] == "data locality"] and "transfer_usd" not in s["cost"]

@@ -159,6 +159,7 @@ def check(s3: Any, spec: PrepareSpec, got: Collected, expected: list[Pair]) -> l
     assert len(flat) == len(set(flat)) == got.unique_keys  # every unique key exactly once
     assert set(flat) == set(expected)
     assert (got.keys_in, got.duplicates) == (len(expected), len(expected) - len(set(expected)))
+    assert got.buckets == sorted({b for b, _ in expected})  # the plan's input_buckets (the Region check)
     assert [len(s) for s in shards] == got.shard_keys
     for r in range(spec.partitions):
         res = ReduceResult.model_validate_json(store.get(RunPaths(spec.root).reduce_result(r)))

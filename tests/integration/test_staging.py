@@ -41,7 +41,14 @@ def _keylist(aws, lines: list[str]) -> str:
 
 def _start(aws, stack, monkeypatch, lines: list[str], name: str = "big") -> tuple[dict, PrepareSpec]:
     uri = _keylist(aws, lines)
-    body = json.dumps({"version": 1, "input": {"key_list": uri, "bucket": INPUT_BUCKET}, "job": {"keys_per_shard": 40}})
+    body = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"key_list": uri, "bucket": INPUT_BUCKET},
+            "job": {"keys_per_shard": 40},
+        }
+    )
     out = invoke_manifest_handler(
         aws, stack, f"manifests/{name}.json", body, monkeypatch, {"SLUICE_PREPARE_WORKERS": str(WORKERS)}
     )
@@ -215,14 +222,18 @@ def _atomic_dynamodb(real_client):
 @pytest.mark.parametrize("lines", [[f"k/{i}.jpg" for i in range(50)]])
 def test_a_small_input_keeps_the_lambda_path(aws, stack, monkeypatch, lines):
     uri = _keylist(aws, lines)
-    body = json.dumps({"version": 1, "input": {"key_list": uri, "bucket": INPUT_BUCKET}})
+    body = json.dumps(
+        {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"key_list": uri, "bucket": INPUT_BUCKET}}
+    )
     out = invoke_manifest_handler(aws, stack, "manifests/small.json", body, monkeypatch)
     assert out["status"] == "submitted" and out["total_keys"] == 50
 
 
 def test_a_key_list_over_the_lambda_byte_limit_goes_to_prepare_not_to_a_rejection(aws, stack, monkeypatch):
     uri = _keylist(aws, [f"k/{i}.jpg" for i in range(40)])
-    body = json.dumps({"version": 1, "input": {"key_list": uri, "bucket": INPUT_BUCKET}})
+    body = json.dumps(
+        {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"key_list": uri, "bucket": INPUT_BUCKET}}
+    )
     out = invoke_manifest_handler(
         aws, stack, "manifests/long.json", body, monkeypatch, {"SLUICE_MAX_KEYLIST_BYTES": "100"}
     )
@@ -284,7 +295,9 @@ def test_a_key_list_underestimated_by_its_sample_is_rerouted_to_prepare_by_the_l
     long = [f"long/{i:04d}/" + "x" * 990 + ".jpg" for i in range(70)]  # the 64 KiB sample: ~1,000 bytes a line
     lines = long + [f"s/{i}.jpg" for i in range(5_000)]  # then short lines: ~110 keys estimated, 5,070 there
     uri = _keylist(aws, lines)
-    body = json.dumps({"version": 1, "input": {"key_list": uri, "bucket": INPUT_BUCKET}})
+    body = json.dumps(
+        {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"key_list": uri, "bucket": INPUT_BUCKET}}
+    )
     env = {"SLUICE_PREPARE_OVER_KEYS": "500"}  # the Lambda's scan stops at 4 x 500 keys
     out = invoke_manifest_handler(aws, stack, "manifests/skewed.json", body, monkeypatch, env)
     assert out["status"] == "preparing", out
@@ -296,3 +309,23 @@ def test_a_key_list_underestimated_by_its_sample_is_rerouted_to_prepare_by_the_l
 def run_objects_under(aws, stack, run_id: str, sub: str) -> list[str]:
     resp = aws.s3.list_objects_v2(Bucket=stack.names["ControlBucket"], Prefix=f"runs/{run_id}/{sub}")
     return [o["Key"] for o in resp.get("Contents", [])]
+
+
+def test_a_prepared_run_warns_about_input_in_another_region_at_submit(aws, stack, monkeypatch):
+    # A key list's keys name their buckets only inside the file: the prepare workers report them, the plan
+    # carries them (input_buckets), and the submit step's preflight asks their Region.
+    from sluice.preflight import locality
+
+    monkeypatch.setattr(locality, "_REGIONS", {})
+    aws.s3.create_bucket(Bucket="photos-far", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    out, spec = _start(aws, stack, monkeypatch, [f"s3://photos-far/img/{i:04d}.jpg" for i in range(300)], "far")
+    _run_workers(aws, spec)
+    for ev in _all_prepare_events(stack, out, spec):
+        deliver_job_event(stack, ev, monkeypatch)
+    plan = RunPlan.model_validate_json(
+        read_uri(aws.s3, RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
+    )
+    assert plan.input_buckets == ["photos-far"]
+    (ev,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Run Submitted"]
+    far = [w for w in ev["detail"]["warnings"] if w.startswith("preflight: data locality")]
+    assert len(far) == 1 and "input bucket photos-far is in eu-west-1" in far[0], ev["detail"]["warnings"]

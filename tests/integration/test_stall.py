@@ -171,3 +171,48 @@ def test_a_stalled_mnp_node_ends_the_mnp_job_and_resubmits_it_whole(aws, stack, 
     )
     (stalled,) = stalled_attempts(aws.dynamodb, stack.names["RunsTable"], run_id)
     assert stalled.redo_job_id == entry.id
+
+
+def test_an_attempt_that_never_beat_is_ended_after_the_plans_load_grace(aws, stack, monkeypatch):
+    # Hung before its first beat (plan read, model download, a stuck GET): no beat to age, the ledger says RUNNING.
+    import json
+
+    out = submit_run(aws, stack, monkeypatch, n_keys=20, keys_per_shard=10, name="no-beat")
+    run_id, job_id = out["run_id"], out["job_ids"][0]
+    queue = stack.names["GpuJobQueue"]
+    for i in range(2):
+        deliver_job_event(
+            stack,
+            job_event("batch-array-child-running", run_id=run_id, job_id=job_id, queue=queue, child=i),
+            monkeypatch,
+        )
+    ctx = _ctx(stack, monkeypatch)
+    row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
+    bucket, key = str(row.plan_uri).removeprefix("s3://").split("/", 1)
+    grace = json.loads(aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read())["load_grace_s"]
+    assert 60 <= grace <= 30 + 300  # derived: 30 s + 300 s for its one model, at most a quarter of the timeout
+    started = ctx.records.shard(run_id, 0).updated_at
+    _beat(aws, stack, run_id, f"{job_id}:1", 1, still_s=-grace)  # child 1 beat (and keeps moving): never ended
+    # Batch's view: moto ends jobs at once; on AWS child 0 is RUNNING (a SUCCEEDED one whose event was
+    # lost is settled from Batch instead: tests/integration/test_reconcile.py).
+    from moto.batch.models import batch_backends
+    from moto.core import DEFAULT_ACCOUNT_ID
+
+    batch_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_job_by_id(f"{job_id}:0").status = "RUNNING"
+
+    assert sweep_stalls(ctx, row, now=started + grace - 5) == []  # within the grace: nothing
+    n_jobs = len(all_jobs(aws))
+    (rec,) = reconcile(ctx, run_id, now=started + grace + 10)
+    assert [a for a in rec.actions if a.startswith("stalled")] == [
+        f"stalled: shard 0 attempt 1 after {grace + 10} s, ended"
+    ]
+    (stalled,) = stalled_attempts(aws.dynamodb, stack.names["RunsTable"], run_id)
+    assert (stalled.shard, stalled.attempt, stalled.cause) == (0, 1, "no_beat") and stalled.redo_job_id
+    child = aws.batch.describe_jobs(jobs=[f"{job_id}:0"])["jobs"][0]
+    assert "no progress beat since it started" in child["statusReason"]
+    assert len(all_jobs(aws)) == n_jobs + 1  # shard 0 re-submitted, once
+    text = io.StringIO()
+    render(run_status(ctx.ledger, run_id), text)
+    assert f"stalled   shard 0 attempt 1: no first progress beat for {grace + 10} s, resumed by job" in text.getvalue()
+    row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
+    assert sweep_stalls(ctx, row, now=started + grace + 60) == [] and len(all_jobs(aws)) == n_jobs + 1

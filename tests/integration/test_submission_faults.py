@@ -33,7 +33,14 @@ FAULT_POINTS = [
 
 def _upload(aws, stack):
     keys = [f"img/{i:03d}.jpg" for i in range(30)]
-    body = json.dumps({"version": 1, "input": {"keys": keys, "bucket": INPUT_BUCKET}, "job": {"keys_per_shard": 10}})
+    body = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": keys, "bucket": INPUT_BUCKET},
+            "job": {"keys_per_shard": 10},
+        }
+    )
     return put_manifest(aws, stack, "manifests/faulty.json", body)
 
 

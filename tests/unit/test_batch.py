@@ -5,6 +5,7 @@ from __future__ import annotations
 from sluice.control.batch import job_request
 from sluice.models import JobLayout, Manifest
 from sluice.plan.layout import Layout, PlanInputs, build_plan
+from sluice.preflight import Capacity
 from sluice.settings import Settings
 
 
@@ -20,6 +21,7 @@ def _plan(mode: str = "array", jobs: list[JobLayout] | None = None):
             total_keys=100,
             duplicates=0,
             lay=Layout(4, 25, jobs),
+            capacity=Capacity(),
         )
     )
 

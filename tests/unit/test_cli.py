@@ -37,10 +37,20 @@ def test_cat_of_a_corrupt_file_is_a_clear_error(tmp_path, capsys):
 def test_plan_json_reports_duplicates_and_layout(tmp_path, capsys):
     src = tmp_path / "list.txt"
     src.write_text("".join(f"s3://images/k{i % 90}.jpg\n" for i in range(100)))
-    assert main(["plan", str(src), "--json"]) == 0
+    assert main(["plan", str(src), "--json", "--model", "builtin:reference-cnn"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["unique_keys"] == 90 and out["duplicates_removed"] == 10 and out["shards"] == 1
     assert out["jobs"] == [{"kind": "single", "shard_offset": 0, "shard_count": 1}]
+
+
+def test_a_key_list_names_no_model_so_the_plan_refuses_it_unless_the_stack_names_one(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "list.txt"
+    src.write_text("s3://images/a.jpg\n")
+    assert main(["plan", str(src)]) == 1
+    assert "model.uri: no model given" in capsys.readouterr().err
+    monkeypatch.setenv("SLUICE_DEFAULT_MODEL_URI", "s3://models/minilm.pt")
+    assert main(["plan", str(src), "--json", "--assume-keys", "10"]) == 0
+    assert json.loads(capsys.readouterr().out)["checks"]
 
 
 def test_plan_of_a_json_manifest_with_inline_keys(tmp_path, capsys):
@@ -50,12 +60,12 @@ def test_plan_of_a_json_manifest_with_inline_keys(tmp_path, capsys):
         "job": {"mode": "multinode", "nodes": 4},
     }
     (tmp_path / "m.json").write_text(json.dumps(m))
-    assert main(["plan", str(tmp_path / "m.json")]) == 0
+    assert main(["plan", str(tmp_path / "m.json"), "--model", "builtin:reference-cnn"]) == 0
     out = capsys.readouterr().out
     assert "multinode  (On-Demand: MNP cannot use Spot)" in out and "4 x <= 7 keys" in out
 
 
 def test_plan_of_a_bad_manifest_lists_reasons(tmp_path, capsys):
     (tmp_path / "m.json").write_text(json.dumps({"version": 1, "input": {"keys": ["a"]}, "extra": 1}))
-    assert main(["plan", str(tmp_path / "m.json")]) == 1
+    assert main(["plan", str(tmp_path / "m.json"), "--model", "builtin:reference-cnn"]) == 1
     assert "extra: unknown field" in capsys.readouterr().err

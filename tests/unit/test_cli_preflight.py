@@ -9,7 +9,12 @@ from sluice.cli import main
 
 def _manifest(tmp_path, job: dict, name: str = "m.json") -> str:
     path = tmp_path / name
-    doc = {"version": 1, "input": {"keys": ["s3://images/a.jpg", "s3://images/b.jpg"]}, "job": job}
+    doc = {
+        "version": 1,
+        "input": {"keys": ["s3://images/a.jpg", "s3://images/b.jpg"]},
+        "job": job,
+        "model": {"uri": "builtin:reference-cnn"},
+    }
     path.write_text(json.dumps(doc))
     return str(path)
 

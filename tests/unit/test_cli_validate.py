@@ -29,12 +29,12 @@ def test_plan_says_version_1_is_a_number(tmp_path, capsys):
 
 def test_plan_bare_key_reason_names_the_bucket_flag(tmp_path, capsys):
     path = _write(tmp_path, "keys.txt", "a.jpg\n")
-    assert main(["plan", path]) == 1
+    assert main(["plan", path, "--model", "builtin:reference-cnn"]) == 1
     assert "bare key 'a.jpg' but no bucket: write s3://bucket/key, or pass --bucket BUCKET" in capsys.readouterr().err
-    assert main(["plan", path, "--bucket", "images", "--json"]) == 0
+    assert main(["plan", path, "--bucket", "images", "--model", "builtin:reference-cnn", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["buckets"] == ["images"]
     doc = _write(tmp_path, "m.json", {"version": 1, "input": {"keys": ["a.jpg"]}})  # --bucket serves JSON too
-    assert main(["plan", doc, "--bucket", "images", "--json"]) == 0
+    assert main(["plan", doc, "--bucket", "images", "--model", "builtin:reference-cnn", "--json"]) == 0
 
 
 def test_plan_runs_the_lambdas_checks(tmp_path, capsys, monkeypatch):
@@ -51,7 +51,7 @@ def test_plan_runs_the_lambdas_checks(tmp_path, capsys, monkeypatch):
 def test_plan_of_a_local_key_list_names_its_line(tmp_path, capsys):
     path = tmp_path / "keys.txt"
     path.write_bytes(b"\xef\xbb\xbfs3://images/a.jpg\ns3://images/b\x00.jpg\n")
-    assert main(["plan", str(path)]) == 1
+    assert main(["plan", str(path), "--model", "builtin:reference-cnn"]) == 1
     assert "keys.txt line 2: not a key" in capsys.readouterr().err
 
 

@@ -28,10 +28,22 @@ WORDS += ["section", "results", "quarter", ",", "!", "."]
 def tiny_bert(tmp_path_factory) -> Path:
     """A sentence-transformers-like folder: a 2-layer BERT config, its WordPiece tokenizer, CLS pooling."""
     import transformers
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
 
     root = tmp_path_factory.mktemp("tiny-bert")
-    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    transformers.BertTokenizerFast(vocab_file=str(root / "vocab.txt")).save_pretrained(str(root))
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))  # a BERT tokenizer.json, as a hub folder holds one
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    special = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"}
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, mask_token="[MASK]", **special).save_pretrained(
+        str(root)
+    )
     cfg = transformers.BertConfig(
         vocab_size=5 + len(WORDS),
         hidden_size=32,
@@ -99,3 +111,31 @@ def test_a_window_over_the_context_or_an_image_model_is_refused(tiny_bert, artif
     torch.jit.save(torch.jit.script(torch.nn.Linear(3, 4)), image, _extra_files={"sluice.json": '{"image_size": 32}'})
     with pytest.raises(ConfigError, match="embeds image, not text"):
         _embedder(image)
+
+
+def test_the_models_own_files_set_the_window_and_its_tokenizers_padding_changes_nothing(tiny_bert, tmp_path):
+    # all-MiniLM-L6-v2's tokenizer.json pads and cuts every text to 128; its sentence_bert_config.json says 256.
+    import json
+    import shutil
+
+    root = tmp_path / "padded"
+    shutil.copytree(tiny_bert, root)
+    tok = json.loads((root / "tokenizer.json").read_text())
+    tok["padding"] = {"strategy": {"Fixed": 12}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                      "pad_type_id": 0, "pad_token": "[PAD]"}  # fmt: skip
+    tok["truncation"] = {"max_length": 12, "strategy": "LongestFirst", "stride": 0, "direction": "Right"}
+    (root / "tokenizer.json").write_text(json.dumps(tok))
+    (root / "sentence_bert_config.json").write_text('{"max_seq_length": 24, "do_lower_case": true}')
+    out = str(tmp_path / "m.pt")
+    spec = export(f"hf:{root}", out, pretrained=False).spec
+    assert spec["context_length"] == 24 and spec["lower_case"] is True  # the model's window, not the config's 32
+    assert spec["lengths"] == [16, 24]  # padded to the batch's longest: 16 tokens, or the whole window
+    embedder = _embedder(out)
+    assert embedder.window.chunk_tokens == 22
+    long_text = " ".join(["the cat at night"] * 10)  # 40 tokens: more than the tokenizer's own 12
+    parts = embedder.split(long_text.upper().encode())  # lower-cased first, as do_lower_case says
+    assert len(parts[0].payload.ids) == 22 and 1 not in parts[0].payload.ids  # no [UNK]: the words were found
+    short = embedder.split(b"a cat")[0].payload
+    both = embedder.embed([short, parts[0].payload])  # one batch of unlike lengths
+    alone = embedder.embed([short])  # padded to 16, not 24
+    assert np.abs(both[0] - alone[0]).max() < 1e-5

@@ -173,11 +173,11 @@ def test_mixed_dimensions_or_models_are_refused_naming_both(tmp_path):
         or lance.dataset(str(tmp_path / "idx" / "reference-cnn.lance")).count_rows() == 0
     )  # nothing committed
 
-    c = _loose(tmp_path, "c", 50, DIM, ModelSpec(uri="builtin:resnet50", name="reference-cnn"), 3)
+    c = _loose(tmp_path, "c", 50, DIM, ModelSpec(uri="builtin:reference-cnn-large", name="reference-cnn"), 3)
     build(a, str(tmp_path / "idx2"))
     with pytest.raises(IndexBuildError) as exc:
         build(c, str(tmp_path / "idx2"))  # same name, another artifact: not into this table
-    assert "builtin:resnet50@1" in str(exc.value) and "builtin:reference-cnn@1" in str(exc.value)
+    assert "builtin:reference-cnn-large@1" in str(exc.value) and "builtin:reference-cnn@1" in str(exc.value)
 
 
 def test_an_empty_run_writes_no_index(tmp_path):
@@ -201,7 +201,7 @@ def test_a_corrupt_parquet_file_is_named_and_the_table_left_as_it_was(tmp_path):
 
 
 def test_several_models_get_a_table_each_and_model_picks_one(tmp_path):
-    specs = [ModelSpec(name="small"), ModelSpec(uri="builtin:resnet50", name="big")]
+    specs = [ModelSpec(name="small"), ModelSpec(uri="builtin:reference-cnn-large", name="big")]
     keys = uris(400)
     per = {"small": clustered(400, DIM, 1), "big": clustered(400, 48, 2)}
     write_run(str(tmp_path / "runs"), "r1", keys, per["small"], models=specs, per_model=per)

@@ -74,7 +74,7 @@ def test_a_model_of_another_kind_is_rejected_naming_both():
     with pytest.raises(
         ValidationError, match=r"model\[1\]: builtin:reference-text embeds text, but input.kind is 'image'"
     ):
-        _manifest({}, model=[{"uri": "builtin:resnet50"}, {"uri": "builtin:reference-text"}])
+        _manifest({}, model=[{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-text"}])
 
 
 def test_kind_options_belong_to_their_kind():

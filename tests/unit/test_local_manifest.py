@@ -43,8 +43,8 @@ def test_every_flag_is_applied_on_top_of_a_manifest(tmp_path):
     assert m["model"] == {"uri": "builtin:reference-cnn", "image_size": 96}
     assert m["input"] == {"prefix": "s3://sluice-local-images/images/photos-1/"}  # no input: the uploaded images
     assert m["job"] == {"keys_per_shard": 4}  # 11 images in 3 shards
-    m = _build(tmp_path, MANIFEST, "--model", "clip=builtin:resnet50", "--mode", "multinode", "--nodes", "3")
-    assert m["model"] == {"uri": "builtin:resnet50", "batch_size": 32, "image_size": 128, "name": "clip"}
+    m = _build(tmp_path, MANIFEST, "--model", "clip=builtin:reference-cnn-large", "--mode", "multinode", "--nodes", "3")
+    assert m["model"] == {"uri": "builtin:reference-cnn-large", "batch_size": 32, "image_size": 128, "name": "clip"}
     assert m["job"] == {"mode": "multinode", "nodes": 3}
 
 
@@ -82,7 +82,7 @@ def test_contradicting_flags_are_refused_before_anything_starts():
         (("--nodes", "2"), "--nodes is for multi-node parallel jobs"),
         (("--mode", "multinode", "--shards", "2"), "--shards is for array jobs"),
         (("--since-run", "r"), "--since-run r: give --endpoint-url URL"),
-        (("--model", "builtin:resnet50", "--model", "builtin:resnet50"), "is given twice"),
+        (("--model", "builtin:reference-cnn-large", "--model", "builtin:reference-cnn-large"), "is given twice"),
     ):
         with pytest.raises(SystemExit, match=message):
             check_flags(_args(*argv))
@@ -90,7 +90,7 @@ def test_contradicting_flags_are_refused_before_anything_starts():
 
 def test_model_names(tmp_path):
     assert parse_model("clip=s3://b/m.pt") == ("clip", "s3://b/m.pt")
-    assert parse_model("builtin:resnet50") == (None, "builtin:resnet50")
+    assert parse_model("builtin:reference-cnn-large") == (None, "builtin:reference-cnn-large")
     odd = tmp_path / "a=b.pt"
     odd.write_bytes(b"x")
     assert parse_model(str(odd)) == (None, str(odd))  # an existing file is a path, '=' and all

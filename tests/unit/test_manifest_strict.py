@@ -29,6 +29,9 @@ def _reasons(body: bytes | str, key: str = "manifests/m.json") -> list[str]:
     return exc.value.reasons
 
 
+STAND_IN = "builtin:reference-cnn"  # named: a deployed run refuses a manifest without model.uri
+
+
 def _m(**kw: object) -> str:
     return json.dumps({"version": 1, "input": {"keys": ["a"], "bucket": "images"}, **kw})
 
@@ -77,7 +80,10 @@ def test_strict_json_strips_a_bom():
         (_m(input={"inventory": "/tmp/manifest.json"}), "input.inventory: '/tmp/manifest.json' is not an s3:// URI"),
         (_m(model={"uri": "http://x/m.pt"}), "model.uri: 'http://x/m.pt': workers read models from s3://"),
         (_m(model={"uri": "hf://org/model"}), "workers read models from s3:// or builtin:NAME only"),
-        (_m(model={"uri": "builtin:resnet"}), "unknown builtin model 'resnet'; builtins: reference-cnn, resnet50"),
+        (
+            _m(model={"uri": "builtin:resnet"}),
+            "unknown builtin model 'resnet'; builtins: reference-cnn, reference-cnn-large",
+        ),
         (_m(model={"uri": "s3://b/"}), "model.uri"),
         (_m(output={"prefix": "runs/out/"}), "output.prefix: 'runs/out/' is not an s3:// URI"),
         (_m(output={"prefix": "s3://" + "b" * 70 + "/x/"}), "3 to 63 characters"),
@@ -258,7 +264,7 @@ def _settings(**kw: object) -> Settings:
     ],
 )
 def test_job_queue_must_be_one_of_sluices(job, ok):
-    m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": job})
+    m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "model": {"uri": STAND_IN}, "job": job})
     if ok:
         check_manifest(m, _settings(), control="ctl")
     else:
@@ -268,7 +274,7 @@ def test_job_queue_must_be_one_of_sluices(job, ok):
 
 def test_output_bucket_and_local_model_rules():
     def m(**kw: object) -> Manifest:
-        return Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, **kw})
+        return Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "model": {"uri": STAND_IN}, **kw})
 
     check_manifest(m(output={"prefix": "s3://ctl/x/"}), _settings(), control="ctl")
     check_manifest(m(output={"prefix": "s3://out-b/x/"}), _settings(allowed_output_buckets=("out-b",)), control="ctl")

@@ -31,7 +31,7 @@ def _reasons(model) -> list[str]:
 @pytest.mark.parametrize(
     ("uri", "name"),
     [
-        ("builtin:resnet50", "resnet50"),
+        ("builtin:reference-cnn-large", "reference-cnn-large"),
         ("s3://models-bucket/m/clip-b32.pt", "clip-b32"),
         ("s3://models-bucket/m/vit.b.16.pt2", "vit.b.16"),
         ("s3://models-bucket/m/weird name!.pt", "weird-name-"),
@@ -43,21 +43,27 @@ def test_output_names_are_derived_from_the_uri(uri, name):
 
 
 def test_one_model_or_a_list():
-    assert [m.output_name for m in _manifest({"uri": "builtin:resnet50"}).models] == ["resnet50"]
-    two = _manifest([{"uri": "builtin:resnet50"}, {"uri": "builtin:reference-cnn", "name": "ref"}])
-    assert [m.output_name for m in two.models] == ["resnet50", "ref"]
+    assert [m.output_name for m in _manifest({"uri": "builtin:reference-cnn-large"}).models] == ["reference-cnn-large"]
+    two = _manifest([{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-cnn", "name": "ref"}])
+    assert [m.output_name for m in two.models] == ["reference-cnn-large", "ref"]
 
 
 @pytest.mark.parametrize(
     ("model", "reason"),
     [
-        ([{"uri": "builtin:resnet50"}, {"uri": "builtin:resnet50"}], "two models are named 'resnet50'"),
+        (
+            [{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-cnn-large"}],
+            "two models are named 'reference-cnn-large'",
+        ),
         ([{"uri": "builtin:nope"}], "model[0].uri: unknown builtin model 'nope'"),
         ({"uri": "builtin:nope"}, "model.uri: unknown builtin model 'nope'"),
         ([], "model: List should have at least 1 item"),
-        ([{"uri": "builtin:resnet50", "name": f"m{i}"} for i in range(5)], "model: List should have at most 4 items"),
-        ([{"uri": "builtin:resnet50", "name": "a/b"}], "model[0].name: String should match pattern"),
-        ("builtin:resnet50", "model: Input should be a valid dictionary or instance of ModelSpec"),
+        (
+            [{"uri": "builtin:reference-cnn-large", "name": f"m{i}"} for i in range(5)],
+            "model: List should have at most 4 items",
+        ),
+        ([{"uri": "builtin:reference-cnn-large", "name": "a/b"}], "model[0].name: String should match pattern"),
+        ("builtin:reference-cnn-large", "model: Input should be a valid dictionary or instance of ModelSpec"),
     ],
 )
 def test_bad_model_lists_say_which_entry_and_what_to_do(model, reason):
@@ -66,18 +72,23 @@ def test_bad_model_lists_say_which_entry_and_what_to_do(model, reason):
 
 
 def test_the_plan_holds_each_model_with_its_identity():
-    manifest = _manifest([{"uri": "builtin:resnet50"}, {"uri": "s3://models-bucket/m/clip.pt", "name": "clip"}])
+    manifest = _manifest(
+        [{"uri": "builtin:reference-cnn-large"}, {"uri": "s3://models-bucket/m/clip.pt", "name": "clip"}]
+    )
     lay = layout(10, manifest, 10_000)
-    ids = [modelid.static_id("builtin:resnet50"), "s3etag:abc@v1"]
+    ids = [modelid.static_id("builtin:reference-cnn-large"), "s3etag:abc@v1"]
     plan = build_plan(PlanInputs(
         run_id="r", manifest=manifest, manifest_uri="s3://c/m.json", control_bucket="ctl",
-        total_keys=10, duplicates=0, lay=lay, model_ids=ids,
+        total_keys=10, duplicates=0, lay=lay, capacity=Capacity(), model_ids=ids,
     ))  # fmt: skip
-    assert [(m.name, m.model_id) for m in plan.models] == [("resnet50", "builtin:resnet50@1"), ("clip", ids[1])]
+    assert [(m.name, m.model_id) for m in plan.models] == [
+        ("reference-cnn-large", "builtin:reference-cnn-large@1"),
+        ("clip", ids[1]),
+    ]
     assert plan.multi_model and plan.output_dir(3, 1) == "s3://ctl/runs/r/output/model_name=clip/shard=3/"
     single = build_plan(PlanInputs(
-        run_id="r", manifest=_manifest({"uri": "builtin:resnet50"}), manifest_uri="s3://c/m.json",
-        control_bucket="ctl", total_keys=10, duplicates=0, lay=lay,
+        run_id="r", manifest=_manifest({"uri": "builtin:reference-cnn-large"}), manifest_uri="s3://c/m.json",
+        control_bucket="ctl", total_keys=10, duplicates=0, lay=lay, capacity=Capacity(),
     ))  # fmt: skip
     assert single.output_dir(3) == "s3://ctl/runs/r/output/shard=3/"  # one model: the layout it always had
 
@@ -86,16 +97,23 @@ def test_a_plan_written_before_model_lists_still_reads():
     plan = RunPlan.standalone("r", "s3://ctl/runs/r/", n_shards=1, total_keys=1)
     old = json.loads(plan.model_dump_json())
     old.pop("models")
-    old["model"] = {"uri": "builtin:resnet50", "batch_size": 32, "image_size": 160}
+    old["model"] = {"uri": "builtin:reference-cnn-large", "batch_size": 32, "image_size": 160}
     back = RunPlan.model_validate(old)
-    assert (back.model.uri, back.model.batch_size, back.model.name) == ("builtin:resnet50", 32, "resnet50")
+    assert (back.model.uri, back.model.batch_size, back.model.name) == (
+        "builtin:reference-cnn-large",
+        32,
+        "reference-cnn-large",
+    )
 
 
 def test_two_models_cost_twice_the_gpu_time():
     settings = Settings()
-    one = facts_for(_manifest({"uri": "builtin:resnet50"}), 100_000_000, settings, 6 * 3600)
+    one = facts_for(_manifest({"uri": "builtin:reference-cnn-large"}), 100_000_000, settings, 6 * 3600)
     two = facts_for(
-        _manifest([{"uri": "builtin:resnet50"}, {"uri": "builtin:reference-cnn"}]), 100_000_000, settings, 6 * 3600
+        _manifest([{"uri": "builtin:reference-cnn-large"}, {"uri": "builtin:reference-cnn"}]),
+        100_000_000,
+        settings,
+        6 * 3600,
     )
     cap = Capacity()
     a, b = preflight(one, cap).cost, preflight(two, cap).cost
@@ -108,4 +126,4 @@ def test_model_identities(tmp_path):
     assert modelid.resolve(str(f)).startswith("sha256:") and modelid.resolve(str(f)) == modelid.file_id(str(f))
     assert modelid.object_id({"ETag": '"abc"', "VersionId": "null"}) == "s3etag:abc"
     assert modelid.object_id({"ETag": '"abc"', "VersionId": "v2"}) == "s3etag:abc@v2"
-    assert modelid.resolve("builtin:resnet50") == f"builtin:resnet50@{modelid.BUILTIN_WEIGHTS}"
+    assert modelid.resolve("builtin:reference-cnn-large") == f"builtin:reference-cnn-large@{modelid.BUILTIN_WEIGHTS}"

@@ -10,7 +10,7 @@ from sluice.cli import main
 
 def _plan(tmp_path, capsys, inp: dict, job: dict, keys: int) -> dict:
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"version": 1, "input": inp, "job": job}))
+    path.write_text(json.dumps({"version": 1, "input": inp, "job": job, "model": {"uri": "builtin:reference-cnn"}}))
     assert main(["plan", str(path), "--assume-keys", str(keys), "--json"]) == 0
     return {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
 

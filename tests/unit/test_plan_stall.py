@@ -7,13 +7,14 @@ from pydantic import ValidationError
 
 from sluice.models import JobLayout, Manifest
 from sluice.plan.layout import Layout, PlanInputs, build_plan
+from sluice.preflight import Capacity
 from sluice.preflight.checks import STALL_LOAD_S, derived_stall_after_s
 
 
 def _plan(job: dict, rate: float | None = None):
     m = Manifest.model_validate({"version": 1, "input": {"keys": ["a"]}, "job": job})
     lay = Layout(4, 25, [JobLayout(kind="array", shard_offset=0, shard_count=4)])
-    inputs = PlanInputs("r-1", m, "s3://c/manifests/m.json", "c", 100, 0, lay, images_per_gpu_s=rate)
+    inputs = PlanInputs("r-1", m, "s3://c/manifests/m.json", "c", 100, 0, lay, Capacity(images_per_gpu_s=rate))
     return build_plan(inputs)
 
 
@@ -32,3 +33,41 @@ def test_the_plan_carries_it_and_the_manifest_overrides_it():
     assert _plan({"stall_after_s": 90}).stall_after_s == 90
     with pytest.raises(ValidationError, match="stall_after_s"):
         _plan({"stall_after_s": 5})
+
+
+def test_the_load_grace_is_derived_from_the_models_bounded_and_overridable():
+    from sluice.preflight.checks import LOAD_GRACE_BASE_S, LOAD_GRACE_PER_MODEL_S, derived_load_grace_s
+
+    plan = _plan({})
+    assert plan.load_grace_s == LOAD_GRACE_BASE_S + LOAD_GRACE_PER_MODEL_S  # one model
+    assert derived_load_grace_s(2, 6 * 3600) == LOAD_GRACE_BASE_S + 2 * LOAD_GRACE_PER_MODEL_S
+    assert derived_load_grace_s(8, 3600) == 900  # never more than a quarter of the timeout
+    assert derived_load_grace_s(1, 60) == 60  # nor under a minute
+    assert _plan({"load_grace_s": 20}).load_grace_s == 20
+    with pytest.raises(ValidationError, match="load_grace_s"):
+        _plan({"load_grace_s": 5})
+
+
+def test_an_earlier_runs_failures_are_read_by_one_model_task_whatever_the_models():
+    # The failures files are the run's, not a model's: with two matching models they were read (and counted) twice.
+    from sluice.control.lineage import EarlierRun, Lineage
+
+    m = Manifest.model_validate(
+        {
+            "version": 1,
+            "input": {"keys": ["a"]},
+            "model": [
+                {"name": "a", "uri": "builtin:reference-cnn"},
+                {"name": "b", "uri": "builtin:reference-cnn", "image_size": 64},
+            ],
+        }
+    )
+    lay = Layout(6, 25, [JobLayout(kind="array", shard_offset=0, shard_count=6)])
+    plan = build_plan(
+        PlanInputs("r-0", m, "s3://c/manifests/m.json", "c", 150, 0, lay, Capacity(), model_ids=["ida", "idb"])
+    )
+    tasks = Lineage([EarlierRun("r-0", plan, 6)]).tasks(["ida", "idb"], workers=2)
+    shards = lambda want: sorted(s for t in tasks if t.failures == want for s in range(t.start, t.stop))  # noqa: E731
+    assert {t.model_id for t in tasks} == {"ida", "idb"}
+    assert shards(True) == list(range(6))  # every shard's failures file once ...
+    assert {t.model_id for t in tasks if t.failures} == {"ida"}  # ... by the first model's tasks

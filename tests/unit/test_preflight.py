@@ -111,14 +111,16 @@ def test_a_prices_file_overrides_the_table(tmp_path, monkeypatch):
     assert (pf.cost["on_demand_usd"], pf.cost["spot_usd"]) == (20.0, 5.0)
 
 
-def test_measured_gpu_hours_are_priced_on_the_deployed_family(monkeypatch):
+def test_measured_gpu_hours_are_priced_on_the_deployed_family():
     from sluice.preflight.spent import describe, spent
+    from sluice.settings import Settings
 
-    monkeypatch.setenv("SLUICE_GPU_INSTANCE_TYPES", "g5.2xlarge,g6")
-    used = spent(8 * 3600)
+    family = Capacity.build(Settings.from_values({"gpu_instance_types": "g5.2xlarge,g6"})).gpu_family
+    used = spent(8 * 3600, family)
     assert used["gpu_hours"] == 8.0 and used["cost_usd"].family == "g5" and used["cost_usd"].on_demand == 8.05
-    assert describe(8.0) == "8.00 GPU-hours (about $8.05 On-Demand, $3.22 Spot on g5)"
-    assert spent(0) == {"gpu_hours": 0.0, "cost_usd": None}
+    assert describe(8.0, family) == "8.00 GPU-hours (about $8.05 On-Demand, $3.22 Spot on g5)"
+    assert describe(8.0, None) == "8.00 GPU-hours"  # a run recorded before its family was: no price guessed
+    assert spent(0, family) == {"gpu_hours": 0.0, "cost_usd": None}
 
 
 def test_more_keys_than_sluice_max_keys_is_an_error():

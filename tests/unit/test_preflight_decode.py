@@ -22,7 +22,18 @@ def _keys(tmp_path) -> str:
 
 
 def _plan(tmp_path, capsys, *flags: str) -> dict:
-    argv = ["plan", _keys(tmp_path), "--bucket", "images", "--assume-keys", "100000000", "--json", *flags]
+    argv = [
+        "plan",
+        _keys(tmp_path),
+        "--bucket",
+        "images",
+        "--model",
+        "builtin:reference-cnn",
+        "--assume-keys",
+        "100000000",
+        "--json",
+        *flags,
+    ]
     assert main(argv) == 0
     return json.loads(capsys.readouterr().out)
 

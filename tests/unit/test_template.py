@@ -68,6 +68,7 @@ FUNCTION_ACTIONS = {
         "logs:CreateLogStream",
         "logs:PutLogEvents",
         *XRAY,
+        "s3:GetBucketLocation",  # the preflight's Region check when it submits after the prepare stage
         "sqs:SendMessage",
         "s3:GetObject",
         "s3:ListBucket",
@@ -78,7 +79,6 @@ FUNCTION_ACTIONS = {
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
         "dynamodb:Query",
-        "dynamodb:BatchGetItem",
         "dynamodb:DeleteItem",  # a replaced shard state's marks (in its transaction), a stall claim rolled back
         "events:PutEvents",
         "batch:ListJobs",  # the reconciliation sweep
@@ -235,8 +235,10 @@ def test_resource_star_grants_are_exactly_the_documented_ones() -> None:
 def test_job_state_role_reads_for_the_sweep() -> None:
     grants = role_grants("HandleJobStateChangeRole")
     assert grants
-    batch_get = {r for a, r, _ in grants if a == "dynamodb:BatchGetItem"}
-    assert batch_get == {"${RunsTable.Arn}"}, batch_get
+    # The counters are read with TransactGetItems (authorized per GetItem), never BatchGetItem.
+    assert not {r for a, r, _ in grants if a == "dynamodb:BatchGetItem"}
+    gets = {r for a, r, _ in grants if a == "dynamodb:GetItem"}
+    assert "${RunsTable.Arn}" in gets, gets
     reads = {r for a, r, _ in grants if a == "s3:GetObject"}
     # ... and the index stage's outcome, written beside the index (sluice.control.indexing).
     assert reads == {f"{CONTROL}/runs/*", f"{CONTROL}/indexes/*/_results/*"}, reads
@@ -314,11 +316,13 @@ def test_worker_writes_only_under_runs_and_to_its_amp_workspace() -> None:
 
 
 def test_functions_cannot_read_images() -> None:
-    # The job-state function never touches input buckets, nor the control bucket's inputs/.
+    # The job-state function reads nothing in input buckets (it asks their Region), nor the control bucket's inputs/.
     job_state, manifest = role_grants("HandleJobStateChangeRole"), role_grants("HandleManifestUploadRole")
     assert job_state and manifest
     for action, resource, _ in job_state:
-        assert "InputBucketNames" not in resource and "/inputs/" not in resource, (action, resource)
+        if "InputBucketNames" in resource:
+            assert action == "s3:GetBucketLocation" and resource.startswith(INPUTS), (action, resource)
+        assert "/inputs/" not in resource, (action, resource)
     # The manifest function lists input buckets and reads only list-shaped objects there.
     for action, resource, _ in manifest:
         if not action.startswith("s3:"):

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from gpu_worker.errors import STALLED
-from gpu_worker.watchdog import Beats, BeatTarget, Watchdog, beat_key, stall_after_s
+from gpu_worker.watchdog import Beats, BeatTarget, Loading, Watchdog, beat_key, stall_after_s
 from sluice.control.policy import STALLED_EXIT
 
 TARGET = BeatTarget("beats", "run-1", "job:3", shard=3, attempt=2, rank=0)
@@ -97,15 +97,13 @@ def test_stall_after_s_setting_wins_over_the_plan() -> None:
 
 
 def test_loading_models_gets_the_load_grace_and_readiness_counts_as_progress() -> None:
-    """A rank still loading its models may stay still for stall_after_s + LOAD_GRACE_S; once ready, stall_after_s."""
-    from gpu_worker.watchdog import LOAD_GRACE_S
-
-    loading = [True]
+    """A rank still loading its models may stay still for stall_after_s + the plan's load grace; then stall_after_s."""
+    loading, grace = [True], 0.9
     table, exits = Table(), Exits()
-    dog = Watchdog(
-        lambda: 0, 0.3, Beats(TARGET, 0.3, table), interval_s=0.05, exit_fn=exits, loading=lambda: loading[0]
-    )
-    assert dog.limit_s(True) == 0.3 + LOAD_GRACE_S and dog.limit_s(False) == 0.3
+    beats = Beats(TARGET, 0.3, table)
+    still = lambda: loading[0]  # noqa: E731
+    dog = Watchdog(lambda: 0, 0.3, beats, interval_s=0.05, exit_fn=exits, loading=Loading(still, grace))
+    assert dog.limit_s(True) == 0.3 + grace and dog.limit_s(False) == 0.3
     dog.start()
     time.sleep(0.6)  # twice stall_after_s, but loading
     assert exits.codes == []
@@ -113,4 +111,17 @@ def test_loading_models_gets_the_load_grace_and_readiness_counts_as_progress() -
     assert exits.fired.wait(5)
     dog.stop()
     limits = [float(i["stall_after_s"]["N"]) for i in table.items]
-    assert limits == [0.3 + LOAD_GRACE_S, 0.3]
+    assert limits == [0.3 + grace, 0.3]
+
+
+def test_a_rank_still_loading_past_its_load_grace_is_ended() -> None:
+    """The load grace is bounded: a model load that never ends is a stall too."""
+    table, exits = Table(), Exits()
+    beats = Beats(TARGET, 0.2, table)
+    never_ready = lambda: True  # noqa: E731  the models never get ready
+    dog = Watchdog(lambda: 0, 0.2, beats, interval_s=0.05, exit_fn=exits, loading=Loading(never_ready, 0.3))
+    t0 = time.monotonic()
+    dog.start()
+    assert exits.fired.wait(5)
+    dog.stop()
+    assert exits.codes == [STALLED] and time.monotonic() - t0 >= 0.5

@@ -11,7 +11,14 @@ import zlib
 import pytest
 
 from sluice.control.ledger import Ledger
-from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler, run_objects
+from tests.integration.helpers import (
+    DEFAULT_MODEL_ENV,
+    INPUT_BUCKET,
+    all_jobs,
+    bus_events,
+    invoke_manifest_handler,
+    run_objects,
+)
 
 
 # One emulated stack for the whole module (a rejection writes nothing under runs/ and submits
@@ -31,11 +38,11 @@ INV = f"s3://{INPUT_BUCKET}/inv/manifest.json"
 
 
 def _m(**kw: object) -> str:
-    return json.dumps({"version": 1, "input": OK_INPUT, **kw})
+    return json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": OK_INPUT, **kw})
 
 
 def _inv_manifest() -> str:
-    return json.dumps({"version": 1, "input": {"inventory": INV}})
+    return json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"inventory": INV}})
 
 
 def _inventory(data: bytes, *, fmt: str = "CSV", schema: str = "Bucket, Key, Size", checksum: str | None = None):
@@ -77,7 +84,13 @@ def _parquet(table: dict) -> bytes:
 def _keylist(name: str, body: bytes | str) -> tuple[str, dict[str, bytes]]:
     """A JSON manifest naming a key-list object, and that object."""
     data = body.encode() if isinstance(body, str) else body
-    manifest = json.dumps({"version": 1, "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/{name}"}})
+    manifest = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/{name}"},
+        }
+    )
     return manifest, {f"{INPUT_BUCKET}/lists/{name}": data}
 
 
@@ -99,7 +112,9 @@ CASES = [
     (
         "two-sources",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": ["a"], "prefix": "s3://xyz/y"}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["a"], "prefix": "s3://xyz/y"}}
+        ),
         {},
         {},
         "exactly one of keys, key_list, prefix, inventory (got keys, prefix)",
@@ -107,7 +122,9 @@ CASES = [
     (
         "zero-keys",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": [], "bucket": INPUT_BUCKET}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": [], "bucket": INPUT_BUCKET}}
+        ),
         {},
         {},
         "zero keys",
@@ -115,7 +132,13 @@ CASES = [
     (
         "key-too-long",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": ["é" * 600], "bucket": INPUT_BUCKET}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"keys": ["é" * 600], "bucket": INPUT_BUCKET},
+            }
+        ),
         {},
         {},
         "input.keys[0]: key is 1200 bytes; S3 keys are at most 1024",
@@ -123,7 +146,9 @@ CASES = [
     (
         "bucket-not-allowed",
         "m.json",
-        json.dumps({"version": 1, "input": {"keys": ["s3://secret-bucket/a.jpg"]}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"keys": ["s3://secret-bucket/a.jpg"]}}
+        ),
         {"SLUICE_ALLOWED_BUCKETS": INPUT_BUCKET},
         {},
         "bucket 'secret-bucket' is not allowed",
@@ -131,7 +156,13 @@ CASES = [
     (
         "prefix-empty",
         "m.json",
-        json.dumps({"version": 1, "input": {"prefix": f"s3://{INPUT_BUCKET}/nothing/"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"prefix": f"s3://{INPUT_BUCKET}/nothing/"},
+            }
+        ),
         {},
         {},
         "matched no objects",
@@ -139,7 +170,9 @@ CASES = [
     (
         "prefix-no-bucket",
         "m.json",
-        json.dumps({"version": 1, "input": {"prefix": "s3://no-such-bucket-x/p/"}}),
+        json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": "s3://no-such-bucket-x/p/"}}
+        ),
         {},
         {},
         "the bucket does not exist",
@@ -147,7 +180,13 @@ CASES = [
     (
         "inventory-missing",
         "m.json",
-        json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"},
+            }
+        ),
         {},
         {},
         f"s3://{INPUT_BUCKET}/inv/manifest.json does not exist",
@@ -155,7 +194,13 @@ CASES = [
     (
         "inventory-not-inventory",
         "m.json",
-        json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"inventory": f"s3://{INPUT_BUCKET}/inv/manifest.json"},
+            }
+        ),
         {},
         {f"{INPUT_BUCKET}/inv/manifest.json": b'{"hello": 1}'},
         "not an S3 Inventory manifest.json",
@@ -163,7 +208,13 @@ CASES = [
     (
         "key-list-missing",
         "m.json",
-        json.dumps({"version": 1, "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/none.txt"}}),
+        json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"key_list": f"s3://{INPUT_BUCKET}/lists/none.txt"},
+            }
+        ),
         {},
         {},
         "lists/none.txt does not exist",
@@ -299,11 +350,19 @@ NEW_CASES = [
         "'bucket' must be a string",
     ),
     ("jsonl-uri-and-key", "m.json", _JSONL_BOTH[0], {}, _JSONL_BOTH[1], "give 'uri', or 'key' and 'bucket', not both"),
-    ("duplicate-field", "m.json", '{"version": 1, "version": 1, "input": {}}', {}, {}, "field 'version' appears twice"),
+    (
+        "duplicate-field",
+        "m.json",
+        '{"version": 1, "version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {}}',
+        {},
+        {},
+        "field 'version' appears twice",
+    ),
     (
         "duplicate-nested-field",
         "m.json",
-        '{"version": 1, "input": {"keys": ["a"], "bucket": "b1x", "bucket": "b2x"}}',
+        '{"version": 1, "model": {"uri": "builtin:reference-cnn"}, '
+        '"input": {"keys": ["a"], "bucket": "b1x", "bucket": "b2x"}}',
         {},
         {},
         "field 'bucket' appears twice",
@@ -346,7 +405,7 @@ NEW_CASES = [
     (
         "prefix-bad-bucket",
         "m.json",
-        json.dumps({"version": 1, "input": {"prefix": "s3://Bad..b/p/"}}),
+        json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": "s3://Bad..b/p/"}}),
         {},
         {},
         "input.prefix: 's3://Bad..b/p/'",
@@ -427,6 +486,7 @@ def test_rejected_with_a_specific_reason_and_nothing_written(
     for path, data in objects.items():
         b, k = path.split("/", 1)
         aws.s3.put_object(Bucket=b, Key=k, Body=data)
+    env = {**DEFAULT_MODEL_ENV, **env}  # a key list names no model: the stack's, so its lines are what is checked
     out = invoke_manifest_handler(aws, stack, f"manifests/{key}", body, monkeypatch, extra_env=env)
 
     assert out["status"] == "rejected", out
@@ -442,6 +502,6 @@ def test_rejected_with_a_specific_reason_and_nothing_written(
 
 def test_many_bad_lines_are_summarised_not_all_listed(aws, stack, monkeypatch):
     body = "".join(f"http://x/{i}\n" for i in range(100))
-    out = invoke_manifest_handler(aws, stack, "manifests/many.txt", body, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/many.txt", body, monkeypatch, DEFAULT_MODEL_ENV)
     assert out["status"] == "rejected" and len(out["reasons"]) <= 21
     assert out["reasons"][0].startswith("many.txt line 1: not a key")

@@ -17,6 +17,7 @@ from sluice.control.ledger import Ledger
 from sluice.errors import RetriableError
 from sluice.models import RunPlan
 from tests.integration.helpers import (
+    DEFAULT_MODEL_ENV,
     INPUT_BUCKET,
     bus_events,
     deliver,
@@ -61,19 +62,29 @@ GOOD = [
 @pytest.mark.parametrize(("name", "obj", "body"), GOOD, ids=[g[0] for g in GOOD])
 def test_a_bom_or_blank_lines_never_become_part_of_a_key(aws, stack, monkeypatch, name, obj, body):
     uri = _put(aws, f"lists/{name}/{obj}", body)
-    manifest = {"version": 1, "input": {"key_list": uri, "bucket": INPUT_BUCKET}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"key_list": uri, "bucket": INPUT_BUCKET},
+    }
     out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps(manifest), monkeypatch)
     assert _keys_of(aws, stack, out) == WANT
 
 
 def test_a_plain_key_list_upload_with_a_bom(aws, stack, monkeypatch):
     body = f"{BOM}s3://{INPUT_BUCKET}/a.jpg\ns3://{INPUT_BUCKET}/b c.jpg\n"
-    out = invoke_manifest_handler(aws, stack, "manifests/bom-list.txt", body, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/bom-list.txt", body, monkeypatch, DEFAULT_MODEL_ENV)
     assert _keys_of(aws, stack, out) == WANT
 
 
 def test_a_json_manifest_with_a_bom(aws, stack, monkeypatch):
-    body = BOM + json.dumps({"version": 1, "input": {"keys": ["a.jpg", "b c.jpg"], "bucket": INPUT_BUCKET}})
+    body = BOM + json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"keys": ["a.jpg", "b c.jpg"], "bucket": INPUT_BUCKET},
+        }
+    )
     out = invoke_manifest_handler(aws, stack, "manifests/bom.json", body.encode(), monkeypatch)
     assert _keys_of(aws, stack, out) == WANT
 
@@ -128,7 +139,13 @@ def test_a_data_file_that_does_not_match_its_md5_rejects_the_run(aws, stack, mon
         raw = _report(aws, f"{name}/", data, md5=md5)
         _put(aws, f"{name}/manifest.json", raw)
         _put(aws, f"{name}/manifest.checksum", hashlib.md5(raw).hexdigest())
-        manifest = json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/{name}/manifest.json"}})
+        manifest = json.dumps(
+            {
+                "version": 1,
+                "model": {"uri": "builtin:reference-cnn"},
+                "input": {"inventory": f"s3://{INPUT_BUCKET}/{name}/manifest.json"},
+            }
+        )
         out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", manifest, monkeypatch)
         if ok:
             assert _keys_of(aws, stack, out) == [(INPUT_BUCKET, "a.jpg"), (INPUT_BUCKET, "b.jpg")]
@@ -148,10 +165,10 @@ def test_an_inventory_manifest_dropped_under_manifests_is_checked_against_its_ch
     put = aws.s3.put_object(Bucket=control, Key="manifests/manifest.checksum", Body=b"0" * 32)
     ignored = deliver(stack, object_created_event(control, "manifests/manifest.checksum", put, 32), monkeypatch)
     assert ignored["status"] == "ignored"
-    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch, DEFAULT_MODEL_ENV)
     assert out["status"] == "rejected" and "does not match" in out["reasons"][0], out
     aws.s3.put_object(Bucket=control, Key="manifests/manifest.checksum", Body=hashlib.md5(raw).hexdigest().encode())
-    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch)
+    out = invoke_manifest_handler(aws, stack, "manifests/manifest.json", raw, monkeypatch, DEFAULT_MODEL_ENV)
     assert _keys_of(aws, stack, out) == [(INPUT_BUCKET, "a.jpg")]
 
 
@@ -162,7 +179,13 @@ def test_a_compression_bomb_is_rejected_while_streaming_in_bounded_memory(aws, s
     raw = _report(aws, "bomb/", bomb, schema="Bucket, Key, Size")
     _put(aws, "bomb/manifest.json", raw)
     _put(aws, "bomb/manifest.checksum", hashlib.md5(raw).hexdigest())
-    manifest = json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/bomb/manifest.json"}})
+    manifest = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"inventory": f"s3://{INPUT_BUCKET}/bomb/manifest.json"},
+        }
+    )
     tracemalloc.start()
     try:
         out = invoke_manifest_handler(aws, stack, "manifests/bomb.json", manifest, monkeypatch)
@@ -242,7 +265,9 @@ def test_an_unforeseen_error_while_reading_the_input_is_a_rejection(aws, stack, 
     s3 = sluice_aws.client("s3")
     s3.meta.events.register("before-call.s3.ListObjectsV2", boom, unique_id="boom")
     try:
-        body = json.dumps({"version": 1, "input": {"prefix": f"s3://{INPUT_BUCKET}/pics/"}})
+        body = json.dumps(
+            {"version": 1, "model": {"uri": "builtin:reference-cnn"}, "input": {"prefix": f"s3://{INPUT_BUCKET}/pics/"}}
+        )
         out = invoke_manifest_handler(aws, stack, "manifests/boom.json", body, monkeypatch)
     finally:
         s3.meta.events.unregister("before-call.s3.ListObjectsV2", unique_id="boom")
@@ -271,6 +296,12 @@ def test_a_parquet_inventory_is_read_a_row_group_at_a_time(aws, stack, monkeypat
     ).encode()
     _put(aws, "pq/manifest.json", raw)
     _put(aws, "pq/manifest.checksum", hashlib.md5(raw).hexdigest())
-    manifest = json.dumps({"version": 1, "input": {"inventory": f"s3://{INPUT_BUCKET}/pq/manifest.json"}})
+    manifest = json.dumps(
+        {
+            "version": 1,
+            "model": {"uri": "builtin:reference-cnn"},
+            "input": {"inventory": f"s3://{INPUT_BUCKET}/pq/manifest.json"},
+        }
+    )
     out = invoke_manifest_handler(aws, stack, "manifests/pq.json", manifest, monkeypatch)
     assert _keys_of(aws, stack, out) == sorted((INPUT_BUCKET, k) for k in keys[:-1])

@@ -197,7 +197,11 @@ def test_random_key_list_lines_give_exactly_their_keys_or_a_rejection(env, lines
     body = ("\r\n" if crlf else "\n").join(lines).encode("utf-8", "surrogatepass")
     key = f"lists/fuzz-{next(_names)}.txt"
     aws.s3.put_object(Bucket=INPUT_BUCKET, Key=key, Body=body)
-    manifest = {"version": 1, "input": {"key_list": f"s3://{INPUT_BUCKET}/{key}", "bucket": INPUT_BUCKET}}
+    manifest = {
+        "version": 1,
+        "model": {"uri": "builtin:reference-cnn"},
+        "input": {"key_list": f"s3://{INPUT_BUCKET}/{key}", "bucket": INPUT_BUCKET},
+    }
     out = upload(aws, stack, ".json", json.dumps(manifest).encode())
     want = oracle(lines)
     if want is None or not want or any(_surrogate(ln) for ln in lines):
