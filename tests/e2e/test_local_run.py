@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+LOCAL_RUN = [sys.executable, "-m", "sluice.cli", "local", "run"]
+
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -125,8 +127,7 @@ def test_a_stop_signal_stops_everything_within_ten_seconds_and_the_run_still_get
     pid_file, scratch, out = tmp_path / "pids", tmp_path / "tmp", tmp_path / "out"
     scratch.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "400", "--shards", "2"]
-        + ["--pid-file", str(pid_file), "--out", str(out)],
+        [*LOCAL_RUN, "--demo", "400", "--shards", "2", "--pid-file", str(pid_file), "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
