@@ -256,6 +256,7 @@ class RunItem(_Written):
     skipped: dict[str, int] | None = None  # an incremental run: keys left out, by reason
     warnings: list[str] | None = None  # Run Submitted's (a builtin stand-in model, the preflight's)
     gpu_family: str | None = None  # the GPU family its GPU-hours are priced on (the stack's Capacity)
+    kind: Literal["image", "text", "video"] | None = None  # input.kind: what its keys are (status words)
     jobs_done: int = 0
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)

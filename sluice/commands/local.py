@@ -21,7 +21,36 @@ def add_commands(sub: Subparsers) -> None:
     _add_input(run)
     _add_layout(run)
     _add_models_and_output(run)
+    _add_content(run)
     run.set_defaults(func=cmd_local_run)
+
+
+def _add_content(run: argparse.ArgumentParser) -> None:
+    """How a text is chunked and a video sampled (the manifest's input fields; docs/kinds.md)."""
+    run.add_argument(
+        "--chunk-tokens",
+        type=int_from(8),
+        metavar="N",
+        help="text: tokens a chunk holds (input.chunk_tokens; default: the model's own window)",
+    )
+    run.add_argument(
+        "--overlap-tokens",
+        type=int_from(0),
+        metavar="N",
+        help="text: tokens a chunk repeats from the one before (input.overlap_tokens; default: the model's)",
+    )
+    run.add_argument(
+        "--frames-per-second",
+        type=float,
+        metavar="F",
+        help="video: frames sampled a second (input.frames_per_second; default 1)",
+    )
+    run.add_argument(
+        "--frames-per-video",
+        type=int_from(1),
+        metavar="N",
+        help="video: frames sampled evenly over each whole video (input.frames_per_video)",
+    )
 
 
 def _add_input(run: argparse.ArgumentParser) -> None:

@@ -4,9 +4,10 @@ Every flag that shapes a run is applied or refused with a message, never dropped
 
 * generated (--images DIR / --demo N / --since-run RUN): input, model(s), job and threshold from the flags;
 * --manifest FILE (a JSON manifest): --model, --image-size, --max-failed-fraction, --mode, --nodes,
-  --since-run replace the manifest's values; --shards sets job.keys_per_shard when the input is
-  the images this run uploaded (their count is known), and is refused otherwise; a manifest
-  without `input` reads the uploaded images;
+  --since-run, --chunk-tokens, --overlap-tokens, --frames-per-second, --frames-per-video replace
+  the manifest's values; --shards sets job.keys_per_shard when the input is the files this run
+  uploaded (their count is known), and is refused otherwise; a manifest without `input`, or whose
+  `input` gives settings but no source (keys, key_list, prefix, inventory), reads the upload;
 * --manifest FILE (a key list): no flag applies, each given one is refused.
 """
 
@@ -27,6 +28,9 @@ from sluice.models import MODEL_NAME
 INPUT_BUCKET = "sluice-local-images"
 IMAGE_SIZE = 128  # --image-size of generated manifests (an exported model's spec gives its own)
 BATCH_SIZE = 32
+# The input fields a flag of the same name sets (text chunks, video frames: InputSpec).
+CONTENT_FLAGS = ("chunk_tokens", "overlap_tokens", "frames_per_second", "frames_per_video")
+SOURCE_FIELDS = ("keys", "key_list", "prefix", "inventory")  # what an input reads (InputSpec: exactly one)
 # The flags a manifest can take, as (argparse dest, flag).
 RUN_FLAGS = (
     ("model", "--model"),
@@ -37,6 +41,7 @@ RUN_FLAGS = (
     ("shards", "--shards"),
     ("since_run", "--since-run"),
     ("decode", "--decode"),
+    *((dest, "--" + dest.replace("_", "-")) for dest in CONTENT_FLAGS),
 )
 
 
@@ -189,9 +194,15 @@ def build(
     }
     if earlier is not None:
         manifest["input"]["since_run"] = earlier.run_id
+    manifest["input"].update(_content(args))
     if given(args, "max_failed_fraction"):
         manifest["max_failed_fraction"] = args.max_failed_fraction
     return "local-run.json", json.dumps(manifest, indent=2).encode(), []
+
+
+def _content(args: argparse.Namespace) -> dict[str, Any]:
+    """The input fields the text and video flags set (the manifest function checks them against the kind)."""
+    return {dest: getattr(args, dest) for dest in CONTENT_FLAGS if given(args, dest)}
 
 
 def _input(uploaded: Uploaded, kind: str) -> dict[str, Any]:
@@ -222,8 +233,12 @@ def _from_file(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | 
 def apply(manifest: dict[str, Any], args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> dict:
     """The JSON manifest with the given flags on top (a flag that cannot apply is refused: SystemExit)."""
     m = dict(manifest)
-    if "input" not in m and uploaded.count:
+    if uploaded.count and "input" not in m:
         m["input"] = _input(uploaded, content_source(args)[0])  # a manifest without input reads the upload
+    elif uploaded.count and isinstance(m["input"], dict) and not any(f in m["input"] for f in SOURCE_FIELDS):
+        m["input"] = {**_input(uploaded, content_source(args)[0]), **m["input"]}  # settings, the upload's source
+    if isinstance(m.get("input"), dict) and _content(args):
+        m["input"] = {**m["input"], **_content(args)}
     inp = m.get("input") if isinstance(m.get("input"), dict) else None
     if earlier is not None:
         if inp is None:

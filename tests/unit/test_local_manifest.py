@@ -161,3 +161,25 @@ def test_each_generated_run_names_its_own_index_and_an_incremental_one_its_linea
     earlier = Earlier("run-1", {"prefix": "s3://sluice-local-images/demo-x/"}, [{"uri": "builtin:reference-cnn"}])
     again = json.loads(build(_args("--since-run", "run-1", "--endpoint-url", "http://e"), NOTHING, earlier, b)[1])
     assert again["name"] == "local-incremental" and "output" not in again  # the earlier run's index, updated
+
+
+def test_text_and_video_settings_as_flags_and_a_manifest_input_of_settings_only(tmp_path):
+    from sluice.models import Manifest
+
+    texts, prefix = Uploaded("texts/docs-1/", 4), "s3://sluice-local-images/texts/docs-1/"
+    m = _build(
+        tmp_path, None, "--texts", str(tmp_path), "--chunk-tokens", "64", "--overlap-tokens", "8", uploaded=texts
+    )
+    assert m["input"] == {"prefix": prefix, "kind": "text", "chunk_tokens": 64, "overlap_tokens": 8}
+    # A manifest whose input gives settings but no source reads the upload, its settings kept; a flag wins.
+    doc = {"version": 1, "input": {"kind": "text", "chunk_tokens": 100, "overlap_tokens": 10}}
+    m = _build(tmp_path, doc, "--texts", str(tmp_path), "--overlap-tokens", "20", uploaded=texts)
+    assert m["input"] == {"prefix": prefix, "kind": "text", "chunk_tokens": 100, "overlap_tokens": 20}
+    assert Manifest.model_validate({**m, "model": {"uri": "builtin:reference-text"}}).input.chunk_tokens == 100
+    videos = Uploaded("videos/clips-1/", 2)
+    m = _build(tmp_path, None, "--videos", str(tmp_path), "--frames-per-video", "5", uploaded=videos)
+    assert m["input"]["kind"] == "video" and m["input"]["frames_per_video"] == 5
+    # A setting of another kind reaches the manifest function, which names it.
+    m = _build(tmp_path, None, "--demo", "3", "--chunk-tokens", "64", uploaded=Uploaded("demo-1/", 3))
+    with pytest.raises(ValueError, match='chunk_tokens is for "kind": "text"'):
+        Manifest.model_validate(m)
