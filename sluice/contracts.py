@@ -805,6 +805,9 @@ class IndexItem(_Written):
     ann: str | None = None
     reason: str | None = None
     finished_at: int | None = None
+    timeout_s: int | None = None  # its job's timeout, from the rows it indexes (sluice.control.policy)
+    reruns: int = 0  # `sluice index rerun`: each rerun submits a job of its own name
+    retired: list[str] = Field(default_factory=list)  # the job ids of earlier attempts: their late events are stale
 
 
 RunItem.model_rebuild()

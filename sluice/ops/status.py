@@ -46,7 +46,7 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
     if row.prepare is not None:
         plain["prepare"] = row.prepare.model_dump(mode="json")
     if row.index is not None:  # the index stage (sluice.control.indexing): uri, state, rows, ...
-        plain["index"] = row.index.model_dump(mode="json", exclude_none=True, exclude={"lease_until"})
+        plain["index"] = row.index.model_dump(mode="json", exclude_defaults=True, exclude={"lease_until"})
     counts = ShardRecords(ledger.client, ledger.table).counts(run_id)
     plain.update(
         shards_total=row.total_shards,
