@@ -109,9 +109,20 @@ def _vector_file(path: str) -> Any:
     import numpy as np
 
     try:
-        return np.load(path, allow_pickle=False)
+        arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise SearchInputError(f"--vector-file {path}: not a .npy array ({exc})") from None
+    rows = np.atleast_2d(np.asarray(arr, dtype=np.float64))
+    bad = [i for i, r in enumerate(rows) if not np.isfinite(r).all() or not np.any(r)]
+    if arr.ndim in (1, 2) and bad:  # a zero vector has no direction; NaN or inf none either: no score means anything
+        which = (
+            "the vector" if arr.ndim == 1 else f"row {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+        )
+        raise SearchInputError(
+            f"--vector-file {path}: {which} is all zeros or holds NaN/inf: give a real embedding "
+            "(cosine needs a direction)"
+        )
+    return arr
 
 
 class SearchInputError(SluiceError):

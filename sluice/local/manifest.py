@@ -75,6 +75,13 @@ class Earlier:
         return prefix[len(head) :] if prefix.startswith(head) and prefix != head else None
 
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# Files each kind's folder flag uploads, by name (--texts, --videos); other files are skipped and counted.
+KIND_SUFFIXES = {
+    "image": IMAGE_SUFFIXES,
+    "text": (".txt", ".md", ".markdown", ".rst", ".text"),
+    "video": (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"),
+}
 # --images/--demo, --texts/--demo-texts, --videos/--demo-videos: (kind, folder flag, demo flag).
 SOURCES = (("image", "images", "demo"), ("text", "texts", "demo_texts"), ("video", "videos", "demo_videos"))
 DEFAULT_MODEL = {"image": "builtin:reference-cnn", "text": "builtin:reference-text", "video": "builtin:reference-cnn"}

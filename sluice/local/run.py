@@ -37,7 +37,7 @@ from sluice.local import manifest as local_manifest
 from sluice.local.bus import BusTap
 from sluice.local.events import matches, s3_object_created
 from sluice.local.lambda_context import LocalContext
-from sluice.local.manifest import INPUT_BUCKET, Earlier, Uploaded
+from sluice.local.manifest import INPUT_BUCKET, KIND_SUFFIXES, Earlier, Uploaded
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
@@ -46,13 +46,6 @@ from sluice.local.summary import Ended, report, save, summarize
 from sluice.paths import MANIFESTS_PREFIX
 
 LOCAL_CHUNK_KEYS = 16
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-# Files each kind's folder flag uploads, by name (--texts, --videos); other files are skipped and counted.
-KIND_SUFFIXES = {
-    "image": IMAGE_SUFFIXES,
-    "text": (".txt", ".md", ".markdown", ".rst", ".text"),
-    "video": (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"),
-}
 NotePid = Callable[[int], None]
 INTERRUPTED = "interrupted: the local run was stopped (Ctrl-C, SIGTERM or SIGHUP) and its workers with it"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops the run and what it started
@@ -354,7 +347,7 @@ def _kept(svc: _Services) -> str:
         pids.append(str(svc.prom.pid))
         rm = f" && rm -rf {svc.prom.data_dir}"
     if svc.server is not None:
-        env = keep_exports(svc.server.endpoint, svc.runs_table, svc.control_bucket)
+        env = keep_exports(svc.server.endpoint, svc.runs_table, svc.control_bucket, svc.beats_table)
         lines.append(
             f"moto server left running at {svc.server.endpoint} (pid {svc.server.pid}); for sluice status, runs, "
             f"output sql and local run --endpoint-url:\n  export {env}"
@@ -364,8 +357,8 @@ def _kept(svc: _Services) -> str:
     return "\n".join(lines)
 
 
-def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "") -> str:
-    """The environment that points the sluice CLI at a kept emulator."""
+def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "", beats_table: str = "") -> str:
+    """The environment that points the sluice CLI at a kept emulator (the beats table: reconcile's stall rule)."""
     env = {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -373,6 +366,7 @@ def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "") -> st
         "AWS_DEFAULT_REGION": FAKE_CREDENTIALS["AWS_DEFAULT_REGION"],
         "SLUICE_RUNS_TABLE": runs_table,
         "SLUICE_CONTROL_BUCKET": control_bucket,
+        "SLUICE_BEATS_TABLE": beats_table,
     }
     return " ".join(f"{k}={v}" for k, v in env.items() if v)
 
@@ -416,7 +410,7 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     from sluice.local.sweep import LocalSweep
 
     sweep = LocalSweep(c, stack, executor, run_id)  # ends a hung worker by the control plane's path
-    progress = Progress(c, stack.names["RunsTable"], enabled=not args.json)
+    progress = Progress(c, stack.names["RunsTable"], enabled=True)  # on stderr: --json keeps stdout for its one object
     if not args.json:
         _say_started(args, outcome, svc.endpoint)
     svc.waiting = True

@@ -63,10 +63,26 @@ def summarize(c: Any, tap: BusTap, run: Ended) -> dict[str, Any]:
     out["failures_dir"] = str(run.run_dir / "failures")
     out["models"] = _models(run.run_dir)
     out.update(_kind(run.run_dir, processed, run.seconds))
+    out["damaged"] = _damaged(run.run_dir / "logs")
     if out["kind"] != "image":  # images/s of a text run misleads: its rate is documents/s (per_s)
         del out["images_per_s"]
     out.update(_index(c, row, run.run_dir))
     return out
+
+
+def _damaged(logs: Path) -> list[dict[str, str]]:
+    """Objects kept in part (a video broken part way): key and where it broke, from the workers' log lines."""
+    found: dict[str, str] = {}
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        for line in log.read_text(errors="replace").splitlines():
+            if '"object partly damaged' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            found.setdefault(str(rec.get("key")), str(rec.get("note", "")))
+    return [{"key": k, "note": n} for k, n in sorted(found.items())]
 
 
 def _kind(run_dir: Path, processed: int, seconds: float) -> dict[str, Any]:
@@ -233,6 +249,7 @@ def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("worker logs", s.get("logs")),
     ]
     rows = [(k, v) for k, v in rows if v is not None]
+    rows += [("damaged", f"{d['key']}  (kept the parts that decode: {d['note']})") for d in s.get("damaged") or []]
     if s.get("index"):
         query = "--text 'WORDS'" if s.get("kind") == "text" else "--image FILE"
         rows.append(("index", f"{s['index']}  ({s.get('index_rows')} rows; sluice search {s['index']} {query})"))

@@ -183,3 +183,13 @@ def test_text_and_video_settings_as_flags_and_a_manifest_input_of_settings_only(
     m = _build(tmp_path, None, "--demo", "3", "--chunk-tokens", "64", uploaded=Uploaded("demo-1/", 3))
     with pytest.raises(ValueError, match='chunk_tokens is for "kind": "text"'):
         Manifest.model_validate(m)
+
+
+def test_the_help_names_every_suffix_each_folder_flag_uploads(capsys):
+    from sluice.local.manifest import KIND_SUFFIXES
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["local", "run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for kind, flag in (("image", "--images"), ("text", "--texts"), ("video", "--videos")):
+        assert " ".join(KIND_SUFFIXES[kind]) in shown, (flag, kind)
