@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from sluice.commands import index, local, metrics, model, output, plan, runs, shards
 from sluice.commands.common import run, version
@@ -37,7 +38,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run its command once; what it raises becomes a message and an exit code."""
     args = build_parser().parse_args(argv)
+    _quiet_logs(args)
     return run(args.func, args)
+
+
+def _quiet_logs(args: Any) -> None:
+    """A command's own output is for people: the shared JSON loggers say only warnings and errors.
+
+    POWERTOOLS_LOG_LEVEL (or LOG_LEVEL) set in the environment keeps its level; `sluice local run`
+    keeps INFO (its in-process handlers' lines go to its log, as in Lambda).
+    """
+    import logging
+    import os
+
+    if os.environ.get("POWERTOOLS_LOG_LEVEL") or os.environ.get("LOG_LEVEL") or getattr(args, "local_cmd", None):
+        return
+    for name in ("sluice", "sluice-worker"):  # sluice.log's and gpu_worker.log's Powertools loggers
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

@@ -256,6 +256,7 @@ class RunItem(_Written):
     skipped: dict[str, int] | None = None  # an incremental run: keys left out, by reason
     warnings: list[str] | None = None  # Run Submitted's (a builtin stand-in model, the preflight's)
     gpu_family: str | None = None  # the GPU family its GPU-hours are priced on (the stack's Capacity)
+    kind: Literal["image", "text", "video"] | None = None  # input.kind: what its keys are (status words)
     jobs_done: int = 0
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)
@@ -804,6 +805,9 @@ class IndexItem(_Written):
     ann: str | None = None
     reason: str | None = None
     finished_at: int | None = None
+    timeout_s: int | None = None  # its job's timeout, from the rows it indexes (sluice.control.policy)
+    reruns: int = 0  # `sluice index rerun`: each rerun submits a job of its own name
+    retired: list[str] = Field(default_factory=list)  # the job ids of earlier attempts: their late events are stale
 
 
 RunItem.model_rebuild()

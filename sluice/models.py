@@ -40,6 +40,12 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
 }
 RENAMED_BUILTINS = {"resnet50": "reference-cnn-large"}  # old name -> new: the old is refused, naming the new
 Kind = Literal["image", "text", "video"]
+# What a run of each kind counts: its objects, and the parts each becomes (one row each; none: one row an object).
+KIND_WORDS: dict[str, tuple[str, str | None]] = {
+    "image": ("images", None),
+    "text": ("documents", "chunks"),
+    "video": ("videos", "frames"),
+}
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)

@@ -43,6 +43,7 @@ PROCESS_NAMES = frozenset(
     }
 )
 MOTO_SERVER_MODULES = ("moto.server", "tests.worker_s3server")
+LDCONFIG = "/sbin/ldconfig"
 
 
 @functools.cache
@@ -102,6 +103,8 @@ class Starts:
         if not self.active:
             return
         argv = [str(a) for a in args] if isinstance(args, list | tuple) else [str(args)]
+        if argv[:2] == [LDCONFIG, "-p"]:
+            return  # ctypes.util.find_library's library lookup (torchvision's first import), not a test's process
         self.processes.append(" ".join(argv[:4]))
         if any(m in argv for m in MOTO_SERVER_MODULES):
             self.moto.append("a moto server: " + " ".join(argv[:4]))

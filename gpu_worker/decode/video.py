@@ -129,6 +129,12 @@ def open_video(source: Source, limits: VideoLimits | None = None) -> VideoSample
         if not container.streams.video:
             kinds = ", ".join(sorted({s.type for s in container.streams}))
             raise _open_failure(like_video and kinds in ("", "data"), f"no video stream; streams: {kinds or 'none'}")
+        still = container.format.name
+        if still == "image2" or still.endswith("_pipe"):  # FFmpeg reads a lone JPEG or PNG as a 1-frame "video"
+            raise VideoFailure(
+                VideoFailureReason.NOT_VIDEO,
+                f"a still image ({still.removesuffix('_pipe')}), not a video: run it as an image (input.kind image)",
+            )
         return VideoSampler(container, limits, on_close=fileobj if fileobj is not source else None)
     except BaseException:
         container.close()

@@ -44,7 +44,9 @@ SAMPLES = ("a photo of a cat", "The Golden Gate bridge, at night!", "zebra 42 ca
 
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")  # sentence-transformers' Pooling modes Sluice exports
-BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # padded lengths below the context's
+# Padded lengths below the context's: every 16 tokens to 256 (a batch pads at most 15 tokens a chunk,
+# near the library's exact padding), every 64 to 1,024, then powers of two.
+BUCKETS = (*range(16, 257, 16), *range(320, 1025, 64), 2048, 4096, 8192)
 
 
 class PooledEncoder(nn.Module):

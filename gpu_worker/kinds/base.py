@@ -34,6 +34,7 @@ class Part:
 class Embedder(Protocol):
     info: PartsInfo
     output_dim: int
+    sort_batches: int  # batches of parts gathered per embed call (a text model sorts them by length)
 
     def split(self, data: bytes) -> list[Part]:
         """One object's parts; ObjectFailure when its bytes are not of the kind."""

@@ -38,6 +38,9 @@ from gpu_worker.models.spec import META_NAME, parse_spec
 from gpu_worker.models.texttower import INPUTS
 
 BUILTIN_TEXT = "builtin:reference-text"
+# Batches of chunks embedded per call, sorted by length together: the more, the closer each batch's
+# lengths (less padding), the more texts held in memory at once (8 x 64 chunks of 256 tokens: ~0.5 MB of ids).
+SORT_BATCHES = 8
 TOKENIZER_NAME = "tokenizer.json"
 
 
@@ -73,6 +76,7 @@ class TextEmbedder:
         self._device = torch.device(device)
         self._net = model.net.to(self._device)
         self._batch = max(1, batch)
+        self.sort_batches = SORT_BATCHES
         self.info = PartsInfo(name, model.version)
         self.output_dim = int(self.embed([TextChunk(0, 0, 1, np.ones(1, np.int32))]).shape[1])
 

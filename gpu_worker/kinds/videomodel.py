@@ -42,6 +42,7 @@ class VideoEmbedder:
         self.limits = limits
         self.info = PartsInfo(name, engine.info.version)
         self.output_dim = engine.output_dim
+        self.sort_batches = 1  # frames are one size: nothing to sort
         self._size = engine.input_size
 
     def split(self, data: bytes) -> list[Part]:

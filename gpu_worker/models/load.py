@@ -96,7 +96,7 @@ def load_model(uri: str, image_size: int) -> tuple[Any, ModelInfo]:
     if info.image_size != image_size:
         from gpu_worker.log import logger
 
-        logger.warning(
+        logger.info(  # expected for an exported model: its spec is what it was trained and checked at
             "model spec overrides the plan's image_size",
             extra={"model_image_size": info.image_size, "plan_image_size": image_size},
         )

@@ -207,7 +207,7 @@ class ChunkSink:
             attempt=self._attempt,
             rank=self._rank,
             file=file,
-            extra={"committed_at": time.time()},
+            extra={"committed_at": time.time(), "parts": len(rows)},  # parts: Parquet rows (chunks, frames)
         )
         self._store.put(self._paths.marker(name), marker.to_json(), "application/json")
         self.committed += 1

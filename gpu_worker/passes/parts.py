@@ -2,7 +2,8 @@
 
 Fetch threads GET each object and split it into parts with every model's embedder (decode,
 chunk or sample: CPU work off the rank's thread); the rank thread gathers split objects
-until they hold a batch of parts, embeds them model by model, and gives each model's sink a
+until they hold a batch of parts (a text model: several batches, which it sorts by length so
+each batch pads little), embeds them model by model, and gives each model's sink a
 key's rows together, so a key settles once, whole. Failures go to the sinks through
 KeySinks.fail; a transient one is deferred to a final pass after the stream, as the image
 pass's loaders do.
@@ -68,6 +69,7 @@ class PartsStream:
         deferred: list[Item] = []
         inflight: deque[Future[Split | KeyFailure]] = deque()
         width = max(1, self.cfg.fetch_concurrency)
+        group = max(e.sort_batches for e in self.embedders)  # batches gathered per embed call
 
         def settle(fut: Future[Split | KeyFailure]) -> None:
             got = fut.result()
@@ -77,7 +79,7 @@ class PartsStream:
                 self.outputs.fail(got)
                 return
             ready.append(got)
-            if sum(len(s.value[0]) for s in ready) >= self.batch:
+            if sum(len(s.value[0]) for s in ready) >= self.batch * group:
                 self._embed(ready)
                 ready.clear()
 

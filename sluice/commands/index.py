@@ -19,7 +19,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from sluice.commands.common import EXIT_OK, EXIT_USAGE, Invocation
+from sluice.commands.common import EXIT_OK, EXIT_USAGE, Invocation, int_from
 from sluice.errors import SluiceError
 
 if TYPE_CHECKING:
@@ -40,6 +40,15 @@ def add_commands(sub: Subparsers) -> None:
     show.add_argument("index", metavar="INDEX")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_index_show)
+    rerun = index.add_parser("rerun", help="submit a run's failed index stage again (a job of its own name)")
+    rerun.add_argument("run_id", metavar="RUN_ID")
+    rerun.add_argument(
+        "--timeout-s",
+        type=int_from(60),
+        metavar="N",
+        help="the job's timeout (AWS Batch: at least 60 s; default: the one the stage had, from its rows)",
+    )
+    rerun.set_defaults(func=cmd_index_rerun)
 
     s = sub.add_parser("search", help="the nearest keys in an index to an image, a key, vectors or a text")
     s.add_argument("index", metavar="INDEX", help="the index folder (local or s3://) or one of its <model>.lance")
@@ -67,6 +76,16 @@ def cmd_index_build(args: argparse.Namespace, inv: Invocation) -> int:
     return run_build(args)
 
 
+def cmd_index_rerun(args: argparse.Namespace, inv: Invocation) -> int:
+    """A failed index stage claimed and submitted again; its end comes as "Run Indexed" or "Index Failed"."""
+    from sluice.control.context import Context
+    from sluice.control.indexing import rerun
+
+    job_id = rerun(Context.build(inv.settings), args.run_id, args.timeout_s)
+    print(f"sluice: index stage of {args.run_id} submitted again: job {job_id} (sluice status {args.run_id})")
+    return EXIT_OK
+
+
 def cmd_index_show(args: argparse.Namespace, inv: Invocation) -> int:
     """Print the index metadata of every table in the index."""
     from sluice.index.search import Searcher, open_tables
@@ -90,9 +109,20 @@ def _vector_file(path: str) -> Any:
     import numpy as np
 
     try:
-        return np.load(path, allow_pickle=False)
+        arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise SearchInputError(f"--vector-file {path}: not a .npy array ({exc})") from None
+    rows = np.atleast_2d(np.asarray(arr, dtype=np.float64))
+    bad = [i for i, r in enumerate(rows) if not np.isfinite(r).all() or not np.any(r)]
+    if arr.ndim in (1, 2) and bad:  # a zero vector has no direction; NaN or inf none either: no score means anything
+        which = (
+            "the vector" if arr.ndim == 1 else f"row {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+        )
+        raise SearchInputError(
+            f"--vector-file {path}: {which} is all zeros or holds NaN/inf: give a real embedding "
+            "(cosine needs a direction)"
+        )
+    return arr
 
 
 class SearchInputError(SluiceError):

@@ -21,19 +21,51 @@ def add_commands(sub: Subparsers) -> None:
     _add_input(run)
     _add_layout(run)
     _add_models_and_output(run)
+    _add_content(run)
     run.set_defaults(func=cmd_local_run)
+
+
+def _add_content(run: argparse.ArgumentParser) -> None:
+    """How a text is chunked and a video sampled (the manifest's input fields; docs/kinds.md)."""
+    run.add_argument(
+        "--chunk-tokens",
+        type=int_from(8),
+        metavar="N",
+        help="text: tokens a chunk holds (input.chunk_tokens; default: the model's own window)",
+    )
+    run.add_argument(
+        "--overlap-tokens",
+        type=int_from(0),
+        metavar="N",
+        help="text: tokens a chunk repeats from the one before (input.overlap_tokens; default: the model's)",
+    )
+    run.add_argument(
+        "--frames-per-second",
+        type=float,
+        metavar="F",
+        help="video: frames sampled a second (input.frames_per_second; default 1)",
+    )
+    run.add_argument(
+        "--frames-per-video",
+        type=int_from(1),
+        metavar="N",
+        help="video: frames sampled evenly over each whole video (input.frames_per_video)",
+    )
 
 
 def _add_input(run: argparse.ArgumentParser) -> None:
     """What the run reads: one of the demo or folder uploads, a manifest, an earlier run to build on."""
     src = run.add_mutually_exclusive_group()
     src.add_argument("--demo", type=int_from(1), metavar="N", help="generate N varied demo JPEGs (default 200)")
-    src.add_argument("--images", metavar="DIR", help="upload the files in DIR (subfolders kept as key prefixes)")
+    from sluice.local.manifest import KIND_SUFFIXES
+
+    named = {kind: " ".join(suffixes) for kind, suffixes in KIND_SUFFIXES.items()}
     src.add_argument(
-        "--texts", metavar="DIR", help="like --images, for a text run: .txt, .md, .rst files (docs/kinds.md)"
+        "--images", metavar="DIR", help=f"upload the files in DIR (subfolders kept as key prefixes): {named['image']}"
     )
+    src.add_argument("--texts", metavar="DIR", help=f"like --images, for a text run: {named['text']} (docs/kinds.md)")
     src.add_argument("--demo-texts", type=int_from(1), metavar="N", help="generate N demo texts, some long")
-    src.add_argument("--videos", metavar="DIR", help="like --images, for a video run: .mp4, .mov, .mkv, .webm files")
+    src.add_argument("--videos", metavar="DIR", help=f"like --images, for a video run: {named['video']}")
     src.add_argument("--demo-videos", type=int_from(1), metavar="N", help="generate N short demo MP4s")
     run.add_argument(
         "--manifest",
@@ -95,7 +127,9 @@ def _add_models_and_output(run: argparse.ArgumentParser) -> None:
         help="write the run's Parquet output, failures and worker logs to DIR/<run id>/ (default ./sluice-output); "
         "nothing already in DIR is touched",
     )
-    run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    run.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON object on stdout (progress stays on stderr)"
+    )
     run.add_argument("--keep", action="store_true", help="leave the moto server running and print its endpoint")
     run.add_argument("--endpoint-url", metavar="URL", help="use this running AWS emulator (moto server, LocalStack)")
     run.add_argument("--no-prometheus", action="store_true", help="do not start a local Prometheus for metrics")

@@ -85,7 +85,7 @@ def _print_export(result: Any) -> None:
         lengths = spec.get("lengths") or [spec["context_length"]]
         print(
             f"window: {spec['context_length']} tokens ({room} of text a chunk, the model's own; input.chunk_tokens "
-            f"sets another), padded to its batch's longest of {'/'.join(map(str, lengths))}; pooling "
+            f"sets another), padded to its batch's longest of {_lengths_text(lengths)}; pooling "
             f"{spec.get('pooling', 'mean')}{', lower case' if spec.get('lower_case') else ''}"
         )
         ref = spec.get("reference")
@@ -115,3 +115,10 @@ def _download_failed(exc: BaseException) -> bool:
     return isinstance(exc, urllib.error.URLError | ConnectionError | socket.gaierror | TimeoutError) or bool(
         names & offline
     )
+
+
+def _lengths_text(lengths: list[int]) -> str:
+    """16/32/64, or 16, 32, ... 256 (16 lengths) when there are many."""
+    if len(lengths) <= 6:
+        return "/".join(map(str, lengths))
+    return f"{lengths[0]}, {lengths[1]}, ... {lengths[-1]} ({len(lengths)} lengths)"

@@ -14,6 +14,7 @@ item's outbox (sluice.control.outbox). The run's status and its output are never
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -28,32 +29,42 @@ from sluice.control.batch import RUN_TAG
 from sluice.control.context import Context, control_bucket
 from sluice.control.ddb import item
 from sluice.control.ledger import RUN_SK, staged
-from sluice.control.policy import index_retry_strategy
-from sluice.errors import RetriableError, SubmissionError
+from sluice.control.policy import INDEX_ROWS_PER_KEY, TIMEOUT_REASON, index_retry_strategy, index_timeout_s
+from sluice.errors import Rejection, RetriableError, SubmissionError
 from sluice.log import logger
 from sluice.models import RunPlan
 from sluice.paths import index_result
 
 LEASE_S = 300  # a submitter holds the claim this long; the sweep takes over after it
 ATTEMPTS = 2  # a lost host is retried; a failed build is not (its outcome is written, the index left as it was)
-TIMEOUT_S = 4 * 3600
+TIMEOUT_S = 4 * 3600  # a claim written before timeouts were derived from the rows
 PENDING = ("claimed", "submitted")
 Outcome = RunIndexed | IndexFailed
 
 
-def claim(plan: RunPlan) -> dict[str, Any]:
-    """The RUN item's fields that claim the index stage, written with "Run Succeeded"; none when the index is off."""
-    return {} if plan.index is None else {"index": IndexItem(uri=plan.index.uri, state="claimed")}
+def claim(plan: RunPlan, processed: int) -> dict[str, Any]:
+    """The RUN item's fields that claim the index stage, written with "Run Succeeded"; none when the index is off.
+
+    The job's timeout is decided here, once, from the rows it will index: `processed` keys, each
+    a row a model (a text's chunks, a video's frames: sluice.control.policy's guess a key).
+    """
+    if plan.index is None:
+        return {}
+    c = plan.content
+    per_key = c.frames_per_video if c.kind == "video" and c.frames_per_video else INDEX_ROWS_PER_KEY[c.kind]
+    rows = processed * len(plan.models) * per_key
+    return {"index": IndexItem(uri=plan.index.uri, state="claimed", timeout_s=index_timeout_s(rows))}
 
 
-def job_name(run_id: str) -> str:
-    """The index job's name: deterministic, so a second submission adopts the first."""
-    return f"sluice-{run_id}-index"[:128]
+def job_name(run_id: str, rerun: int = 0) -> str:
+    """The index job's name: deterministic, so a second submission adopts the first; a rerun's is its own."""
+    suffix = f"-index-r{rerun}" if rerun else "-index"
+    return f"sluice-{run_id}"[: 128 - len(suffix)] + suffix
 
 
 def is_index_job(run_id: str, name: str) -> bool:
-    """True when a Batch job named `name` is the run's index job."""
-    return name == job_name(run_id)
+    """True when a Batch job named `name` is one of the run's index jobs (the first, or a rerun's)."""
+    return name == job_name(run_id) or re.fullmatch(re.escape(job_name(run_id)) + r"-r[1-9][0-9]*", name) is not None
 
 
 def pending(run: RunItem) -> bool:
@@ -64,12 +75,13 @@ def pending(run: RunItem) -> bool:
 def request(run: RunItem, settings: Any) -> dict[str, Any]:
     """The SubmitJob request of the run's index stage: one CPU job on the prepare queue."""
     bucket = control_bucket(run)
+    ix = run.index
     return {
-        "jobName": job_name(run.run_id),
+        "jobName": job_name(run.run_id, ix.reruns if ix else 0),
         "jobQueue": settings.prepare_job_queue,
         "jobDefinition": settings.index_job_definition,
         "retryStrategy": index_retry_strategy(ATTEMPTS),
-        "timeout": {"attemptDurationSeconds": TIMEOUT_S},
+        "timeout": {"attemptDurationSeconds": (ix.timeout_s if ix else None) or TIMEOUT_S},
         "tags": {RUN_TAG: run.run_id},
         "propagateTags": True,
         "containerOverrides": {
@@ -107,6 +119,8 @@ def on_end(ctx: Context, run: RunItem, status: JobStatus, reason: str | None, jo
     """The index job ended: "Run Indexed" or "Index Failed", once; the detail-type published, or None (stale)."""
     if run.index is None or run.index.state not in PENDING or not status.terminal:
         return None
+    if job_id in run.index.retired or (run.index.job_id and job_id != run.index.job_id):
+        return None  # an earlier attempt's late event: a rerun's job decides now
     if run.outbox is not None:
         outbox.deliver(ctx, run.run_id)  # the outbox holds one event: what was pending goes out first
     return _end(ctx, run, outcome(ctx, run, status, reason, job_id), job_id)
@@ -129,8 +143,36 @@ def outcome(ctx: Context, run: RunItem, status: JobStatus, reason: str | None, j
         if status == JobStatus.FAILED
         else f"index job {job_id} succeeded but wrote no readable outcome at {uri}"
     )
+    if status == JobStatus.FAILED and TIMEOUT_REASON in (reason or ""):
+        why = (
+            f"index job {job_id} ran past its {run.index.timeout_s or TIMEOUT_S} s timeout (derived from the rows "
+            "it indexes) and Batch ended it: it hung, or built slower than planned; the run's embeddings are "
+            f"intact: rerun it with `sluice index rerun {run.run_id}` (--timeout-s N for a longer one)"
+        )
     where = "its log is in CloudWatch Logs, the worker log group, streams index/*"
     return IndexFailed(run_id=run.run_id, index_uri=run.index.uri, reason=f"{why}; {where}"[:1000])
+
+
+def rerun(ctx: Context, run_id: str, timeout_s: int | None = None) -> str:
+    """A failed index stage claimed again and submitted as a job of its own name; its job id.
+
+    One conditional write (failed -> claimed, the failed job retired) decides, so two reruns at
+    once submit one job; Rejection when the stage is not failed (nothing to rerun).
+    """
+    run = ctx.ledger.get(run_id)
+    ix = run.index if run is not None else None
+    if run is None or ix is None or ix.state != "failed":
+        what = "no such run" if run is None else "no index stage" if ix is None else f"its index stage is {ix.state}"
+        raise Rejection(f"sluice index rerun {run_id}: {what}: only a failed index stage is rerun")
+    retired = [*ix.retired, *([ix.job_id] if ix.job_id else [])]
+    vals = {":n": ix.reruns + 1, ":old": retired, ":failed": "failed", ":t": timeout_s or ix.timeout_s or TIMEOUT_S}
+    expr = "SET #ix.#st = :claimed, #ix.reruns = :n, #ix.retired = :old, #ix.timeout_s = :t"
+    if not _update(ctx, run_id, expr + " REMOVE #ix.job_id, #ix.reason, #ix.finished_at", vals, "#ix.#st = :failed"):
+        raise Rejection(f"sluice index rerun {run_id}: another rerun took it first")
+    job_id = start(ctx, run_id)
+    if job_id is None:
+        raise Rejection(f"sluice index rerun {run_id}: claimed, not yet submitted: the sweep submits it")
+    return job_id
 
 
 def _read_outcome(ctx: Context, uri: str) -> Outcome | None:
@@ -237,4 +279,4 @@ def _update(ctx: Context, run_id: str, expression: str, vals: dict[str, Any], co
     return True
 
 
-__all__ = ["claim", "is_index_job", "job_name", "on_end", "outcome", "pending", "request", "start", "sweep"]
+__all__ = ["claim", "is_index_job", "job_name", "on_end", "outcome", "pending", "request", "rerun", "start", "sweep"]

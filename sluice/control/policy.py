@@ -37,9 +37,27 @@ def retry_strategy(attempts: int) -> dict[str, Any]:
 
 
 def index_retry_strategy(attempts: int) -> dict[str, Any]:
-    """The index stage's `retryStrategy`: a lost host retried; it has no watchdog, so no stall rule."""
+    """The index stage's `retryStrategy`: a lost host retried; no stall rule (its timeout ends a hang)."""
     rules = [dict(r) for r in EVALUATE_ON_EXIT if r.get("onExitCode") != str(STALLED_EXIT)]
     return {"attempts": attempts, "evaluateOnExit": rules}
+
+
+# The index stage's job timeout, derived from the rows it indexes, so a hung build ends: 4x the
+# measured build time (docs/performance.md "Search index": about 0.5 s a 1,000 256-d vectors on
+# 2 cores, IVF-PQ and key index) plus 30 minutes to read the output and start, at least an hour.
+# AWS Batch ends an attempt past its attemptDurationSeconds (at least 60 s, no maximum) and does
+# not retry it; the job ends FAILED with "Job attempt duration exceeded timeout" (AWS Batch User
+# Guide, "Job timeouts").
+INDEX_S_PER_ROW = 0.002
+INDEX_BASE_S = 1800
+INDEX_MIN_S = 3600
+INDEX_ROWS_PER_KEY = {"image": 1, "text": 8, "video": 60}  # a text's chunks, a video's frames: a planning guess
+TIMEOUT_REASON = "Job attempt duration exceeded timeout"  # Batch's statusReason for it
+
+
+def index_timeout_s(rows: int) -> int:
+    """The index job's attemptDurationSeconds for about `rows` rows (every model's)."""
+    return max(INDEX_MIN_S, INDEX_BASE_S + round(rows * INDEX_S_PER_ROW))
 
 
 PREPARE_ATTEMPTS = 3  # prepare workers are idempotent and bad input exits 0: any failure is worth a retry

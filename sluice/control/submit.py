@@ -115,6 +115,7 @@ def submitted_fields(plan: RunPlan, job_ids: list[str], plan_uri: str) -> dict[s
         "passes": [PassItem(first_shard=0, n_shards=plan.n_shards)],
         "plan_uri": plan_uri,
         "output_prefix": plan.output_prefix,
+        "kind": plan.content.kind,
         "jobs_done": 0,
         **({"lineage": plan.lineage, "skipped": plan.skipped} if plan.lineage else {}),
     }

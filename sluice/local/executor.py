@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 from sluice.contracts import JobStatus, RunItem
 from sluice.control.ledger import Ledger
-from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, evaluate_on_exit
+from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, TIMEOUT_REASON, evaluate_on_exit
 from sluice.local.events import JobChange, batch_job_state_change
 from sluice.local.events import attempt as attempt_entry
 
@@ -94,6 +94,7 @@ class LocalJob:
     module: tuple[str, ...] = ("gpu_worker",)  # what `python -m` runs: the GPU worker, or sluice.prepare's stage
     depends_on: tuple[str, ...] = ()  # job ids that must succeed first (dependsOn)
     failed: bool = False
+    timeout_s: int | None = None  # timeout.attemptDurationSeconds: an attempt past it is ended, not retried
 
     def event_target(self) -> tuple[str, dict[str, int | None]]:
         """The job id an event about the whole job names, and its size field."""
@@ -139,6 +140,7 @@ def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -
     if command[:3] in (["python", "-m", "sluice.prepare"], ["python", "-m", "sluice.index"]):
         job.module = tuple(command[2:])  # a prepare job or the index stage's (sluice.control.indexing.request)
     job.depends_on = tuple(d["jobId"] for d in j.get("dependsOn") or [] if d.get("jobId"))
+    job.timeout_s = (j.get("timeout") or {}).get("attemptDurationSeconds")
     job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
     return job
 
@@ -281,12 +283,10 @@ class LocalExecutor:
 
     def step(self) -> None:
         """Reap finished workers, start queued ones, finish jobs; emits events as Batch would."""
-        for job in list(self.jobs.values()):
-            if job.done:
-                continue
-            for task in job.tasks:
-                if task.proc is not None and task.proc.poll() is not None:
-                    self._reap(task)
+        for task in (t for job in list(self.jobs.values()) if not job.done for t in job.tasks):
+            _end_if_timed_out(task)
+            if task.proc is not None and task.proc.poll() is not None:
+                self._reap(task)
         free = self._slots - self.running()
         for job in self.jobs.values():
             deps = "met" if job.done or self._stopping else dependencies(job, self.jobs)
@@ -459,6 +459,48 @@ def terminate(jobs: Mapping[str, LocalJob], job_id: str, reason: str, emit: Call
             t.status = JobStatus.FAILED
             emit(job, t, JobStatus.FAILED, reason=reason)
     return killed
+
+
+def abandon(ex: LocalExecutor, reason: str) -> int:
+    """The run is interrupted: stop every worker and fail what did not finish, with `reason`, in events.
+
+    As Batch reports a terminated job: the completion handler settles those shards failed and
+    concludes the run, so an emulator that outlives the run does not keep it RUNNING. A worker
+    that had already exited is reaped as it ended. Returns how many workers were running.
+    """
+    for job in ex.jobs.values():
+        for task in job.tasks:
+            if task.proc is not None and task.proc.poll() is not None:
+                ex._reap(task)
+    running = ex.stop()
+    now = int(time.time() * 1000)
+    for job in ex.jobs.values():
+        if job.done:
+            continue
+        for task in job.tasks:
+            if task.status.terminal:
+                continue
+            if task.proc is not None:
+                task.proc = None
+                task.attempts[-1] = attempt_entry(task.started_ms, now, None, reason)
+            task.terminated, task.status = reason, JobStatus.FAILED
+            ex._emit(job, task, JobStatus.FAILED, reason=reason)
+        ex._finish(job)
+    return running
+
+
+def _end_if_timed_out(task: Task) -> None:
+    """An attempt past its job's timeout (from its start, as Batch's startedAt) is killed; reaped FAILED.
+
+    As Batch does ("Job timeouts"): the attempt ends with TIMEOUT_REASON and is not retried.
+    """
+    limit = task.job.timeout_s
+    if task.proc is None or task.proc.poll() is not None or not limit:
+        return
+    if time.time() * 1000 - task.started_ms > int(limit) * 1000:
+        task.terminated = TIMEOUT_REASON
+        _signal_group(task.proc, signal.SIGKILL)
+        task.proc.wait()
 
 
 def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:

@@ -97,6 +97,7 @@ class LocalStack:
     rule_function: dict[str, str] = field(default_factory=dict)  # rule name -> function logical id
     # Schedule events: event name -> schedule expression (their function is in rule_function).
     schedules: dict[str, str] = field(default_factory=dict)
+    buses: list[str] = field(default_factory=list)  # event bus names (sluice.local.bus taps them)
     observer_queue_url: str | None = None
 
     def env_for(self, function: str) -> dict[str, str]:
@@ -365,6 +366,7 @@ class _Builder:
             with contextlib.suppress(self.c.events.exceptions.ResourceAlreadyExistsException):
                 self.c.events.create_event_bus(Name=name)
             self.record(logical, name, self.arn("events", f"event-bus/{name}"))
+            self.stack.buses.append(name)
 
     def observer_queue(self) -> None:
         """Everything published on Sluice's buses also lands in one SQS queue the caller reads."""

@@ -4,9 +4,10 @@ Every flag that shapes a run is applied or refused with a message, never dropped
 
 * generated (--images DIR / --demo N / --since-run RUN): input, model(s), job and threshold from the flags;
 * --manifest FILE (a JSON manifest): --model, --image-size, --max-failed-fraction, --mode, --nodes,
-  --since-run replace the manifest's values; --shards sets job.keys_per_shard when the input is
-  the images this run uploaded (their count is known), and is refused otherwise; a manifest
-  without `input` reads the uploaded images;
+  --since-run, --chunk-tokens, --overlap-tokens, --frames-per-second, --frames-per-video replace
+  the manifest's values; --shards sets job.keys_per_shard when the input is the files this run
+  uploaded (their count is known), and is refused otherwise; a manifest without `input`, or whose
+  `input` gives settings but no source (keys, key_list, prefix, inventory), reads the upload;
 * --manifest FILE (a key list): no flag applies, each given one is refused.
 """
 
@@ -16,6 +17,8 @@ import argparse
 import json
 import os
 import re
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,9 @@ from sluice.models import MODEL_NAME
 INPUT_BUCKET = "sluice-local-images"
 IMAGE_SIZE = 128  # --image-size of generated manifests (an exported model's spec gives its own)
 BATCH_SIZE = 32
+# The input fields a flag of the same name sets (text chunks, video frames: InputSpec).
+CONTENT_FLAGS = ("chunk_tokens", "overlap_tokens", "frames_per_second", "frames_per_video")
+SOURCE_FIELDS = ("keys", "key_list", "prefix", "inventory")  # what an input reads (InputSpec: exactly one)
 # The flags a manifest can take, as (argparse dest, flag).
 RUN_FLAGS = (
     ("model", "--model"),
@@ -35,6 +41,7 @@ RUN_FLAGS = (
     ("shards", "--shards"),
     ("since_run", "--since-run"),
     ("decode", "--decode"),
+    *((dest, "--" + dest.replace("_", "-")) for dest in CONTENT_FLAGS),
 )
 
 
@@ -45,6 +52,7 @@ class Uploaded:
     prefix: str
     count: int
     skipped: list[str] = field(default_factory=list)  # files of DIR that are not images by name
+    unreadable: list[str] = field(default_factory=list)  # ... and what could not be read (a dangling symlink)
 
     @property
     def uri(self) -> str:
@@ -67,6 +75,13 @@ class Earlier:
         return prefix[len(head) :] if prefix.startswith(head) and prefix != head else None
 
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# Files each kind's folder flag uploads, by name (--texts, --videos); other files are skipped and counted.
+KIND_SUFFIXES = {
+    "image": IMAGE_SUFFIXES,
+    "text": (".txt", ".md", ".markdown", ".rst", ".text"),
+    "video": (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"),
+}
 # --images/--demo, --texts/--demo-texts, --videos/--demo-videos: (kind, folder flag, demo flag).
 SOURCES = (("image", "images", "demo"), ("text", "texts", "demo_texts"), ("video", "videos", "demo_videos"))
 DEFAULT_MODEL = {"image": "builtin:reference-cnn", "text": "builtin:reference-text", "video": "builtin:reference-cnn"}
@@ -134,8 +149,34 @@ def check_flags(args: argparse.Namespace) -> None:
         )
 
 
-def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> tuple[str, bytes, list[str]]:
-    """(object name under manifests/, body, the flags applied on top of --manifest)."""
+def check_file(args: argparse.Namespace) -> None:
+    """--manifest FILE is there and, if .json, is JSON: else refused naming the local path, before anything starts."""
+    if not args.manifest:
+        return
+    path = Path(args.manifest).expanduser()
+    if not path.is_file():
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise SystemExit(f"sluice: --manifest {path}: {what} (give a .json manifest or a .txt/.csv/.jsonl key list)")
+    if path.name.lower().endswith(".json"):
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise SystemExit(f"sluice: --manifest {path}: not valid JSON ({exc}): fix it, then run again") from None
+
+
+def run_token() -> str:
+    """A local run's own stamp (UTC time and a random part): runs started in the same second still differ."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:4]}"
+
+
+def build(
+    args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None, token: str = ""
+) -> tuple[str, bytes, list[str]]:
+    """(object name under manifests/, body, the flags applied on top of --manifest).
+
+    A generated manifest's name (the default index name) carries `token`: each run its own index,
+    not one shared by every demo run of the emulator; an incremental run updates its lineage's.
+    """
     if args.manifest:
         return _from_file(args, uploaded, earlier)
     job: dict[str, Any] = {"mode": args.mode or "array"}
@@ -153,16 +194,22 @@ def build(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None)
     name = f"local-{kind}s" if folder else ("local-incremental" if earlier and not uploaded.count else "local-demo")
     manifest: dict[str, Any] = {
         "version": 1,
-        "name": name,
+        "name": f"{name}-{token}" if token and earlier is None else name,
         "input": _input(uploaded, kind) if uploaded.count else dict(earlier.input if earlier else {}),
         "model": specs[0] if len(specs) == 1 else specs,
         "job": job,
     }
     if earlier is not None:
         manifest["input"]["since_run"] = earlier.run_id
+    manifest["input"].update(_content(args))
     if given(args, "max_failed_fraction"):
         manifest["max_failed_fraction"] = args.max_failed_fraction
     return "local-run.json", json.dumps(manifest, indent=2).encode(), []
+
+
+def _content(args: argparse.Namespace) -> dict[str, Any]:
+    """The input fields the text and video flags set (the manifest function checks them against the kind)."""
+    return {dest: getattr(args, dest) for dest in CONTENT_FLAGS if given(args, dest)}
 
 
 def _input(uploaded: Uploaded, kind: str) -> dict[str, Any]:
@@ -184,7 +231,7 @@ def _from_file(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | 
     try:
         manifest = json.loads(body)
     except ValueError:
-        return path.name, body, []  # the manifest function rejects it, naming the line
+        return path.name, body, []  # check_file refused it before the run; the manifest function would too
     if not isinstance(manifest, dict):
         return path.name, body, []
     return path.name, json.dumps(apply(manifest, args, uploaded, earlier), indent=2).encode(), flags
@@ -193,8 +240,12 @@ def _from_file(args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | 
 def apply(manifest: dict[str, Any], args: argparse.Namespace, uploaded: Uploaded, earlier: Earlier | None) -> dict:
     """The JSON manifest with the given flags on top (a flag that cannot apply is refused: SystemExit)."""
     m = dict(manifest)
-    if "input" not in m and uploaded.count:
+    if uploaded.count and "input" not in m:
         m["input"] = _input(uploaded, content_source(args)[0])  # a manifest without input reads the upload
+    elif uploaded.count and isinstance(m["input"], dict) and not any(f in m["input"] for f in SOURCE_FIELDS):
+        m["input"] = {**_input(uploaded, content_source(args)[0]), **m["input"]}  # settings, the upload's source
+    if isinstance(m.get("input"), dict) and _content(args):
+        m["input"] = {**m["input"], **_content(args)}
     inp = m.get("input") if isinstance(m.get("input"), dict) else None
     if earlier is not None:
         if inp is None:

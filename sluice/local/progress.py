@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import RunItem
 from sluice.control.records import ShardRecords
+from sluice.models import KIND_WORDS
 from sluice.paths import is_commit_marker
 
 BAR_WIDTH = 24
@@ -35,10 +36,12 @@ class Snapshot:
     status: str
     shards_done: int
     shards_total: int
-    images: int
+    images: int  # objects settled (images, documents or videos)
     images_total: int
     elapsed_s: float
     workers: int
+    kind: str = "image"
+    parts: int = 0  # rows written: a text's chunks, a video's frames (an image is one)
 
     @property
     def rate(self) -> float:
@@ -55,9 +58,12 @@ class Snapshot:
         frac = min(1.0, self.images / self.images_total) if self.images_total else 0.0
         eta = "--" if self.eta_s is None else duration(self.eta_s)
         head = f"[{'#' * int(frac * BAR_WIDTH):<{BAR_WIDTH}}] {frac:4.0%} " if bar else f"{frac:.0%} "
+        noun, part = KIND_WORDS[self.kind]
+        parts = f" ({self.parts} {part})" if part else ""
+        rate = f"{self.rate:.1f} img/s" if noun == "images" else f"{self.rate:.1f} {noun}/s"
         return (
-            f"{head}{self.status} images {self.images}/{self.images_total} shards "
-            f"{self.shards_done}/{self.shards_total} {self.rate:.1f} img/s ETA {eta} workers {self.workers}"
+            f"{head}{self.status} {noun} {self.images}/{self.images_total}{parts} shards "
+            f"{self.shards_done}/{self.shards_total} {rate} ETA {eta} workers {self.workers}"
         )
 
 
@@ -68,26 +74,33 @@ class Progress:
         self._c, self._table, self._enabled = c, table, enabled
         self._out = stream or sys.stderr
         self._tty = self._out.isatty()
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, tuple[int, int]] = {}  # marker key -> (objects, rows)
+        self._kind = "image"  # the run's input kind, from its plan
         self._t0 = time.monotonic()
         self._last = float("-inf")
         self._prefixes: list[str] = []  # each model's output prefix, from the plan
 
-    def images_done(self, output_prefix: str) -> int:
-        """Images settled so far: rows plus failures of every committed chunk (each marker read once)."""
+    def settled(self, output_prefix: str) -> tuple[int, int]:
+        """(objects settled, rows written) of every committed chunk so far (each marker read once).
+
+        A marker's `covers` are the shard positions it settles (succeeded or failed), so objects
+        count once however many rows (a text's chunks, a video's frames) each became.
+        """
         bucket, prefix = parse_s3_uri(output_prefix, allow_empty_key=True)
-        done = 0
+        objects = rows = 0
         for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for o in page.get("Contents", []):
                 k = o["Key"]
                 if is_commit_marker(k) and k not in self._seen:
                     m = json.loads(self._c.s3.get_object(Bucket=bucket, Key=k)["Body"].read())
-                    self._seen[k] = int(m.get("rows", 0)) + len(m.get("failed", []))
-                done += self._seen.get(k, 0)
-        return done
+                    covered = sum(int(b) - int(a) for a, b in m.get("covers", []))
+                    self._seen[k] = (covered, int(m.get("parts", m.get("rows", 0))))  # rows: objects embedded
+                got = self._seen.get(k, (0, 0))
+                objects, rows = objects + got[0], rows + got[1]
+        return objects, rows
 
-    def _images(self, row: RunItem) -> int:
-        """Images every model has settled: the slowest model's count (each model settles every image)."""
+    def _settled(self, row: RunItem) -> tuple[int, int]:
+        """(objects, rows) of the slowest model (each model settles every object)."""
         if not self._prefixes and row.plan_uri:
             from sluice.aws.s3io import read_uri
             from sluice.models import RunPlan
@@ -95,22 +108,26 @@ class Progress:
             with contextlib.suppress(Exception):  # not written yet (a preparing run): the next draw reads it
                 plan = RunPlan.model_validate_json(read_uri(self._c.s3, row.plan_uri))
                 self._prefixes = [plan.model_output_prefix(m) for m in range(len(plan.models))]
+                self._kind = plan.content.kind
         prefixes = self._prefixes or ([row.output_prefix] if row.output_prefix else [])
-        return min((self.images_done(p) for p in prefixes), default=0)
+        return min((self.settled(p) for p in prefixes), default=(0, 0))
 
     def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
         every = TTY_EVERY_S if self._tty else LOG_EVERY_S
         if row is None or not self._enabled or (not force and time.monotonic() - self._last < every):
             return
         self._last = time.monotonic()
+        objects, parts = self._settled(row)
         snap = Snapshot(
             status=row.status.value,
             shards_done=ShardRecords(self._c.dynamodb, self._table).counts(row.run_id).shards_done,
             shards_total=row.total_shards,
-            images=self._images(row),
+            images=objects,
             images_total=int(row.total_keys or 0),
             elapsed_s=time.monotonic() - self._t0,
             workers=running,
+            kind=self._kind,
+            parts=parts,
         )
         if self._tty:
             self._out.write(f"\r  {snap.line(bar=True)}   ")

@@ -34,9 +34,10 @@ from typing import Any
 from sluice.aws.clients import Clients, reset_clients
 from sluice.contracts import RunItem, RunStatus
 from sluice.local import manifest as local_manifest
+from sluice.local.bus import BusTap
 from sluice.local.events import matches, s3_object_created
 from sluice.local.lambda_context import LocalContext
-from sluice.local.manifest import INPUT_BUCKET, Earlier, Uploaded
+from sluice.local.manifest import INPUT_BUCKET, KIND_SUFFIXES, Earlier, Uploaded
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
 from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
@@ -45,14 +46,9 @@ from sluice.local.summary import Ended, report, save, summarize
 from sluice.paths import MANIFESTS_PREFIX
 
 LOCAL_CHUNK_KEYS = 16
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-# Files each kind's folder flag uploads, by name (--texts, --videos); other files are skipped and counted.
-KIND_SUFFIXES = {
-    "image": IMAGE_SUFFIXES,
-    "text": (".txt", ".md", ".markdown", ".rst", ".text"),
-    "video": (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"),
-}
 NotePid = Callable[[int], None]
+INTERRUPTED = "interrupted: the local run was stopped (Ctrl-C, SIGTERM or SIGHUP) and its workers with it"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops the run and what it started
 
 
 class Router:
@@ -99,8 +95,9 @@ class Folder:
 
     root: Path
     images: list[Path]
-    skipped: list[str]
+    skipped: list[str]  # files that are not of the kind by name
     kind: str = "image"
+    unreadable: list[str] = field(default_factory=list)  # dangling symlinks, folders reached twice: named, skipped
 
     @classmethod
     def read(cls, images: str, kind: str = "image") -> Folder:
@@ -109,29 +106,75 @@ class Folder:
         flag = f"--{kind}s"
         if not root.is_dir():
             raise SystemExit(f"sluice: {flag} {root}: " + ("not a directory" if root.exists() else "no such folder"))
-        files = sorted(p for p in root.rglob("*") if p.is_file())
+        files, unreadable = walk(root)
         images_ = [p for p in files if is_image_name(p, kind)]
         skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p, kind)]
         if not images_:
             raise SystemExit(
-                f"sluice: {flag} {root}: no {kind} files ({len(skipped)} other files; "
+                f"sluice: {flag} {root}: no {kind} files ({len(skipped) + len(unreadable)} other files; "
                 f"{kind}s are named {', '.join(KIND_SUFFIXES[kind])})"
             )
-        return cls(root, images_, skipped, kind)
+        for p in images_:
+            if any(ord(ch) < 32 or ord(ch) == 127 for ch in p.name):  # a key S3 cannot take as given
+                raise SystemExit(
+                    f"sluice: {flag} {root}: the file {p.relative_to(root).as_posix()!r} has a control character "
+                    "(a newline?) in its name: rename it, then run again (nothing was uploaded)"
+                )
+        return cls(root, images_, skipped, kind, unreadable)
 
 
-def say_skipped(skipped: list[str], kind: str = "image") -> None:
-    if skipped:
-        shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
-        print(f"sluice: skipped {len(skipped)} file(s) that are not {kind}s by name: {shown}", file=sys.stderr)
+def walk(root: Path) -> tuple[list[Path], list[str]]:
+    """Every file under root, sorted, symlinked subfolders followed; and what was left out, named with why.
+
+    Each real folder is read once: a link back up (a cycle) or a second link to one folder is
+    named, not followed again. A symlink to nothing is named too: skipped, never silently.
+    """
+    files: list[Path] = []
+    unreadable: list[str] = []
+    seen: dict[str, str] = {}  # real folder -> the path it was first read under
+    for top, dirs, names in os.walk(root, followlinks=True):
+        here = Path(top)
+        rel = here.relative_to(root).as_posix()
+        real = os.path.realpath(top)
+        if real in seen:
+            unreadable.append(f"{rel}/ (the folder {seen[real] or '.'}/ again: read once)")
+            dirs[:] = []
+            continue
+        seen[real] = "" if rel == "." else rel
+        dirs.sort()
+        for name in names:
+            p = here / name
+            if p.is_file():
+                files.append(p)
+            elif p.is_symlink() and not p.exists():
+                unreadable.append(f"{p.relative_to(root).as_posix()} (a symlink to {os.readlink(p)}, which is missing)")
+            else:
+                unreadable.append(f"{p.relative_to(root).as_posix()} (not a regular file)")
+    return sorted(files), sorted(unreadable)
 
 
-def _upload_images(c: Any, args: argparse.Namespace, folder: Folder | None, earlier: Earlier | None) -> Uploaded:
+def say_skipped(skipped: list[str], kind: str = "image", unreadable: list[str] | None = None) -> None:
+    """The files a folder run leaves out, named (the first five of each kind of reason)."""
+
+    def shown(names: list[str]) -> str:
+        return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+
+    unreadable = unreadable or []
+    if skipped and not unreadable:
+        print(f"sluice: skipped {len(skipped)} file(s) that are not {kind}s by name: {shown(skipped)}", file=sys.stderr)
+    elif unreadable:
+        parts = [f"{len(skipped)} not {kind}s by name ({shown(skipped)})"] if skipped else []
+        parts.append(f"{len(unreadable)} not read ({shown(unreadable)})")
+        print(f"sluice: skipped {len(skipped) + len(unreadable)} file(s): {'; '.join(parts)}", file=sys.stderr)
+
+
+def _upload_images(
+    c: Any, args: argparse.Namespace, folder: Folder | None, earlier: Earlier | None, stamp: str
+) -> Uploaded:
     """Upload --images DIR (images by name) or --demo N images; nothing for --manifest / --since-run alone.
 
     With --since-run, DIR goes to the prefix that run read (its unchanged images keep their ETags).
     """
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     kind, _, demo = local_manifest.content_source(args)
     if folder is None and demo is None and (args.manifest or earlier):
         return Uploaded("", 0)
@@ -143,7 +186,7 @@ def _upload_images(c: Any, args: argparse.Namespace, folder: Folder | None, earl
             c.s3.put_object(
                 Bucket=INPUT_BUCKET, Key=prefix + p.relative_to(folder.root).as_posix(), Body=p.read_bytes()
             )
-        return Uploaded(prefix, len(folder.images), folder.skipped)
+        return Uploaded(prefix, len(folder.images), folder.skipped, folder.unreadable)
     from sluice.local.demo import demo_objects
 
     n = 200 if demo is None else demo
@@ -169,6 +212,9 @@ class _Services:
     # TMPDIR of every worker and prepare process, removed when the run ends: a process killed
     # by SIGKILL (or stopped mid-way) cannot remove its own sluice-worker-* or spill folders.
     scratch: str = ""
+    tap: BusTap | None = None  # this run's queue of its own events, removed when it ends
+    stopped: int = 0  # workers an interrupted run stopped before its summary
+    clients: Any = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +249,7 @@ def _run_local(args: argparse.Namespace) -> int:
                 fh.write(f"{pid}\n")
 
     local_manifest.check_flags(args)
+    local_manifest.check_file(args)  # a missing or broken --manifest: before any server starts
     kind, source, _ = local_manifest.content_source(args)
     folder = Folder.read(source, kind) if source else None  # a missing or empty folder: before anything starts
     if args.model:
@@ -217,8 +264,8 @@ def _run_local(args: argparse.Namespace) -> int:
         if not svc.waiting:  # uploading or planning: stop now, not after the last image
             raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_signal)
-    previous_term = signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP too: a closed terminal window or `tmux kill-session` must not orphan the servers.
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         _start_services(args, svc, note_pid)
         return _run(start, svc, interrupted)
@@ -226,8 +273,8 @@ def _run_local(args: argparse.Namespace) -> int:
         interrupted.set()
         return 130
     finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, previous_term)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         _stop_services(args, svc, interrupted.is_set())
 
 
@@ -261,10 +308,12 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
     Each step runs even when one before it fails: no server of ours outlives the run by accident.
     """
     keep = args.keep and not interrupted
-    stopped = 0
+    stopped = svc.stopped
     try:
         for ex in svc.executors:
             stopped += ex.stop()
+        if svc.tap is not None and (svc.server is None or keep):  # an emulator that outlives the run
+            svc.tap.close(svc.clients)
     finally:
         try:
             if svc.prom is not None and not keep:
@@ -277,11 +326,16 @@ def _stop_services(args: argparse.Namespace, svc: _Services, interrupted: bool) 
                 if svc.scratch:
                     shutil.rmtree(svc.scratch, ignore_errors=True)
     if interrupted:
-        print(
-            f"\nsluice: interrupted: stopped {stopped} running worker(s), the emulator and Prometheus", file=sys.stderr
-        )
+        print(f"\nsluice: interrupted: stopped {_what_stopped(svc, stopped)}", file=sys.stderr)
     elif keep and (svc.server is not None or svc.prom is not None):
         print(_kept(svc), file=sys.stderr)
+
+
+def _what_stopped(svc: _Services, workers: int) -> str:
+    """What an interrupted run stopped: its workers, and only the servers it started itself."""
+    parts = [f"{workers} running worker(s)"]
+    parts += [name for name, it in (("the emulator", svc.server), ("Prometheus", svc.prom)) if it is not None]
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
 
 
 def _kept(svc: _Services) -> str:
@@ -293,7 +347,7 @@ def _kept(svc: _Services) -> str:
         pids.append(str(svc.prom.pid))
         rm = f" && rm -rf {svc.prom.data_dir}"
     if svc.server is not None:
-        env = keep_exports(svc.server.endpoint, svc.runs_table, svc.control_bucket)
+        env = keep_exports(svc.server.endpoint, svc.runs_table, svc.control_bucket, svc.beats_table)
         lines.append(
             f"moto server left running at {svc.server.endpoint} (pid {svc.server.pid}); for sluice status, runs, "
             f"output sql and local run --endpoint-url:\n  export {env}"
@@ -303,8 +357,8 @@ def _kept(svc: _Services) -> str:
     return "\n".join(lines)
 
 
-def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "") -> str:
-    """The environment that points the sluice CLI at a kept emulator."""
+def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "", beats_table: str = "") -> str:
+    """The environment that points the sluice CLI at a kept emulator (the beats table: reconcile's stall rule)."""
     env = {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -312,19 +366,21 @@ def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "") -> st
         "AWS_DEFAULT_REGION": FAKE_CREDENTIALS["AWS_DEFAULT_REGION"],
         "SLUICE_RUNS_TABLE": runs_table,
         "SLUICE_CONTROL_BUCKET": control_bucket,
+        "SLUICE_BEATS_TABLE": beats_table,
     }
     return " ".join(f"{k}={v}" for k, v in env.items() if v)
 
 
 def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     from sluice.control.ledger import Ledger
-    from sluice.local.executor import ExecutorConfig, LocalExecutor
+    from sluice.local.executor import ExecutorConfig, LocalExecutor, abandon
     from sluice.local.infra import create_local
 
     args = start.args
     reset_clients()  # AWS_ENDPOINT_URL is set: every client from here on talks to the emulator
     c = Clients()
-    stack = create_local(c)
+    stack = create_local(c, observe_bus_events=False)  # each run reads its own events (sluice.local.bus)
+    svc.tap, svc.clients = BusTap.open(c, stack), c
     svc.runs_table, svc.control_bucket = stack.names["RunsTable"], stack.names["ControlBucket"]
     svc.beats_table = stack.names["BeatsTable"]
     forced = getattr(args, "prepare_workers", None)
@@ -354,22 +410,37 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     from sluice.local.sweep import LocalSweep
 
     sweep = LocalSweep(c, stack, executor, run_id)  # ends a hung worker by the control plane's path
-    progress = Progress(c, stack.names["RunsTable"], enabled=not args.json)
+    progress = Progress(c, stack.names["RunsTable"], enabled=True)  # on stderr: --json keeps stdout for its one object
     if not args.json:
         _say_started(args, outcome, svc.endpoint)
     svc.waiting = True
     row = _wait(executor, ledger, run_id, progress, interrupted, sweep)
     progress.end()
-    if row is None:
-        return 130
-    summary = summarize(c, stack, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
-    summary.update(skipped_files=len(uploaded.skipped), metrics=_metrics_note(args, svc))
+    if row is None:  # interrupted: the run is concluded (failed) and still gets its summary.json
+        svc.waiting = False  # a second signal stops at once, without the summary
+        svc.stopped += abandon(executor, INTERRUPTED)
+        svc.executors.remove(executor)
+        row = ledger.get(run_id)
+        if row is None:
+            return 130
+    summary = summarize(c, svc.tap, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
+    summary.update(_more_summary(args, svc, uploaded, run_dir), interrupted=interrupted.is_set())
     summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s", "cause"}) for s in sweep.stalled()]
-    summary["input_prefix"] = uploaded.uri if uploaded.count else None
-    summary["input_dir"] = str(run_dir / "input") if args.demo is not None and uploaded.count else None
     save(run_dir, summary)
     report(summary, args.json)
+    if interrupted.is_set():
+        return 130
     return 0 if row.status is RunStatus.SUCCEEDED else 1
+
+
+def _more_summary(args: argparse.Namespace, svc: _Services, uploaded: Uploaded, run_dir: Path) -> dict[str, Any]:
+    """What the summary says that the run's records do not: skipped files, metrics, the input."""
+    return {
+        "skipped_files": len(uploaded.skipped) + len(uploaded.unreadable),
+        "metrics": _metrics_note(args, svc),
+        "input_prefix": uploaded.uri if uploaded.count else None,
+        "input_dir": str(run_dir / "input") if args.demo is not None and uploaded.count else None,
+    }
 
 
 def _save_demo(run_dir: Path, n: int) -> None:
@@ -410,16 +481,17 @@ def _submit(c: Any, stack: Any, router: Router, start: _Start) -> tuple[dict[str
     args = start.args
     control = stack.names["ControlBucket"]
     earlier = local_manifest.read_earlier(c.s3, control, args.since_run) if args.since_run else None
-    uploaded = _upload_images(c, args, start.folder, earlier)
+    token = local_manifest.run_token()  # this run's own input prefix, manifest key and index
+    uploaded = _upload_images(c, args, start.folder, earlier, token)
     if not args.json:
         kind = local_manifest.content_source(args)[0]
-        say_skipped(uploaded.skipped, kind)
+        say_skipped(uploaded.skipped, kind, uploaded.unreadable)
         if uploaded.count:
             print(f"sluice: uploaded {uploaded.count} {kind}(s) to {uploaded.uri}", file=sys.stderr)
-    name, body, applied = local_manifest.build(args, uploaded, earlier)
+    name, body, applied = local_manifest.build(args, uploaded, earlier, token)
     if applied and not args.json:
         print(f"sluice: --manifest {args.manifest} with {', '.join(applied)} applied on top", file=sys.stderr)
-    key = MANIFESTS_PREFIX + name
+    key = f"{MANIFESTS_PREFIX}local/{token}/{name}"  # one key a run: `sluice status` finds each run's own
     put = c.s3.put_object(Bucket=control, Key=key, Body=body)
     event = s3_object_created(
         control,

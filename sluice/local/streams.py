@@ -2,7 +2,7 @@
 
 Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError; raised from the
 progress line it would end the run before its output is downloaded and its servers stopped.
-A PipeSafe stream stops writing instead: on the first EPIPE it points the descriptor at
+A PipeSafe stream stops writing instead: on the first EPIPE (EIO: a terminal that closed) it points the descriptor at
 /dev/null (so every later write, by any object holding it, succeeds) and remembers it.
 """
 
@@ -48,7 +48,7 @@ class PipeSafe:
         return getattr(self._s, name)
 
     def _gone(self, exc: OSError) -> None:
-        if exc.errno not in (errno.EPIPE, errno.EINVAL):
+        if exc.errno not in (errno.EPIPE, errno.EINVAL, errno.EIO):  # EIO: the terminal closed (SIGHUP)
             raise exc
         self.broken = True
         with contextlib.suppress(OSError, ValueError):

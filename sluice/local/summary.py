@@ -11,6 +11,8 @@ from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
+from sluice.local.bus import BusTap
+from sluice.models import KIND_WORDS
 from sluice.paths import COMMITS_DIR, RunPaths, is_commit_marker
 
 SUMMARY_FILE = "summary.json"  # the summary, in the run's folder too (a closed terminal pipe loses stdout)
@@ -29,22 +31,10 @@ class Ended:
     run_dir: Path
 
 
-def _read_bus(c: Any, queue_url: str) -> list[dict[str, Any]]:
-    """Every event the observer queue holds (what was published on Sluice's buses)."""
-    events: list[dict[str, Any]] = []
-    while True:
-        msgs = c.sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
-        if not msgs:
-            return events
-        events += [json.loads(m["Body"]) for m in msgs]
-        for m in msgs:
-            c.sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
-
-
-def summarize(c: Any, stack: Any, run: Ended) -> dict[str, Any]:
-    """The run's summary; copies its committed output, failures and plan.json into run.run_dir."""
+def summarize(c: Any, tap: BusTap, run: Ended) -> dict[str, Any]:
+    """The run's summary (its own events only, from its tap); copies its output, failures and plan.json to run_dir."""
     row = run.row
-    events = _read_bus(c, stack.observer_queue_url)
+    events = tap.events(c, row.run_id)
     details = [parse_detail(e["detail-type"], e["detail"]) for e in events]
     final = next((d for d in details if isinstance(d, RunSucceeded | RunFailed)), None)
     processed = final.processed if final else (row.processed or 0)
@@ -72,7 +62,43 @@ def summarize(c: Any, stack: Any, run: Ended) -> dict[str, Any]:
     out["output_dir"] = _copy_output(c, row, run.run_dir)
     out["failures_dir"] = str(run.run_dir / "failures")
     out["models"] = _models(run.run_dir)
+    out.update(_kind(run.run_dir, processed, run.seconds))
+    out["damaged"] = _damaged(run.run_dir / "logs")
+    if out["kind"] != "image":  # images/s of a text run misleads: its rate is documents/s (per_s)
+        del out["images_per_s"]
     out.update(_index(c, row, run.run_dir))
+    return out
+
+
+def _damaged(logs: Path) -> list[dict[str, str]]:
+    """Objects kept in part (a video broken part way): key and where it broke, from the workers' log lines."""
+    found: dict[str, str] = {}
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        for line in log.read_text(errors="replace").splitlines():
+            if '"object partly damaged' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            found.setdefault(str(rec.get("key")), str(rec.get("note", "")))
+    return [{"key": k, "note": n} for k, n in sorted(found.items())]
+
+
+def _kind(run_dir: Path, processed: int, seconds: float) -> dict[str, Any]:
+    """What the run embedded, in its own words: objects a second, and the parts (chunks, frames) they became."""
+    from sluice.models import RunPlan
+
+    plan = run_dir / "plan.json"
+    kind = RunPlan.model_validate_json(plan.read_bytes()).content.kind if plan.exists() else "image"
+    out: dict[str, Any] = {"kind": kind, "per_s": round(processed / seconds, 1) if seconds else 0.0}
+    if KIND_WORDS[kind][1]:
+        import pyarrow.parquet as pq
+
+        models = max(1, len(_models(run_dir)))  # each model writes every part
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in (run_dir / "output").rglob("*.parquet"))
+        out["parts"] = rows // models
+        out["parts_per_s"] = round(out["parts"] / seconds, 1) if seconds else 0.0
     return out
 
 
@@ -183,6 +209,15 @@ def report(s: dict[str, Any], as_json: bool) -> None:
     sys.stdout.write("\nSluice local run\n" + "".join(f"  {k:<{width}}  {v}\n" for k, v in rows))
 
 
+def _rate_row(s: dict[str, Any]) -> tuple[str, Any]:
+    """images/s; documents/s with chunks/s; videos/s with frames/s."""
+    noun, part = KIND_WORDS[s.get("kind", "image")]
+    rate = s.get("per_s", s.get("images_per_s"))
+    if not part:
+        return f"{noun}/s", rate
+    return f"{noun}/s", f"{rate}  ({s.get('parts')} {part}, {s.get('parts_per_s')} {part}/s)"
+
+
 def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
     """The summary rows of a run that ran (was not rejected)."""
     fails = ", ".join(f"{k} {v}" for k, v in sorted(s.get("failed_by_reason", {}).items()))
@@ -207,15 +242,17 @@ def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
             for st in s.get("stalled") or []
         ),
         ("wall time", f"{s['wall_s']} s"),
-        ("images/s", s["images_per_s"]),
+        _rate_row(s),
         ("output (S3)", s.get("output_prefix")),
         ("output (local)", output),
-        ("failures", f"{s.get('failures_dir')}  (one JSON line per failed image)" if s.get("failed") else None),
+        ("failures", f"{s.get('failures_dir')}  (one JSON line per failed key)" if s.get("failed") else None),
         ("worker logs", s.get("logs")),
     ]
     rows = [(k, v) for k, v in rows if v is not None]
+    rows += [("damaged", f"{d['key']}  (kept the parts that decode: {d['note']})") for d in s.get("damaged") or []]
     if s.get("index"):
-        rows.append(("index", f"{s['index']}  ({s.get('index_rows')} rows; sluice search {s['index']} --image FILE)"))
+        query = "--text 'WORDS'" if s.get("kind") == "text" else "--image FILE"
+        rows.append(("index", f"{s['index']}  ({s.get('index_rows')} rows; sluice search {s['index']} {query})"))
     elif s.get("index_error"):
         rows.append(("index", f"none: {s['index_error']}"))
     if s.get("input_prefix"):

@@ -41,6 +41,9 @@ def _file_chunks(path: str, chunk: int = 8 * 2**20) -> Iterator[bytes]:
 def _local(
     path: str, name: str, settings: Settings, problems: Problems, s3: Callable[[], Any]
 ) -> tuple[Manifest, Iterator[KeyBatch] | None]:
+    if not os.path.isfile(path):  # a plain rejection naming the path, not an unexpected error's traceback
+        what = "a folder, not a file" if os.path.isdir(path) else "no such file"
+        raise Rejection(f"{path}: {what} (give a .json manifest or a .txt/.csv/.jsonl key list, or an s3:// URI)")
     lower = name.lower()
     if lower.endswith(KEYLIST_SUFFIXES):
         kind = next(s for s in KEYLIST_SUFFIXES if lower.endswith(s))

@@ -230,7 +230,21 @@ def render(m: RunMetrics, out: TextIO | None = None) -> None:
             w(f"{label:<14} n/a" + ("  (no GPU metrics: CPU ranks)\n" if key.startswith("gpu") else "\n"))
         else:
             f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.1f}")
-            w(f"{label:<14} mean {f(st['mean'])}  min {f(st['min'])}  max {f(st['max'])}\n")
+            w(f"{label:<14} mean {f(st['mean'])}  min {f(st['min'])}  max {f(st['max'])}{_why(key, st)}\n")
+    w(
+        "               (mean: over the run's span, from the counters; min/max: of the per-step samples, "
+        "each an instant rate)\n"
+    )
+
+
+def _why(key: str, st: dict[str, Any]) -> str:
+    """Why a mean lies outside its samples' min..max, when it does: they measure different spans."""
+    if key != "images_per_s" or st["min"] <= st["mean"] <= st["max"]:
+        return ""
+    return (
+        "  (the mean counts every image over the whole span; the samples are instant rates at a few steps, "
+        "and a short or bursty run's few steps miss its peaks)"
+    )
 
 
 def _num(v: float | None) -> str:

@@ -13,6 +13,7 @@ from sluice.control.ledger import Ledger
 from sluice.control.records import ShardRecords
 from sluice.control.stall import stalled_attempts
 from sluice.control.waiting import waiting_causes
+from sluice.models import KIND_WORDS
 
 SHOWN = (
     "run_id",
@@ -28,6 +29,7 @@ SHOWN = (
     "skipped",
     "warnings",
     "gpu_family",
+    "kind",
 )
 
 _STILL = {"no_beat": "no first progress beat", "no_progress": "no progress"}  # StalledAttempt.cause
@@ -44,7 +46,7 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
     if row.prepare is not None:
         plain["prepare"] = row.prepare.model_dump(mode="json")
     if row.index is not None:  # the index stage (sluice.control.indexing): uri, state, rows, ...
-        plain["index"] = row.index.model_dump(mode="json", exclude_none=True, exclude={"lease_until"})
+        plain["index"] = row.index.model_dump(mode="json", exclude_defaults=True, exclude={"lease_until"})
     counts = ShardRecords(ledger.client, ledger.table).counts(run_id)
     plain.update(
         shards_total=row.total_shards,
@@ -95,7 +97,8 @@ def render(s: dict[str, Any], out: TextIO) -> None:
     if s.get("total_keys") is not None:
         out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
         keys_done = s["keys_processed"] + s["keys_failed"]
-        out.write(f"keys      {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed)\n")
+        noun = KIND_WORDS[s.get("kind") or "image"][0] if s.get("kind") else "keys"
+        out.write(f"{noun:<9} {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed)\n")
     for st in s.get("stalled", []):
         redo = f", resumed by job {st['redo_job_id']}" if st.get("redo_job_id") else ", no attempt left"
         out.write(
@@ -112,6 +115,9 @@ def render(s: dict[str, Any], out: TextIO) -> None:
         out.write(f"output    {s['output_prefix']}\n")
     if s.get("index"):
         out.write(f"index     {_index_line(s['index'])}\n")
+        if s["index"].get("state") == "indexed":
+            query = "--text 'WORDS'" if s.get("kind") == "text" else "--image FILE"
+            out.write(f"search    sluice search {s['index']['uri']} {query}\n")
 
 
 def _index_line(ix: dict[str, Any]) -> str:

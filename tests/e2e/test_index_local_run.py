@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -36,7 +37,7 @@ def test_a_local_run_ends_with_an_index_where_each_image_is_its_own_top_1(tmp_pa
     assert summary["events"][-2:] == ["Run Succeeded", "Run Indexed"], summary["events"]
     index = summary["index"]
     assert index == os.path.join(summary["output_dir"], "index") and summary["index_rows"] == len(names)
-    assert summary["index_uri"].startswith("s3://") and summary["index_uri"].endswith("/indexes/local-images/")
+    assert re.fullmatch(r"s3://.+/indexes/local-images-\d{8}-\d{6}-[0-9a-f]{4}/", summary["index_uri"])  # its own
 
     queries = [a for n in names for a in ("--image", str(photos / n))]
     found = _cli("search", index, *queries, "-k", "3", "--json", cwd=tmp_path)

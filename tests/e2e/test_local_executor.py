@@ -6,6 +6,7 @@ import io
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -138,3 +139,24 @@ def test_a_job_waits_for_its_dependencies_and_fails_when_one_fails():
     assert dependencies(reducer, jobs) == "failed"
     fail_all(reducer)
     assert reducer.done and reducer.failed and all(t.status is JobStatus.FAILED for t in reducer.tasks)
+
+
+def test_an_attempt_past_its_timeout_is_ended_failed_with_batchs_reason_and_not_retried(submitted, tmp_path):
+    from sluice.control.policy import TIMEOUT_REASON
+
+    executor, job, events = submitted
+    job.timeout_s = 60
+    task = job.tasks[0]
+    job.tasks[1].status = JobStatus.SUCCEEDED  # the other child is done: step() starts nothing
+    task.log_path = str(tmp_path / "hung.log")
+    (tmp_path / "hung.log").write_text("hung\n")
+    task.attempt, task.attempts, task.status = 1, [{}], JobStatus.RUNNING
+    task.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    task.started_ms = int((time.time() - 30) * 1000)  # 30 s in: within its 60 s
+    executor.step()
+    assert task.proc is not None and task.proc.poll() is None
+    task.started_ms = int((time.time() - 61) * 1000)  # past it
+    executor.step()
+    assert task.proc is None and task.status is JobStatus.FAILED  # 5 attempts allowed: a timeout retries none
+    detail = next(e["detail"] for e in events if e["detail"]["status"] == "FAILED")
+    assert detail["statusReason"] == TIMEOUT_REASON

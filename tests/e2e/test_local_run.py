@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+LOCAL_RUN = [sys.executable, "-m", "sluice.cli", "local", "run"]
+
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -120,25 +122,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sigint_stops_everything_within_ten_seconds(tmp_path):
-    pid_file = tmp_path / "pids"
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["sigint", "sighup-closed-terminal"])
+def test_a_stop_signal_stops_everything_within_ten_seconds_and_the_run_still_gets_its_summary(tmp_path, sig):
+    pid_file, scratch, out = tmp_path / "pids", tmp_path / "tmp", tmp_path / "out"
+    scratch.mkdir()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sluice.cli",
-            "local",
-            "run",
-            "--demo",
-            "400",
-            "--shards",
-            "2",
-            "--pid-file",
-            str(pid_file),
-        ],
+        [*LOCAL_RUN, "--demo", "400", "--shards", "2", "--pid-file", str(pid_file), "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},  # where the servers' folders go: none may be left
     )
     deadline = time.monotonic() + 120
     need = 3 if shutil.which("prometheus") else 2  # the server, Prometheus if on PATH, and a worker
@@ -150,13 +143,17 @@ def test_sigint_stops_everything_within_ten_seconds(tmp_path):
     assert len(pids) >= need
     time.sleep(1.0)
     t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert time.monotonic() - t0 < 10
     assert proc.returncode == 130
     assert "interrupted" in err
     time.sleep(0.5)
     assert [p for p in pids if _alive(p)] == []
+    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("sluice-")) == []
+    (summary,) = out.glob("*/summary.json")  # concluded, not left RUNNING
+    s = json.loads(summary.read_text())
+    assert s["interrupted"] is True and s["outcome"] == "failed", s
 
 
 def test_endpoint_url_reuses_a_running_emulator_and_its_resources(tmp_path):

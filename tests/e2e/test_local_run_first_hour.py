@@ -100,3 +100,32 @@ def test_manifest_takes_max_failed_fraction_on_top(tmp_path):
     split = _run(*common, "--shards", "2", "--max-failed-fraction", "0.5", "--json")  # keys_per_shard from --shards
     assert split.returncode == 0, split.stderr[-3000:]
     assert json.loads(split.stdout)["shards"] == 2
+
+
+def test_a_kept_emulator_with_a_run_interrupted_then_resumed_reports_each_run_on_its_own(tmp_path):
+    out, pid_file = tmp_path / "out", tmp_path / "pids"
+    with MotoServer() as server:
+        common = ["--endpoint-url", server.endpoint, "--no-prometheus", "--out", str(out)]
+        first = subprocess.Popen(
+            [*CLI, "--demo", "300", "--shards", "2", "--pid-file", str(pid_file), *common],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_for_pids(pid_file, 1)  # a worker runs
+        time.sleep(2.0)
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=60) == 130
+        (a_dir,) = list(out.iterdir())
+        a = json.loads((a_dir / "summary.json").read_text())
+        assert a["interrupted"] is True and a["outcome"] == "failed"  # concluded, not left RUNNING
+        assert a["events"].count("Run Submitted") == 1 and "Run Failed" in a["events"]
+
+        resumed = _run("--since-run", a["run_id"], "--json", *common)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        b = json.loads(resumed.stdout)
+        assert b["outcome"] == "succeeded" and b["run_id"] != a["run_id"]
+        # Its own events only (one of each), and its own count: what the first run left, no more.
+        assert b["events"].count("Run Submitted") == 1 and b["events"].count("Run Succeeded") == 1
+        assert "Run Failed" not in b["events"]
+        assert b["processed"] + sum(b["skipped"].values()) == 300 and b["processed"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,12 @@ def test_a_folder_of_texts_embeds_every_good_text_in_parts_and_names_the_bad_one
     rows = _rows(run_dir)
     keys = {r["key"].split("/", 5)[-1] for r in rows}
     assert keys == set(good), keys
+    # In its own words: documents and chunks, never images; a --text search suggested.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["kind"] == "text" and summary["parts"] == len(rows) and "images_per_s" not in summary
+    assert re.search(rf"documents/s +{summary['per_s']}  \({len(rows)} chunks, ", proc.stdout), proc.stdout
+    assert f"({len(rows)} chunks) shards 2/2" in proc.stderr, proc.stderr[-2000:]  # the last progress line
+    assert "img/s" not in proc.stderr and "images " not in proc.stderr and " documents " in proc.stderr
     report = sorted((r for r in rows if r["key"].endswith("annual report.txt")), key=lambda r: r["part"])
     assert len(report) >= 3 and [r["part"] for r in report] == list(range(len(report)))
     text = good["reports/2026/annual report.txt"]

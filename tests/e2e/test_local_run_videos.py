@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 import numpy as np
 import pyarrow.parquet as pq
+from PIL import Image
 
 from tests.videos import make_video
 
@@ -23,6 +25,12 @@ def test_a_folder_of_videos_gives_rows_per_sampled_frame_and_names_the_bad_files
         (root / name).write_bytes(make_video(s, size=(80, 60)))
     (root / "random.mp4").write_bytes(np.random.default_rng(3).integers(0, 256, 5000, dtype=np.uint8).tobytes())
     (root / "zero.mp4").write_bytes(b"")
+    photo = io.BytesIO()
+    Image.new("RGB", (40, 30), (20, 90, 200)).save(photo, "JPEG")
+    (root / "photo.mp4").write_bytes(photo.getvalue())  # a still image named like a video
+    whole = make_video(10, size=(80, 60), fps=10, codec="libx264", gop=10)
+    cut = whole.index(b"mdat")
+    (root / "cut.mp4").write_bytes(whole[: cut + (len(whole) - cut) * 6 // 10])  # broken part way
     (root / "notes.txt").write_text("not a video")
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -54,11 +62,16 @@ def test_a_folder_of_videos_gives_rows_per_sampled_frame_and_names_the_bad_files
     assert {f["key"].rsplit("/", 1)[-1]: f["reason"] for f in failures} == {
         "random.mp4": "not_video",
         "zero.mp4": "not_video",
+        "photo.mp4": "not_video",
     }, failures
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [d["key"].rsplit("/", 1)[-1] for d in summary["damaged"]] == ["cut.mp4"], summary["damaged"]
+    assert "cut.mp4  (kept the parts that decode:" in proc.stdout
     rows = [r for f in sorted((run_dir / "output").rglob("*.parquet")) for r in pq.read_table(f).to_pylist()]
     by_key: dict[str, list[dict]] = {}
     for r in rows:
         by_key.setdefault(r["key"].split("/", 5)[-1], []).append(r)
+    assert 1 <= len(by_key.pop("cut.mp4")) < 10  # the frames before the cut
     assert set(by_key) == set(seconds)
     for name, s in seconds.items():
         frames = sorted(by_key[name], key=lambda r: r["part"])

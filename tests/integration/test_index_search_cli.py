@@ -28,6 +28,18 @@ def built(tmp_path_factory) -> tuple[Path, list[str], np.ndarray]:
     return tmp / "idx", keys, x
 
 
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [("zero", "the vector is all zeros or holds NaN/inf"), ("nan-row", "row 1 is all zeros or holds NaN/inf")],
+)
+def test_a_zero_or_nan_query_is_refused_not_answered_with_nothing(tmp_path, built, capsys, rows, said):
+    idx, _, x = built
+    q = np.zeros(x.shape[1], np.float32) if rows == "zero" else np.stack([x[0], np.full(x.shape[1], np.nan)])
+    np.save(tmp_path / "q.npy", q)
+    assert main(["search", str(idx), "--vector-file", str(tmp_path / "q.npy"), "--json"]) == 2  # a usage error
+    assert said in capsys.readouterr().err
+
+
 def test_vector_file_gives_one_list_per_query_and_key_finds_itself(tmp_path, built, capsys):
     idx, keys, x = built
     capsys.readouterr()

@@ -22,6 +22,7 @@ from sluice.contracts import IndexedTable, IndexFailed, JobStatus, RunIndexed, R
 from sluice.control import indexing
 from sluice.control.context import Context
 from sluice.control.ledger import Ledger
+from sluice.control.policy import index_timeout_s
 from sluice.control.reconcile import reconcile
 from sluice.errors import RetriableError
 from sluice.local.events import JobChange, batch_job_state_change
@@ -141,7 +142,7 @@ def test_a_succeeded_run_submits_its_index_job_once_and_publishes_run_indexed_on
     assert cmd_status(ledger, run_id, watch=False, as_json=True, out=buf) == 0
     assert json.loads(buf.getvalue())["index"] == {
         "uri": row.index.uri, "state": "indexed", "job_id": job_id, "rows": 20, "ann": "none",
-        "finished_at": done.index.finished_at,
+        "finished_at": done.index.finished_at, "timeout_s": index_timeout_s(20),
     }  # fmt: skip
     buf = io.StringIO()
     cmd_status(ledger, run_id, watch=False, as_json=False, out=buf)
@@ -339,3 +340,50 @@ def test_an_incremental_run_updates_its_lineages_index_unless_it_names_its_own(a
     own = plan_of("mine", output={"index": {"name": "mine"}}).index
     assert own == IndexTarget(uri=f"s3://{ctl}/indexes/mine/", name="mine")
     assert plan_of("none", output={"index": False}).index is None
+
+
+def test_a_hung_index_build_ends_at_its_timeout_as_index_failed_and_a_rerun_builds_the_index(aws, stack, monkeypatch):
+    from sluice.control.policy import TIMEOUT_REASON
+
+    run_id = _succeeded(aws, stack, monkeypatch, "ixhang")
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    row = ledger.get(run_id)
+    first = str(row.index.job_id)
+    # Its timeout comes from the rows it indexes (20 keys, one model), and reaches Batch with the job.
+    (job,) = aws.batch.describe_jobs(jobs=[first])["jobs"]
+    assert row.index.timeout_s == index_timeout_s(20) == job["timeout"]["attemptDurationSeconds"]
+    bus_events(aws, stack)
+    # Batch ends a hung attempt at its timeout, FAILED with its own reason, and does not retry it.
+    hung = _index_event(stack, run_id, first, JobStatus.FAILED, TIMEOUT_REASON)
+    deliver_job_event(stack, hung, monkeypatch)
+    (failed,) = _published(aws, stack, "Index Failed")
+    assert f"ran past its {index_timeout_s(20)} s timeout" in failed["reason"]
+    assert f"sluice index rerun {run_id}" in failed["reason"]
+    assert ledger.get(run_id).index.state == "failed"
+
+    # The rerun: a job of its own name (the failed one would be adopted by name), a longer timeout.
+    settings = _settings(stack, monkeypatch)
+    second = indexing.rerun(Context.build(settings), run_id, timeout_s=7200)
+    assert second != first
+    (job2,) = aws.batch.describe_jobs(jobs=[second])["jobs"]
+    assert job2["jobName"] == indexing.job_name(run_id, 1) and job2["timeout"]["attemptDurationSeconds"] == 7200
+    assert indexing.is_index_job(run_id, job2["jobName"]) and not indexing.is_index_job(run_id, job2["jobName"] + "x")
+    with pytest.raises(Exception, match="its index stage is submitted"):
+        indexing.rerun(Context.build(settings), run_id)  # one rerun at a time
+    deliver_job_event(stack, hung, monkeypatch)  # the hung job's event again, late: stale, changes nothing
+    assert ledger.get(run_id).index.state == "submitted" and _published(aws, stack, "Index Failed") == []
+
+    _write_outcome(aws, row.index.uri, _indexed(run_id, row.index.uri))
+    change = JobChange(
+        job_id=second,
+        job_name=indexing.job_name(run_id, 1),
+        job_queue=stack.names["PrepareJobQueue"],
+        status=JobStatus.SUCCEEDED,
+        run_id=run_id,
+        exit_code=0,
+    )
+    deliver_job_event(stack, batch_job_state_change(change), monkeypatch)
+    (indexed,) = _published(aws, stack, "Run Indexed")
+    assert indexed["rows"] == 20
+    done = ledger.get(run_id).index
+    assert (done.state, done.job_id, done.retired, done.reruns) == ("indexed", second, [first], 1)

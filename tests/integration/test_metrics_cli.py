@@ -36,6 +36,7 @@ def test_metrics_summary_and_plot(prometheus, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "processed      250   failed 0   ranks 1" in out
     assert "GPU util       n/a  (no GPU metrics: CPU ranks)" in out
+    assert "(mean: over the run's span, from the counters; min/max: of the per-step samples" in out
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
     assert main(["metrics", "m-run", "--url", prometheus.url, "--json"]) == 0

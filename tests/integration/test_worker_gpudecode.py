@@ -1,5 +1,5 @@
 """A whole node with job.decode: gpu without CUDA falls back (warning and counter, no failed shard);
-the loaders' device path, on device="cpu" with the Pillow stand-in for nvJPEG, embeds what the CPU path does."""
+the loaders' device path, on device="cpu" with torchvision's real decode_jpeg, embeds what the CPU path does."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.decode import nvjpeg as gpudecode
 from gpu_worker.main import run_node
 from gpu_worker.sources.store import RunStore
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
-from tests.worker_images import corrupt_images, make_demo_images, pillow_standin_jpeg, png_image
+from tests.worker_images import corrupt_images, make_demo_images, png_image
 
 IMAGES = dict(make_demo_images(30, seed=4242, min_side=90, max_side=260))
 IMAGES.update(corrupt_images())
@@ -59,10 +58,9 @@ def test_gpu_decode_on_a_machine_without_cuda_falls_back_to_the_cpu(tmp_path: Pa
     assert "job.decode gpu, but the rank has no CUDA device: decoding on the CPU" in caplog.text
 
 
-def test_the_loaders_device_path_embeds_what_the_cpu_path_does(tmp_path: Path, monkeypatch):
+def test_the_loaders_device_path_embeds_what_the_cpu_path_does(tmp_path: Path):
     _, cpu = _run(tmp_path, "cpu", "cpu", CFG)
-    # The rank decides the device; here it is set as a CUDA rank would, with nvJPEG's stand-in.
-    monkeypatch.setattr(gpudecode, "torchvision_jpeg", pillow_standin_jpeg)
+    # The rank decides the device; here it is set as a CUDA rank would, torchvision decoding on the CPU.
     result, dev = _run(tmp_path, "dev", "cpu", CFG.replace(decode_device="cpu"))
     assert (result.processed, result.failed, result.ok) == (31, 5, True)
     assert sorted(dev) == sorted(cpu)

@@ -53,3 +53,12 @@ def test_plan_of_a_local_key_list_names_its_line(tmp_path, capsys):
     path.write_bytes(b"\xef\xbb\xbfs3://images/a.jpg\ns3://images/b\x00.jpg\n")
     assert main(["plan", str(path), "--model", "builtin:reference-cnn"]) == 1
     assert "keys.txt line 2: not a key" in capsys.readouterr().err
+
+
+def test_plan_of_a_missing_file_is_a_rejection_naming_it_without_a_traceback(tmp_path, capfd):
+    for name in ("missing.json", "missing.txt"):
+        path = str(tmp_path / name)
+        assert main(["plan", path]) == 1
+        err = capfd.readouterr().err
+        assert f"{path}: no such file" in err
+        assert "Traceback" not in err and '"level"' not in err

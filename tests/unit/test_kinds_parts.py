@@ -26,6 +26,7 @@ class WordsEmbedder:
 
     info = PartsInfo("words")
     output_dim = 8
+    sort_batches = 1
 
     def split(self, data: bytes) -> list[Part]:
         if data.startswith(b"\x00"):
@@ -101,3 +102,31 @@ def test_parts_of_a_key_settle_once_and_a_deferred_key_comes_back_in_the_final_p
     assert [(f["key"], f["reason"]) for f in failed] == [("s3://b/bad", "not_text")]
     marker_rows = sum(m.rows for m in state.markers)
     assert marker_rows == 4, json.dumps([m.rows for m in state.markers])  # keys embedded, not parts
+    assert sum(m.extra["parts"] for m in state.markers) == len(rows) == 8  # parts: the Parquet rows
+
+
+class Grouped(WordsEmbedder):
+    """WordsEmbedder that gathers two batches per embed call (as a text model sorts them), noting each call."""
+
+    sort_batches = 2
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def embed(self, payloads):
+        self.calls.append(len(payloads))
+        return super().embed(payloads)
+
+
+def test_a_model_that_sorts_gets_its_batches_gathered_into_one_call(tmp_path):
+    objects = {f"k{i}": b"w " * 3 for i in range(10)}  # 3 parts a key, 30 in all
+    paths = Paths.for_shard(f"{tmp_path}/out/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 0)
+    spec = SinkSpec(0, 1, intervals.cut([(0, 10)], 10), 10, "float32", {"model": "w"}, RecordLabel("w", "", "t@1", "r"))
+    embedder = Grouped()
+    cfg = WorkerConfig.model_validate({}).replace(fetch_concurrency=1)
+    outputs = KeySinks([ChunkSink(RunStore(), paths, spec)], Stats())
+    PartsStream(cfg, [embedder], outputs, batch=4).run(
+        [(i, "b", k, 0) for i, k in enumerate(objects)], FlakyFetcher(objects)
+    )
+    outputs.finish(ok=True)
+    assert sum(embedder.calls) == 30 and all(n >= 8 for n in embedder.calls[:-1]), embedder.calls

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 
 import pytest
 
@@ -127,3 +128,68 @@ def test_texts_and_videos_flags_give_their_kind_and_its_model(tmp_path):
     assert m["input"]["kind"] == "text"
     with pytest.raises(SystemExit):
         _args("--texts", "a", "--images", "b")  # one source at a time
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "message"),
+    [
+        ("nonexist.json", None, "nonexist.json: no such file"),
+        ("broken.json", '{"version": 1,', "broken.json: not valid JSON (Expecting property name"),
+    ],
+)
+def test_a_missing_or_broken_manifest_is_refused_naming_its_local_path(tmp_path, name, body, message):
+    from sluice.local.manifest import check_file
+
+    path = tmp_path / name
+    if body is not None:
+        path.write_text(body)
+    with pytest.raises(SystemExit, match=re.escape(f"--manifest {tmp_path}/{message}")):
+        check_file(_args("--manifest", str(path)))
+    keys = tmp_path / "keys.txt"
+    keys.write_text("s3://b/a.jpg\n")
+    check_file(_args("--manifest", str(keys)))  # a key list is read by the manifest function
+
+
+def test_each_generated_run_names_its_own_index_and_an_incremental_one_its_lineages(tmp_path):
+    from sluice.local.manifest import run_token
+
+    a, b = run_token(), run_token()
+    assert a != b  # two runs started in the same second differ
+    first = json.loads(build(_args("--demo", "3"), Uploaded(f"demo-{a}/", 3), None, a)[1])
+    second = json.loads(build(_args("--demo", "3"), Uploaded(f"demo-{b}/", 3), None, b)[1])
+    assert (first["name"], second["name"]) == (f"local-demo-{a}", f"local-demo-{b}")
+    earlier = Earlier("run-1", {"prefix": "s3://sluice-local-images/demo-x/"}, [{"uri": "builtin:reference-cnn"}])
+    again = json.loads(build(_args("--since-run", "run-1", "--endpoint-url", "http://e"), NOTHING, earlier, b)[1])
+    assert again["name"] == "local-incremental" and "output" not in again  # the earlier run's index, updated
+
+
+def test_text_and_video_settings_as_flags_and_a_manifest_input_of_settings_only(tmp_path):
+    from sluice.models import Manifest
+
+    texts, prefix = Uploaded("texts/docs-1/", 4), "s3://sluice-local-images/texts/docs-1/"
+    m = _build(
+        tmp_path, None, "--texts", str(tmp_path), "--chunk-tokens", "64", "--overlap-tokens", "8", uploaded=texts
+    )
+    assert m["input"] == {"prefix": prefix, "kind": "text", "chunk_tokens": 64, "overlap_tokens": 8}
+    # A manifest whose input gives settings but no source reads the upload, its settings kept; a flag wins.
+    doc = {"version": 1, "input": {"kind": "text", "chunk_tokens": 100, "overlap_tokens": 10}}
+    m = _build(tmp_path, doc, "--texts", str(tmp_path), "--overlap-tokens", "20", uploaded=texts)
+    assert m["input"] == {"prefix": prefix, "kind": "text", "chunk_tokens": 100, "overlap_tokens": 20}
+    assert Manifest.model_validate({**m, "model": {"uri": "builtin:reference-text"}}).input.chunk_tokens == 100
+    videos = Uploaded("videos/clips-1/", 2)
+    m = _build(tmp_path, None, "--videos", str(tmp_path), "--frames-per-video", "5", uploaded=videos)
+    assert m["input"]["kind"] == "video" and m["input"]["frames_per_video"] == 5
+    # A setting of another kind reaches the manifest function, which names it.
+    m = _build(tmp_path, None, "--demo", "3", "--chunk-tokens", "64", uploaded=Uploaded("demo-1/", 3))
+    with pytest.raises(ValueError, match='chunk_tokens is for "kind": "text"'):
+        Manifest.model_validate(m)
+
+
+def test_the_help_names_every_suffix_each_folder_flag_uploads(capsys):
+    from sluice.local.manifest import KIND_SUFFIXES
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["local", "run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for kind, flag in (("image", "--images"), ("text", "--texts"), ("video", "--videos")):
+        assert " ".join(KIND_SUFFIXES[kind]) in shown, (flag, kind)

@@ -27,3 +27,10 @@ def test_no_eta_before_the_first_image_and_a_full_bar_at_the_end():
     assert _snap(0, 200, 3.0).eta_s is None and "ETA --" in _snap(0, 200, 3.0).line(bar=False)
     done = _snap(200, 200, 40.0)
     assert done.eta_s == 0 and done.line(bar=True).startswith("[" + "#" * 24 + "] 100%")
+
+
+def test_a_text_run_counts_documents_and_shows_its_chunks():
+    s = Snapshot("RUNNING", 1, 4, 50, 200, 10.0, 2, kind="text", parts=180)
+    assert s.line(bar=False) == "25% RUNNING documents 50/200 (180 chunks) shards 1/4 5.0 documents/s ETA 30s workers 2"
+    v = Snapshot("RUNNING", 0, 1, 3, 6, 1.0, 1, kind="video", parts=96)
+    assert "videos 3/6 (96 frames)" in v.line(bar=False) and "3.0 videos/s" in v.line(bar=False)

@@ -322,3 +322,14 @@ def test_plan_targets(duration: float, limits: VideoLimits, expected: list[float
 def test_limits_refuse_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must be"):
         VideoLimits(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_a_still_image_named_like_a_video_is_not_video(fmt: str) -> None:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(buf, fmt)
+    with pytest.raises(VideoFailure) as err:
+        open_video(buf.getvalue())  # FFmpeg would read it as a one-frame video
+    assert err.value.reason == VideoFailureReason.NOT_VIDEO and "a still image" in str(err.value)

@@ -1,9 +1,10 @@
 """The device decode path (gpu_worker.decode.nvjpeg) on device="cpu": routing, batching, fallback, parity.
 
-torchvision's decode_jpeg cannot load beside the CPU torch wheel here, so most tests inject
-`pillow_standin_jpeg` for the one JPEG -> uint8 CHW step; everything around it (header probe,
-bomb guard, batching, device crop/resize, fallback, failure reasons) is the real code. The
-tests at the end use the real torchvision decoder and skip, saying why, where it cannot load.
+The decoder is torchvision's real `decode_jpeg` (the project's pinned torch and torchvision load
+together, so it runs on the CPU here) wherever a test is about the decoded pixels; the routing and
+batching tests inject `pillow_standin_jpeg`, which records which bytes reached the 'device'.
+Everything around the one JPEG -> uint8 CHW step (header probe, bomb guard, batching, device
+crop/resize, fallback, failure reasons) is the real code either way.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def test_embeddings_through_the_device_path_match_the_pillow_path():
     size = 64
     imgs = [d for _, d in make_demo_images(24, seed=9137, min_side=140, max_side=420)]
     cpu = [decode_image(d, size, LIMIT) for d in imgs]
-    device = DeviceDecoder("cpu", size, LIMIT, pillow_standin_jpeg).decode_batch(imgs)
+    device = DeviceDecoder("cpu", size, LIMIT, torchvision_jpeg).decode_batch(imgs)  # the real decoder
     assert all(isinstance(a, np.ndarray) for a in device)
     a, b = _embed(cpu, size), _embed([x for x in device if isinstance(x, np.ndarray)], size)
     cos = (a * b).sum(axis=1)
@@ -258,7 +259,10 @@ def test_which_device_decodes(requested, binds, device, problem, want):
 _TV = nvjpeg_problem("cpu")
 
 
-@pytest.mark.skipif(_TV is not None, reason=f"torchvision.io.decode_jpeg cannot run here: {_TV}")
+def test_the_real_torchvision_decoder_loads_beside_the_pinned_torch():
+    assert _TV is None, f"torchvision.io.decode_jpeg cannot run: {_TV} (install the pinned torch and torchvision)"
+
+
 def test_real_torchvision_decoder_matches_the_standin():
     imgs = [d for _, d in make_demo_images(6, seed=5150, min_side=60, max_side=200)]
     real = DeviceDecoder("cpu", 48, LIMIT, torchvision_jpeg).decode_batch(imgs)
@@ -268,7 +272,6 @@ def test_real_torchvision_decoder_matches_the_standin():
         assert np.abs(r.astype(int) - s.astype(int)).mean() < 3
 
 
-@pytest.mark.skipif(_TV is not None, reason=f"torchvision.io.decode_jpeg cannot run here: {_TV}")
 def test_real_torchvision_decoder_on_the_mixed_batch():
     objs = mixed_batch()
     out = dict(zip(objs, DeviceDecoder("cpu", 32, LIMIT, torchvision_jpeg).decode_batch(list(objs.values()))))
