@@ -195,7 +195,8 @@ class IndexTable:
             raise IndexBuildError(
                 f"{what} holds {shape.dim}-d rows of model {shape.model!r} (model_id {shape.model_id}); the index "
                 f"table {self.uri} holds {m.dim}-d rows of model {m.model!r} (model_id {m.model_id}): one model "
-                "artifact and preprocessing a table: build into another index (--out), or pick the model (--model)"
+                "artifact and preprocessing a table: build into another index (`sluice index build --out`; a run: "
+                "output.index.name), or pick the model (--model)"
             )
 
     @property
