@@ -113,7 +113,5 @@ class Cost:
 def cost(family: str, working: float, starting: float = 0.0, workers: int = 0) -> Cost:
     """What `working` plus `starting` GPU-hours on this family cost (None where the family has no price)."""
     hours, p = working + starting, prices().get(family)
-    parts = {"working_gpu_hours": working, "startup_gpu_hours": starting, "workers": workers}
-    if p is None:
-        return Cost(family, hours, None, None, **parts)
-    return Cost(family, hours, hours * p.per_gpu_hour(False), hours * p.per_gpu_hour(True), **parts)
+    on_demand, spot = (None, None) if p is None else (hours * p.per_gpu_hour(False), hours * p.per_gpu_hour(True))
+    return Cost(family, hours, on_demand, spot, working, starting, workers)
