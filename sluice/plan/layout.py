@@ -64,7 +64,7 @@ def shard_size(unique_keys: int, manifest: Manifest, cap: Capacity) -> tuple[int
     """(keys_per_shard, why): the manifest's when it sets one, else chosen_keys_per_shard's."""
     job = manifest.job
     if "keys_per_shard" in job.model_fields_set:
-        return job.keys_per_shard, "job.keys_per_shard"
+        return job.keys_per_shard, "the manifest's job.keys_per_shard"
     per_s = cap.for_manifest(manifest).rate * max(1, job.gpus_per_node)
     return chosen_keys_per_shard(unique_keys, per_s)
 
