@@ -166,6 +166,16 @@ def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any])
     return out
 
 
+def _reducers_note(n: int, manifest: Manifest, settings: Settings) -> str:
+    """What the prepare stage's reducers may add: each fills its own last shard (docs/manifest.md)."""
+    from sluice.prepare.split import choose_partitions
+
+    reducers = choose_partitions(n, manifest.job.mode, manifest.job.nodes)
+    if n <= settings.prepare_over_keys or manifest.job.mode != "array" or reducers < 2:
+        return ""
+    return f"; the prepare stage's {reducers} reducers may add up to {reducers - 1} partly filled shards"
+
+
 def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[str, Any]:
     """The layout of the scanned (or assumed) keys, and the preflight of that run."""
     source, settings = req.source, req.settings
@@ -197,7 +207,7 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
         "mode": manifest.job.mode,
         "shards": lay.n_shards,
         "keys_per_shard": lay.keys_per_shard,
-        "keys_per_shard_why": lay.why,
+        "keys_per_shard_why": lay.why + _reducers_note(n, manifest, settings),
         "spot_allowed": manifest.job.mode == "array",
         "jobs": [j.model_dump() for j in lay.jobs],
         "models": [m.model_dump() | {"name": m.output_name} for m in manifest.models],
