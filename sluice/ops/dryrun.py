@@ -183,9 +183,11 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
     cap = Capacity.build(settings).for_manifest(manifest)  # as the manifest function builds it (Context)
     if req.decode_per_core_s:
         cap = replace(cap, decode_per_core_s=req.decode_per_core_s)
-    lay = layout(n, manifest, settings.max_array_size, cap)
+    # The prepare stage sizes shards from the keys it reads, duplicates included (docs/manifest.md).
+    staged = scanned["keys_seen"] > settings.prepare_over_keys
+    lay = layout(scanned["keys_seen"] if staged else n, manifest, settings.max_array_size, cap)
     timeout, stall_after_s = run_times(manifest, lay.keys_per_shard, cap)
-    pf = preflight(facts_for(manifest, n, settings, timeout, cap), cap)
+    pf = preflight(facts_for(manifest, n, settings, timeout, cap, lay), cap)
     if manifest.input.prefix and n > LISTING_ADVICE_KEYS:
         pf.checks.append(
             Check(

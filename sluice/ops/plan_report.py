@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from sluice.models import Manifest
-from sluice.plan.layout import layout
+from sluice.plan.layout import Layout, layout
 from sluice.preflight.checks import CHILD_STARTUP_S, Preflight
 from sluice.preflight.facts import Capacity, RunFacts
 from sluice.settings import Settings
@@ -14,10 +14,15 @@ MARK = {"ok": "ok", "warn": "WARN", "error": "ERROR"}
 
 
 def facts_for(
-    manifest: Manifest, unique_keys: int, settings: Settings, timeout_s: int, cap: Capacity | None = None
+    manifest: Manifest,
+    unique_keys: int,
+    settings: Settings,
+    timeout_s: int,
+    cap: Capacity | None = None,
+    lay: Layout | None = None,
 ) -> RunFacts:
-    """The run the manifest makes of `unique_keys` keys (its layout at `cap`, else the stack's), reading no input."""
-    lay = layout(unique_keys, manifest, settings.max_array_size, cap or Capacity.build(settings))
+    """The run the manifest makes of `unique_keys` keys (`lay`, else its layout at `cap` or the stack's)."""
+    lay = lay or layout(unique_keys, manifest, settings.max_array_size, cap or Capacity.build(settings))
     return RunFacts(
         unique_keys=unique_keys,
         keys_per_shard=lay.keys_per_shard,

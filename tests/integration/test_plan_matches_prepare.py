@@ -48,3 +48,17 @@ def test_a_given_shard_size_is_kept_and_the_timeout_derived_from_it(keylist, tmp
     prepared = _prepared(keylist, tmp_path / "out", keys_per_shard=10_000)
     assert (prepared.n_shards, prepared.keys_per_shard) == (20, 10_000)
     assert prepared.timeout_s == derived_timeout_s(10_000, 1, RATE) >= TIMEOUT_FLOOR_S
+
+
+def test_with_duplicates_the_plan_of_a_staged_input_sizes_shards_from_the_keys_read(
+    keylist, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("SLUICE_PREPARE_OVER_KEYS", "1000")  # so the input goes to the prepare stage
+    with keylist.open("a") as fh:  # 10,000 keys again: 210,000 read, 200,000 unique
+        fh.write("".join(f"s3://bucket-a/img/{i:08d}.jpg\n" for i in range(0, 200_000, 20)))
+    assert main(["plan", str(keylist), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    prepared = _prepared(keylist, tmp_path / "out")
+    assert (planned["unique_keys"], prepared.total_keys, prepared.duplicates) == (200_000, 200_000, 10_000)
+    assert (planned["shards"], planned["keys_per_shard"]) == (prepared.n_shards, prepared.keys_per_shard)
+    assert (planned["timeout_s"], planned["stall_after_s"]) == (prepared.timeout_s, prepared.stall_after_s)
