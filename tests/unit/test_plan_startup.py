@@ -34,7 +34,7 @@ def _expected(keys: int, children: int) -> tuple[float, float]:
 def test_the_cost_of_10k_key_shards_includes_every_childs_start_up(tmp_path, capsys, keys):
     s = _plan(tmp_path, capsys, {"keys_per_shard": 10_000}, keys)
     children = -(-keys // 10_000)
-    assert s["shards"] == children and s["keys_per_shard_why"] == "the manifest's job.keys_per_shard"
+    assert s["shards"] == children and s["keys_per_shard_why"].startswith("the manifest's job.keys_per_shard")
     hours, usd = _expected(keys, children)
     c = s["cost"]
     assert c["workers"] == children and c["startup_gpu_hours"] == round(children * CHILD_STARTUP_S / 3600, 2)
