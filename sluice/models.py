@@ -242,7 +242,11 @@ class JobSpec(_ManifestPart):
     mode: Literal["array", "multinode"] = "array"
     nodes: Annotated[int, Field(ge=1, le=MAX_MNP_NODES)] = 2
     gpus_per_node: Annotated[int, Field(ge=0, le=16)] = 1
-    keys_per_shard: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    keys_per_shard: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        default=10_000,
+        description="Keys an array child embeds at most. Left out: chosen by the planner so each child's start-up "
+        "stays under 10% of its time (sluice.plan.layout.shard_size); the default below is then unused.",
+    )
     attempts: Annotated[int, Field(ge=1, le=10)] = 3
     timeout_s: Annotated[int, Field(ge=60, le=14 * 24 * 3600)] | None = Field(
         default=None,

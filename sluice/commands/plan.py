@@ -159,6 +159,8 @@ def _print_plan(summary: dict[str, Any]) -> None:
         f"mode            {summary['mode']}" + ("" if summary["spot_allowed"] else "  (On-Demand: MNP cannot use Spot)")
     )
     print(f"shards          {summary['shards']:,} x <= {summary['keys_per_shard']:,} keys")
+    if summary.get("keys_per_shard_why"):
+        print(f"                {summary['keys_per_shard_why']}")
     for i, j in enumerate(summary["jobs"]):
         print(f"job {i:<11} {j['kind']}: shards {j['shard_offset']}..{j['shard_offset'] + j['shard_count'] - 1}")
     derived = " (derived from keys_per_shard and images/s)" if summary["timeout_derived"] else " (job.timeout_s)"
@@ -220,7 +222,7 @@ def cmd_prepare(args: argparse.Namespace, inv: Invocation) -> int:
     work = Path(args.out, "prepare")
     fresh = not work.exists()
     try:
-        return offline_main(args)
+        return offline_main(args, inv.settings)
     except Rejection:
         if fresh:  # the folder this command wrote for its workers: nothing of the user's is in it
             shutil.rmtree(work, ignore_errors=True)

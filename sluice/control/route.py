@@ -30,7 +30,7 @@ from sluice.input.keys import iter_keys
 from sluice.log import logger
 from sluice.models import Manifest, RunPlan
 from sluice.paths import SCRATCH_TAG
-from sluice.plan.layout import PlanInputs, build_plan, layout
+from sluice.plan.layout import PlanInputs, build_plan, layout, shard_size
 from sluice.plan.scan import scan, write_shards
 from sluice.prepare import split
 from sluice.prepare.split import PARTITION_FACTOR
@@ -143,7 +143,7 @@ def _spec(ctx: Context, req: RunRequest, sized: Sized, workers: int, partitions:
         root=req.paths.root,
         workers=workers,
         partitions=partitions,
-        keys_per_shard=job.keys_per_shard,
+        keys_per_shard=shard_size(sized.keys, req.manifest, ctx.capacity)[0],  # from the estimate: fixed before the map
         mode=job.mode,
         nodes=job.nodes if job.mode == "multinode" else 1,
         default_bucket=req.manifest.input.bucket or settings.default_input_bucket,
@@ -212,7 +212,7 @@ def plan_here(ctx: Context, req: RunRequest) -> RunPlan:
     cap = None if manifest.input.keys is not None else settings.prepare_over_keys * LAMBDA_CAP_FACTOR
     keys = guarded(iter_keys(manifest, s3, settings))
     with scan(keys, max_keys=settings.max_keys, spill_dir=settings.spill_dir, lambda_cap=cap) as sc:
-        lay = layout(sc.unique_keys, manifest, settings.max_array_size)
+        lay = layout(sc.unique_keys, manifest, settings.max_array_size, ctx.capacity)
         plan = build_plan(
             PlanInputs(
                 run_id=req.run_id,

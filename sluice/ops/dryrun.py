@@ -19,16 +19,15 @@ from sluice.input.checks import check_manifest, guarded, reading_input
 from sluice.input.keys import iter_keys
 from sluice.input.manifest import ManifestSource, parse_manifest, read_manifest_object
 from sluice.input.sources import KEYLIST_SUFFIXES, KeyBatch, Problems, iter_keylist
-from sluice.models import InputSpec, Manifest
+from sluice.models import Manifest
 from sluice.ops.plan_report import facts_for
-from sluice.plan.layout import layout, run_times
+from sluice.plan.layout import keylist_manifest, layout, run_times
 from sluice.plan.scan import scan
 from sluice.preflight import Capacity, preflight
 from sluice.preflight.checks import Check, Preflight
 from sluice.preflight.locality import InputSize, add_locality
 from sluice.settings import Settings
 
-LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
 LISTING_ADVICE_KEYS = 10_000_000  # above this a prefix input should be an S3 Inventory report (docs/manifest.md)
 
 
@@ -48,8 +47,7 @@ def _local(
     if lower.endswith(KEYLIST_SUFFIXES):
         kind = next(s for s in KEYLIST_SUFFIXES if lower.endswith(s))
         keys = iter_keylist(_file_chunks(path), path, kind, settings.default_input_bucket, problems)
-        model = {"model": {"uri": settings.default_model_uri}} if settings.default_model_uri else {}
-        return Manifest.model_validate({"version": 1, "input": InputSpec(key_list=LOCAL_KEYLIST), **model}), keys
+        return keylist_manifest(settings), keys
     size = os.path.getsize(path)
     if size > settings.max_manifest_bytes:  # before reading it, as the Lambda does
         raise Rejection(
@@ -171,16 +169,28 @@ def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any])
     return out
 
 
+def _reducers_note(n: int, manifest: Manifest, settings: Settings) -> str:
+    """What the prepare stage's reducers may add: each fills its own last shard (docs/manifest.md)."""
+    from sluice.prepare.split import choose_partitions
+
+    reducers = choose_partitions(n, manifest.job.mode, manifest.job.nodes)
+    if n <= settings.prepare_over_keys or manifest.job.mode != "array" or reducers < 2:
+        return ""
+    return f"; the prepare stage's {reducers} reducers may add up to {reducers - 1} partly filled shards"
+
+
 def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[str, Any]:
     """The layout of the scanned (or assumed) keys, and the preflight of that run."""
     source, settings = req.source, req.settings
     n = scanned["unique_keys"]
-    lay = layout(n, manifest, settings.max_array_size)
     cap = Capacity.build(settings).for_manifest(manifest)  # as the manifest function builds it (Context)
     if req.decode_per_core_s:
         cap = replace(cap, decode_per_core_s=req.decode_per_core_s)
+    # The prepare stage sizes shards from the keys it reads, duplicates included (docs/manifest.md).
+    staged = scanned["keys_seen"] > settings.prepare_over_keys
+    lay = layout(scanned["keys_seen"] if staged else n, manifest, settings.max_array_size, cap)
     timeout, stall_after_s = run_times(manifest, lay.keys_per_shard, cap)
-    pf = preflight(facts_for(manifest, n, settings, timeout), cap)
+    pf = preflight(facts_for(manifest, n, settings, timeout, cap, lay), cap)
     if manifest.input.prefix and n > LISTING_ADVICE_KEYS:
         pf.checks.append(
             Check(
@@ -202,6 +212,7 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
         "mode": manifest.job.mode,
         "shards": lay.n_shards,
         "keys_per_shard": lay.keys_per_shard,
+        "keys_per_shard_why": lay.why + _reducers_note(n, manifest, settings),
         "spot_allowed": manifest.job.mode == "array",
         "jobs": [j.model_dump() for j in lay.jobs],
         "models": [m.model_dump() | {"name": m.output_name} for m in manifest.models],

@@ -5,17 +5,24 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from sluice.models import Manifest
-from sluice.plan.layout import layout
-from sluice.preflight.checks import Preflight
-from sluice.preflight.facts import RunFacts
+from sluice.plan.layout import Layout, layout
+from sluice.preflight.checks import CHILD_STARTUP_S, Preflight
+from sluice.preflight.facts import Capacity, RunFacts
 from sluice.settings import Settings
 
 MARK = {"ok": "ok", "warn": "WARN", "error": "ERROR"}
 
 
-def facts_for(manifest: Manifest, unique_keys: int, settings: Settings, timeout_s: int) -> RunFacts:
-    """The run the manifest makes of `unique_keys` keys (its layout), without reading any input."""
-    lay = layout(unique_keys, manifest, settings.max_array_size)
+def facts_for(
+    manifest: Manifest,
+    unique_keys: int,
+    settings: Settings,
+    timeout_s: int,
+    cap: Capacity | None = None,
+    lay: Layout | None = None,
+) -> RunFacts:
+    """The run the manifest makes of `unique_keys` keys (`lay`, else its layout at `cap` or the stack's)."""
+    lay = lay or layout(unique_keys, manifest, settings.max_array_size, cap or Capacity.build(settings))
     return RunFacts(
         unique_keys=unique_keys,
         keys_per_shard=lay.keys_per_shard,
@@ -32,6 +39,16 @@ def facts_for(manifest: Manifest, unique_keys: int, settings: Settings, timeout_
 
 def _num(v: float) -> str:
     return f"{v:,.0f}" if float(v).is_integer() or abs(v) >= 100 else f"{v:,.2f}"
+
+
+def hours_line(c: dict[str, Any]) -> str:
+    """'GPU-hours 119.05 working + 500.00 starting (30,000 workers x 60 s) = 619.05'."""
+    if not c.get("startup_gpu_hours"):
+        return f"{c['gpu_hours']:,.2f} GPU-hours"
+    return (
+        f"GPU-hours {c['working_gpu_hours']:,.2f} working + {c['startup_gpu_hours']:,.2f} starting "
+        f"({c['workers']:,} workers, {CHILD_STARTUP_S} s each, assumed) = {c['gpu_hours']:,.2f}"
+    )
 
 
 def render(pf: Preflight, out: TextIO) -> None:
@@ -55,7 +72,7 @@ def render_summary(summary: dict[str, Any], out: TextIO) -> None:
         if c.get("on_demand_usd") is not None
         else f"no price for {c['family']} (SLUICE_PRICES_FILE)"
     )
-    out.write(f"\ncost            {c['gpu_hours']:,.2f} GPU-hours, {price}\n")
+    out.write(f"\ncost            {hours_line(c)}, {price}\n")
     out.write(f"                prices: {c['prices']}\n")
     if c.get("transfer_usd") is not None:  # input in another Region: sluice.preflight.locality
         out.write(f"                includes ${c['transfer_usd']:,.2f} for {c['transfer_gb']:,.1f} GB across Regions\n")

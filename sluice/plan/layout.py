@@ -10,8 +10,30 @@ from datetime import UTC, datetime
 from sluice.modelid import static_identity
 from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
 from sluice.paths import RunPaths
-from sluice.preflight.checks import derived_load_grace_s, derived_stall_after_s, derived_timeout_s
+from sluice.preflight import limits as L
+from sluice.preflight.checks import (
+    CHILD_STARTUP_S,
+    STARTUP_TARGET,
+    TIMEOUT_MARGIN,
+    TIMEOUT_SLACK_S,
+    derived_load_grace_s,
+    derived_stall_after_s,
+    derived_timeout_s,
+    startup_share,
+    work_for_share,
+)
 from sluice.preflight.facts import Capacity
+from sluice.settings import Settings
+
+MAX_KEYS_PER_SHARD = 10_000_000  # JobSpec.keys_per_shard's upper bound
+LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
+
+
+def keylist_manifest(settings: Settings, keys_per_shard: int | None = None) -> Manifest:
+    """The manifest a bare local key list runs with (`sluice plan` and `sluice prepare` alike)."""
+    model = {"model": {"uri": settings.default_model_uri}} if settings.default_model_uri else {}
+    job = {} if keys_per_shard is None else {"job": {"keys_per_shard": keys_per_shard}}
+    return Manifest.model_validate({"version": 1, "input": {"key_list": LOCAL_KEYLIST}, **model, **job})
 
 
 @dataclass(frozen=True)
@@ -21,16 +43,56 @@ class Layout:
     n_shards: int
     keys_per_shard: int
     jobs: list[JobLayout]
+    why: str = ""  # how keys_per_shard was decided (`sluice plan` prints it)
 
 
-def layout(unique_keys: int, manifest: Manifest, max_array_size: int) -> Layout:
-    """Array: one child per shard, several array jobs past max_array_size. MNP: node i = shard i."""
+def layout(unique_keys: int, manifest: Manifest, max_array_size: int, cap: Capacity | None = None) -> Layout:
+    """Array: one child per shard, several array jobs past max_array_size. MNP: node i = shard i.
+
+    An array run's shard size is the manifest's job.keys_per_shard, else chosen_keys_per_shard's
+    at `cap`'s images/s (the stack's: Capacity.build; None: Capacity's defaults).
+    """
     job = manifest.job
     if job.mode == "multinode":
         kps = max(1, math.ceil(unique_keys / job.nodes))
-        return Layout(job.nodes, kps, job_layouts(job.nodes, job.mode, max_array_size))
-    n = max(1, math.ceil(unique_keys / job.keys_per_shard))
-    return Layout(n, job.keys_per_shard, job_layouts(n, job.mode, max_array_size))
+        return Layout(job.nodes, kps, job_layouts(job.nodes, job.mode, max_array_size), "job.nodes")
+    kps, why = shard_size(unique_keys, manifest, cap or Capacity())
+    n = max(1, math.ceil(unique_keys / kps))
+    return Layout(n, kps, job_layouts(n, job.mode, max_array_size), why)
+
+
+def shard_size(unique_keys: int, manifest: Manifest, cap: Capacity) -> tuple[int, str]:
+    """(keys_per_shard, why): the manifest's when it sets one, else chosen_keys_per_shard's."""
+    job = manifest.job
+    if "keys_per_shard" in job.model_fields_set:
+        return job.keys_per_shard, "the manifest's job.keys_per_shard"
+    per_s = cap.for_manifest(manifest).rate * max(1, job.gpus_per_node)
+    return chosen_keys_per_shard(unique_keys, per_s)
+
+
+def chosen_keys_per_shard(unique_keys: int, per_s: float) -> tuple[int, str]:
+    """Shards big enough that a child's start-up stays under STARTUP_TARGET of its time, within the limits.
+
+    `per_s`: images a second one child embeds (its GPUs together). Each shard gets at least
+    work_for_share(STARTUP_TARGET) seconds of work; the limits cap the size: JobSpec's 10M keys
+    and a derived timeout within Batch's 14 days (attemptDurationSeconds). The count the size
+    gives needs no cap: Sluice splits past Batch's 10,000 children an array job into several
+    jobs, and a lone shard runs as a plain job (an array job has at least 2 children).
+    """
+    n_keys = max(1, unique_keys)
+    least = max(1, math.ceil(work_for_share(STARTUP_TARGET) * per_s))
+    by_timeout = int((L.BATCH_MAX_TIMEOUT_S - TIMEOUT_SLACK_S) / TIMEOUT_MARGIN * per_s)
+    most = max(1, min(MAX_KEYS_PER_SHARD, by_timeout))
+    target = f"start-up ({CHILD_STARTUP_S} s a child) under {STARTUP_TARGET:.0%} of its time at {per_s:g} images/s"
+    if n_keys <= least:
+        share = startup_share(n_keys / per_s)
+        return n_keys, f"one shard: all {n_keys:,} keys are {n_keys / per_s:,.0f} s of work, start-up {share:.0%}"
+    if least > most:
+        share = startup_share(most / per_s)
+        limit = "JobSpec's 10,000,000" if most == MAX_KEYS_PER_SHARD else "a 14-day timeout's"
+        return most, f"{limit} keys a shard at most: start-up {share:.0%}, over the {STARTUP_TARGET:.0%} aimed at"
+    n = max(n_keys // least, math.ceil(n_keys / most))  # each shard at least `least` keys, at most `most`
+    return math.ceil(n_keys / n), f"chosen: {target}"
 
 
 def job_layouts(n_shards: int, mode: str, max_array_size: int) -> list[JobLayout]:

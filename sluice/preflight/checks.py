@@ -23,6 +23,7 @@ LOAD_GRACE_PER_MODEL_S = 300  # ... and each model's download and load
 # What a child pays before its first image: placement, container start, model load. An assumption
 # for a warm compute environment (not measured here: no GPU); a cold image pull adds minutes.
 CHILD_STARTUP_S = 60
+STARTUP_TARGET = 0.10  # the planner sizes shards so start-up stays under this share of a child's time
 STARTUP_SHARE = 0.25  # start-up over this share of a child's time is a warning ...
 STARTUP_WARN_GPU_S = 3600  # ... when the run's children spend at least a GPU-hour starting
 WARN_AT = 0.8  # a figure past 80% of its limit is a warning
@@ -63,6 +64,21 @@ class Limit:
 def shard_seconds(keys_per_shard: int, gpus: int, rate: float) -> float:
     """Estimated GPU time of one shard on a worker with `gpus` GPUs."""
     return keys_per_shard / (rate * max(1, gpus))
+
+
+def startup_share(shard_s: float) -> float:
+    """Start-up's share of a child's time: CHILD_STARTUP_S over start-up plus its GPU work."""
+    return CHILD_STARTUP_S / (CHILD_STARTUP_S + shard_s)
+
+
+def work_for_share(share: float) -> float:
+    """Seconds of GPU work a child needs so that start-up is `share` of its time."""
+    return CHILD_STARTUP_S * (1 - share) / share
+
+
+def startup_gpu_hours(workers: int, gpus_per_worker: int) -> float:
+    """GPU-hours the run's workers (array children or MNP nodes) hold their GPUs while starting."""
+    return workers * max(1, gpus_per_worker) * CHILD_STARTUP_S / 3600
 
 
 def derived_timeout_s(keys_per_shard: int, gpus: int, rate: float) -> int:
@@ -127,7 +143,8 @@ def preflight(run: RunFacts, cap: Capacity) -> Preflight:
     _lambda(run, add)
     _completion(run, workers, shard_s, add)
     add(decode_check(cap))
-    out.cost = cost(cap.gpu_family, run.unique_keys / cap.rate / 3600).as_dict()
+    starting = startup_gpu_hours(run.n_shards, run.gpus_per_worker)
+    out.cost = cost(cap.gpu_family, run.unique_keys / cap.rate / 3600, starting, run.n_shards).as_dict()
     return out
 
 
@@ -168,13 +185,14 @@ def _startup(run: RunFacts, shard_s: float, add: Any) -> None:
     """Each array child's start-up against its GPU work: worth a warning when it adds up."""
     if not shard_s or run.mode != "array":
         return
-    share = round(CHILD_STARTUP_S / (CHILD_STARTUP_S + shard_s), 2)
+    share = round(startup_share(shard_s), 2)
     # Worth a warning when it adds up: at least a GPU-hour of start-up over the run.
     costly = share > STARTUP_SHARE and run.n_shards * CHILD_STARTUP_S >= STARTUP_WARN_GPU_S
-    more = math.ceil(run.keys_per_shard * CHILD_STARTUP_S * (1 - STARTUP_SHARE) / (STARTUP_SHARE * shard_s))
+    more = math.ceil(run.keys_per_shard * work_for_share(STARTUP_TARGET) / shard_s)
     advice = (
         f"each of {run.n_shards:,} children spends about {CHILD_STARTUP_S} s starting (placement, container, "
-        f"model load; assumed) for {shard_s:,.0f} s of GPU work: raise job.keys_per_shard to about {more:,}"
+        f"model load; assumed) for {shard_s:,.0f} s of GPU work: raise job.keys_per_shard to about {more:,} "
+        f"(start-up {STARTUP_TARGET:.0%}), or leave it out for the planner to size shards"
     )
     add(
         Check(

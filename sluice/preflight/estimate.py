@@ -87,26 +87,31 @@ def family_of(instance_type: str) -> str:
 
 @dataclass(frozen=True)
 class Cost:
-    """GPU-hours and their price, On-Demand and Spot."""
+    """GPU-hours (working plus starting) and their price, On-Demand and Spot."""
 
     family: str
-    gpu_hours: float
+    gpu_hours: float  # the total: working_gpu_hours + startup_gpu_hours
     on_demand_usd: float | None
     spot_usd: float | None
+    working_gpu_hours: float = 0.0  # the keys at the planned images/s
+    startup_gpu_hours: float = 0.0  # each worker's start-up (sluice.preflight.checks.CHILD_STARTUP_S)
+    workers: int = 0  # array children or MNP nodes that start
 
     def as_dict(self) -> dict[str, object]:
         return {
             "family": self.family,
             "gpu_hours": round(self.gpu_hours, 2),
+            "working_gpu_hours": round(self.working_gpu_hours, 2),
+            "startup_gpu_hours": round(self.startup_gpu_hours, 2),
+            "workers": self.workers,
             "on_demand_usd": None if self.on_demand_usd is None else round(self.on_demand_usd, 2),
             "spot_usd": None if self.spot_usd is None else round(self.spot_usd, 2),
             "prices": f"{PRICES_SOURCE}, {PRICES_DATE} (SLUICE_PRICES_FILE overrides)",
         }
 
 
-def cost(family: str, gpu_hours: float) -> Cost:
-    """What `gpu_hours` on this family cost (None where the family has no price)."""
-    p = prices().get(family)
-    if p is None:
-        return Cost(family, gpu_hours, None, None)
-    return Cost(family, gpu_hours, gpu_hours * p.per_gpu_hour(False), gpu_hours * p.per_gpu_hour(True))
+def cost(family: str, working: float, starting: float = 0.0, workers: int = 0) -> Cost:
+    """What `working` plus `starting` GPU-hours on this family cost (None where the family has no price)."""
+    hours, p = working + starting, prices().get(family)
+    on_demand, spot = (None, None) if p is None else (hours * p.per_gpu_hour(False), hours * p.per_gpu_hour(True))
+    return Cost(family, hours, on_demand, spot, working, starting, workers)

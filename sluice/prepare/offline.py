@@ -20,14 +20,16 @@ from typing import Any
 
 from sluice.contracts import PrepareSpec
 from sluice.errors import Rejection
-from sluice.models import MAX_ARRAY_SIZE, RunPlan
+from sluice.models import MAX_ARRAY_SIZE, Manifest, RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.dedup import MAX_POSITIONS
-from sluice.plan.layout import job_layouts
+from sluice.plan.layout import job_layouts, keylist_manifest, run_times, shard_size
+from sluice.preflight.facts import Capacity
 from sluice.prepare.collect import collect
 from sluice.prepare.reduceparts import PrepareError
 from sluice.prepare.split import choose_partitions, estimate_keylist, keylist_tasks
 from sluice.prepare.store import PrepareStore
+from sluice.settings import Settings
 
 
 def _map_child(spec_uri: str, worker: int) -> float:
@@ -70,12 +72,21 @@ class OfflineJob:
     keylist_path: str  # a local .txt/.csv/.jsonl key list
     out_dir: str  # gets shards/, prepare/ and plan.json
     workers: int  # map workers
-    keys_per_shard: int = 10_000
+    keys_per_shard: int | None = None  # None: chosen as `sluice plan` chooses it (sluice.plan.layout.shard_size)
     bucket: str | None = None  # the bucket of bare keys
     partitions: int | None = None  # reduce workers; None: one per 4M keys (choose_partitions)
     processes: bool = True  # each worker in its own process (False: in this one, one after the other)
     max_keys: int = MAX_POSITIONS - 1
     keep_parts: bool = False  # keep prepare/map/ (the map workers' part files) afterwards
+    settings: Settings | None = None  # the stack's capacity and default model, as `sluice plan` reads them
+
+
+def offline_layout(job: OfflineJob, keys_estimate: int) -> tuple[Manifest, Capacity, int]:
+    """(manifest, capacity, keys_per_shard) as `sluice plan` makes them of this key list: one rule for both."""
+    settings = job.settings or Settings.from_env()
+    manifest = keylist_manifest(settings, job.keys_per_shard)
+    cap = Capacity.build(settings)
+    return manifest, cap, shard_size(keys_estimate, manifest, cap)[0]
 
 
 def prepare_offline(job: OfflineJob) -> dict[str, Any]:
@@ -86,13 +97,14 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
     paths, store = RunPaths(root), PrepareStore()
     est = estimate_keylist(store, path)
     run_id = "offline-" + blake2b(path.encode(), digest_size=6).hexdigest()
+    manifest, cap, kps = offline_layout(job, est.keys_estimate)
     spec = PrepareSpec(
         run_id=run_id,
         manifest_uri=path,
         root=root,
         workers=job.workers,
         partitions=job.partitions or choose_partitions(est.keys_estimate),
-        keys_per_shard=job.keys_per_shard,
+        keys_per_shard=kps,
         default_bucket=job.bucket,
         max_keys=job.max_keys,
         input_keys_estimate=est.keys_estimate,
@@ -106,6 +118,7 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
         shutil.rmtree(root + "prepare/map", ignore_errors=True)
     if got.rejected:
         raise Rejection(got.rejected)
+    timeout_s, stall_after_s = run_times(manifest, kps, cap)
     plan = RunPlan.standalone(
         run_id,
         root,
@@ -113,7 +126,9 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
         total_keys=got.unique_keys,
         manifest_uri=path,
         duplicates=got.duplicates,
-        keys_per_shard=job.keys_per_shard,
+        keys_per_shard=kps,
+        timeout_s=timeout_s,
+        stall_after_s=stall_after_s,
         jobs=job_layouts(got.n_shards, "array", MAX_ARRAY_SIZE),
     )
     store.put(paths.plan, plan.model_dump_json(indent=2).encode())
@@ -139,17 +154,18 @@ def add_offline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keys-per-shard",
         type=int,
-        default=10_000,
+        default=None,
         metavar="N",
-        help="keys a shard holds at most (default 10,000; with duplicates a shard holds fewer: docs/manifest.md)",
+        help="keys a shard holds at most (default: chosen as `sluice plan` chooses it, so start-up stays under "
+        "10%% of a child's time; with duplicates a shard holds fewer: docs/manifest.md)",
     )
     p.add_argument("--bucket", metavar="BUCKET", help="bucket for bare keys (the key list's lines without s3://)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
-def offline_main(args: argparse.Namespace) -> int:
+def offline_main(args: argparse.Namespace, settings: Settings | None = None) -> int:
     """`sluice prepare`: run prepare_offline and print its summary; Rejection propagates (the CLI prints it)."""
-    if args.workers < 1 or (args.partitions is not None and args.partitions < 1) or args.keys_per_shard < 1:
+    if args.workers < 1 or (args.partitions is not None and args.partitions < 1) or (args.keys_per_shard or 1) < 1:
         raise PrepareError("--workers, --partitions and --keys-per-shard must be at least 1")
     summary = prepare_offline(
         OfflineJob(
@@ -159,6 +175,7 @@ def offline_main(args: argparse.Namespace) -> int:
             keys_per_shard=args.keys_per_shard,
             bucket=args.bucket,
             partitions=getattr(args, "partitions", None),
+            settings=settings,
         )
     )
     if args.json:

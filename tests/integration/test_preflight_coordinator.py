@@ -42,6 +42,7 @@ def test_run_submitted_carries_the_warnings_and_the_cost_estimate(aws, stack, mo
     # 100 children of 1 s each: 100 minutes of start-up for 100 s of work.
     assert startup.startswith("preflight: child start-up share: 0.98 of a child's time (limit 0.25): each of 100")
     assert "at most 64 children run at once, so the run takes about 2 waves" in warning
-    # 100 images at 1 image/s a GPU: 100 GPU-seconds, priced on the default family (g6e).
-    assert d["gpu_hours_estimate"] == 0.03 and d["cost_estimate_usd"]["family"] == "g6e"  # sluice plan's figure
-    assert d["cost_estimate_usd"]["on_demand"] == round(100 / 3600 * 1.861, 2)
+    # 100 images at 1 image/s a GPU (100 GPU-seconds) and 100 children's 60 s start-up, priced on g6e.
+    hours = (100 + 100 * 60) / 3600
+    assert d["gpu_hours_estimate"] == round(hours, 2) and d["cost_estimate_usd"]["family"] == "g6e"  # sluice plan's
+    assert d["cost_estimate_usd"]["on_demand"] == round(hours * 1.861, 2)

@@ -30,7 +30,8 @@ def test_assume_keys_plans_a_300m_run_without_reading_the_input(tmp_path, capsys
     assert checks["vCPUs for all children at once"]["status"] == "ok"  # 8,000 of 8,000: every child fits
     assert checks["S3 GET/s"]["status"] == "warn" and checks["S3 GET/s"]["value"] == 2_000 * 700
     assert "Lambda memory" not in checks  # 300M keys go to the prepare stage
-    assert s["cost"]["gpu_hours"] == round(300_000_000 / 700 / 3600, 2) and s["cost"]["family"] == "g6e"
+    assert s["cost"]["working_gpu_hours"] == round(300_000_000 / 700 / 3600, 2) and s["cost"]["family"] == "g6e"
+    assert s["cost"]["gpu_hours"] == round(300_000_000 / 700 / 3600 + 2_000 * 60 / 3600, 2)  # and 60 s a child
 
 
 def test_an_error_check_exits_non_zero_with_the_table(tmp_path, capsys):

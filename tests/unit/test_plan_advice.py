@@ -16,7 +16,7 @@ def _plan(tmp_path, capsys, inp: dict, job: dict, keys: int) -> dict:
 
 
 def test_300m_keys_of_a_prefix_get_the_inventory_and_start_up_advice(tmp_path, capsys):
-    checks = _plan(tmp_path, capsys, {"prefix": "s3://my-images/stock/"}, {}, 300_000_000)
+    checks = _plan(tmp_path, capsys, {"prefix": "s3://my-images/stock/"}, {"keys_per_shard": 10_000}, 300_000_000)
     listing = checks["prefix listing"]
     assert listing["status"] == "warn" and listing["value"] == 300_000 and "S3 Inventory" in listing["advice"]
     startup = checks["child start-up share"]  # 30,000 children of ~14 s of GPU work each

@@ -100,7 +100,10 @@ def test_the_shard_time_advice_fits_the_timeout():
 
 def test_cost_is_gpu_hours_times_the_price():
     pf = preflight(_run(unique_keys=3_600_000), Capacity(images_per_gpu_s=100.0, gpu_family="g5"))
-    assert pf.cost["gpu_hours"] == 10.0 and pf.cost["on_demand_usd"] == 10.06 and pf.cost["spot_usd"] == 4.02
+    hours = 10.0 + 10 * 60 / 3600  # 3.6M keys at 100/s, and each of the 10 children's 60 s start-up
+    assert (pf.cost["working_gpu_hours"], pf.cost["startup_gpu_hours"]) == (10.0, round(10 * 60 / 3600, 2))
+    assert pf.cost["gpu_hours"] == round(hours, 2)
+    assert pf.cost["on_demand_usd"] == round(hours * 1.006, 2) and pf.cost["spot_usd"] == round(hours * 1.006 * 0.4, 2)
 
 
 def test_a_prices_file_overrides_the_table(tmp_path, monkeypatch):
@@ -108,7 +111,8 @@ def test_a_prices_file_overrides_the_table(tmp_path, monkeypatch):
     f.write_text('{"g5": {"on_demand": 2.0, "spot": 0.5, "gpus": 1}}')
     monkeypatch.setenv("SLUICE_PRICES_FILE", str(f))
     pf = preflight(_run(unique_keys=3_600_000), Capacity(images_per_gpu_s=100.0, gpu_family="g5"))
-    assert (pf.cost["on_demand_usd"], pf.cost["spot_usd"]) == (20.0, 5.0)
+    hours = 10.0 + 10 * 60 / 3600  # working and starting, as above
+    assert (pf.cost["on_demand_usd"], pf.cost["spot_usd"]) == (round(hours * 2.0, 2), round(hours * 0.5, 2))
 
 
 def test_measured_gpu_hours_are_priced_on_the_deployed_family():

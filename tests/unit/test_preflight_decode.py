@@ -49,11 +49,11 @@ def test_cpu_decode_on_a_g6e_xlarge_warns_and_gpu_decode_is_ok(tmp_path, capsys)
     assert check["status"] == "warn" and (check["value"], check["limit"]) == (12_000, 4 * DECODE_PER_CORE_S)
     assert "job.decode gpu" in check["advice"] and "g6e.16xlarge" in check["advice"]
     # The estimate runs at the bound rate: the CPUs' 800 images/s, not the GPU's 12,000.
-    assert cpu["images_per_gpu_s"] == 800 and cpu["cost"]["gpu_hours"] == round(1e8 / 800 / 3600, 2)
+    assert cpu["images_per_gpu_s"] == 800 and cpu["cost"]["working_gpu_hours"] == round(1e8 / 800 / 3600, 2)
     assert cpu["images_per_gpu_s_source"].startswith("bound by CPU decode (job.decode cpu, 4 vCPUs a GPU")
     gpu = _plan(tmp_path, capsys, *base, "--decode", "gpu")
     assert _decode(gpu)["status"] == "ok" and gpu["images_per_gpu_s"] == 12_000
-    assert gpu["cost"]["gpu_hours"] == round(1e8 / 12_000 / 3600, 2)
+    assert gpu["cost"]["working_gpu_hours"] == round(1e8 / 12_000 / 3600, 2)
     auto = _plan(tmp_path, capsys, *base)  # the manifest's default: auto decodes on the GPU when it binds
     assert _decode(auto)["status"] == "ok" and auto["decode_binds"] and "nvJPEG" in _decode(auto)["advice"]
 
