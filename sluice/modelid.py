@@ -129,8 +129,11 @@ def static_identity(spec: ModelSpec, content: ContentSpec) -> str:
     return static_id(spec.uri) + preprocessing(content.kind, spec.image_size, content)
 
 
-def sidecar_image_size(uri: str, s3: S3Client | None) -> int | None:
-    """The image_size a model file's sidecar spec (`<file>.json`) fixes, overriding the manifest's; None: none read."""
+def read_sidecar(uri: str, s3: S3Client | None) -> dict[str, Any] | None:
+    """A model file's sidecar spec (`<file>.json`, written by `sluice model export`); None when there is none.
+
+    A transient S3 failure raises RetriableError (the caller decides: the coordinator retries the upload).
+    """
     if uri.startswith("builtin:"):
         return None
     try:
@@ -144,12 +147,22 @@ def sidecar_image_size(uri: str, s3: S3Client | None) -> int | None:
                 raw = fh.read()
         spec = json.loads(raw)
     except (ClientError, BotoCoreError) as exc:
-        if classify(exc).retriable:  # a 503 must not change the id: the coordinator retries the upload
+        if classify(exc).retriable:
             raise translate(exc, f"GET {uri}.json") from exc
-        return None  # no sidecar, or none this role may read: the manifest's size (may re-embed, never mix)
+        return None  # no sidecar, or none this role may read
     except (OSError, ValueError):
         return None
-    size = spec.get("image_size") if isinstance(spec, dict) else None
+    return spec if isinstance(spec, dict) else None
+
+
+def sidecar_image_size(uri: str, s3: S3Client | None) -> int | None:
+    """The image_size a model file's sidecar spec fixes, overriding the manifest's; None: none read.
+
+    A 503 must not change the id, so it raises (read_sidecar); no sidecar: the manifest's size (may
+    re-embed, never mix).
+    """
+    spec = read_sidecar(uri, s3)
+    size = spec.get("image_size") if spec else None
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 

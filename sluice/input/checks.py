@@ -137,22 +137,13 @@ def _model_problem(uri: str, field: str, settings: Settings, s3: S3Client | None
 
 
 def _spec_of(uri: str, s3: S3Client | None) -> dict[str, object] | None:
-    """A model file's sidecar spec (`<file>.json`, written by `sluice model export`), or None when there is none."""
-    import json
+    """A model file's sidecar spec, or None when there is none or it cannot be read now (the worker checks)."""
+    from sluice.modelid import read_sidecar
 
     try:
-        if uri.startswith("s3://"):
-            if s3 is None:
-                return None
-            bucket, key = parse_s3_uri(uri + ".json")
-            raw = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        else:
-            with open(uri + ".json", "rb") as fh:
-                raw = fh.read()
-        spec = json.loads(raw)
-    except (ClientError, BotoCoreError, OSError, ValueError):
-        return None  # no sidecar, or not one to read here: the worker checks the file's own spec
-    return spec if isinstance(spec, dict) else None
+        return read_sidecar(uri, s3)
+    except RetriableError:
+        return None  # not one to read here: the worker checks the file's own spec
 
 
 def _kind_problem(manifest: Manifest, i: int, s3: S3Client | None) -> str | None:
