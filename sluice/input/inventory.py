@@ -168,7 +168,9 @@ def inflate(
             data = d.unused_data if d.eof else d.unconsumed_tail
             if piece:
                 out += len(piece)
-                limit = min(max_inflated, ratio * seen + SLACK)
+                # The ratio against the compressed bytes consumed so far, not those received: a bomb
+                # that arrives in one chunk stops after SLACK + ratio x what it took, not the chunk's.
+                limit = min(max_inflated, ratio * (seen - len(data)) + SLACK)
                 if out > limit:
                     raise _bomb(name, out, seen, limit)
                 yield piece

@@ -43,7 +43,7 @@ from tests.worker_images import (
     png_image,
 )
 
-LIMIT = 89_478_485
+LIMIT = 89_478_485  # PIL.Image's own default MAX_IMAGE_PIXELS
 
 
 class Recording:
@@ -149,7 +149,10 @@ def test_what_the_device_decoder_refuses_goes_to_the_cpu_path():
     assert dec.counts == {"device": 0, "cpu": 0, "refused": 2}
 
 
-def test_the_bomb_guard_reads_the_header_before_the_device():
+def test_the_bomb_guard_reads_the_header_before_the_device(monkeypatch):
+    # Pillow's guard is process-wide and decode_image sets it to a worker's limit: another test's
+    # smaller limit would answer first here, so this test starts from Pillow's default.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", LIMIT)
     with pytest.raises(ObjectFailure) as exc:
         route(header_bomb_jpeg(), LIMIT)
     assert exc.value.reason == FailureReason.BOMB and "12000x12000" in exc.value.detail
