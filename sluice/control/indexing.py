@@ -135,7 +135,9 @@ def on_end(
         return None  # an earlier attempt's late event: a rerun's job decides now
     if run.outbox is not None:
         outbox.deliver(ctx, run.run_id)  # the outbox holds one event: what was pending goes out first
-    return _end(ctx, run, outcome(ctx, run, status, reason, job_id, stage), None if stage else job_id)
+    return _end(
+        ctx, run, outcome(ctx, run, status, reason, job_id, stage), job_id if stage in (None, "commit") else None
+    )
 
 
 def _stage(run: RunItem, job_id: str, name: str | None) -> str | None:
