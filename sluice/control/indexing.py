@@ -55,7 +55,7 @@ PENDING = ("claimed", "submitted")
 Outcome = RunIndexed | IndexFailed
 
 
-def claim(plan: RunPlan, processed: int, settings: Settings | None = None) -> dict[str, Any]:
+def claim(plan: RunPlan, processed: int, settings: Settings) -> dict[str, Any]:
     """The RUN item's fields that claim the index stage, written with "Run Succeeded"; none when the index is off.
 
     The mode (one job, or the fleet's stages and their children) and the timeouts are decided
@@ -64,10 +64,9 @@ def claim(plan: RunPlan, processed: int, settings: Settings | None = None) -> di
     """
     if plan.index is None:
         return {}
-    s = settings or Settings()
     c = plan.content
     rows = index_rows(c.kind, c.frames_per_video, len(plan.models), processed)
-    mode, children = index_mode(rows, s.index_fleet_rows, s.index_rows_per_child)
+    mode, children = index_mode(rows, settings.index_fleet_rows, settings.index_rows_per_child)
     if mode == "fleet":
         ix = IndexItem(uri=plan.index.uri, state="claimed", mode="fleet", children=children, planned_rows=rows)
     else:
@@ -100,7 +99,7 @@ def start(ctx: Context, run_id: str, *, now: float | None = None) -> str | None:
         failed = IndexFailed(run_id=run_id, index_uri=run.index.uri, reason=f"the index job was not submitted: {exc}")
         _end(ctx, run, failed, None)
         return None
-    expr, vals = "SET #ix.#st = :submitted, #ix.job_id = :job", {":job": job_id}
+    expr, vals = "SET #ix.#st = :submitted, #ix.job_id = :job", dict[str, Any]({":job": job_id})
     if stages:
         expr, vals = expr + ", #ix.stages = :stages", {**vals, ":stages": stages}
     if _update(ctx, run_id, expr, vals, "#ix.#st = :claimed"):

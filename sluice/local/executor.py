@@ -163,6 +163,17 @@ def fail_all(job: LocalJob) -> None:
     job.done = job.failed = True
 
 
+def definition_strategy(batch: Any, cache: dict[str, dict[str, Any] | None], arn: str | None) -> dict[str, Any] | None:
+    """The job definition's retryStrategy, None when it has none (cached per ARN in `cache`)."""
+    if not arn:
+        return None
+    if arn not in cache:
+        defs = batch.describe_job_definitions(jobDefinitions=[arn])["jobDefinitions"]
+        strategy = defs[0].get("retryStrategy") if defs else None
+        cache[arn] = dict(strategy) if strategy else None
+    return cache[arn]
+
+
 def plan_attempts(plan_uri: str | None) -> int:
     """The plan's attempts (what Sluice's SubmitJob puts in retryStrategy); the default if unreadable."""
     from sluice.aws.clients import client
@@ -265,23 +276,13 @@ class LocalExecutor:
         if own:
             return dict(own)
         env = {e["name"]: e["value"] for e in (j.get("container") or {}).get("environment", [])}
-        defined = self._job_definition_strategy(j.get("jobDefinition"))
+        defined = definition_strategy(self._batch, self._definition_strategies, j.get("jobDefinition"))
         rules = tuple(defined.get("evaluateOnExit") or ()) if defined is not None else None
         if "SLUICE_PLAN_URI" not in env and defined is not None and defined.get("attempts"):
             attempts = int(defined["attempts"])
         else:
             attempts = plan_attempts(env.get("SLUICE_PLAN_URI") or (row.plan_uri if row else None))
         return {"attempts": attempts, "evaluateOnExit": list(rules if rules is not None else EVALUATE_ON_EXIT)}
-
-    def _job_definition_strategy(self, arn: str | None) -> dict[str, Any] | None:
-        """The job definition's retryStrategy, None when it has none (cached per ARN)."""
-        if not arn:
-            return None
-        if arn not in self._definition_strategies:
-            defs = self._batch.describe_job_definitions(jobDefinitions=[arn])["jobDefinitions"]
-            strategy = defs[0].get("retryStrategy") if defs else None
-            self._definition_strategies[arn] = dict(strategy) if strategy else None
-        return self._definition_strategies[arn]
 
     # ---- running ---------------------------------------------------------------------------
 
