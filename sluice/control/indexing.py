@@ -134,9 +134,23 @@ def on_end(
         return None  # an earlier attempt's late event: a rerun's job decides now
     if run.outbox is not None:
         outbox.deliver(ctx, run.run_id)  # the outbox holds one event: what was pending goes out first
-    return _end(
-        ctx, run, outcome(ctx, run, status, reason, job_id, stage), job_id if stage in (None, "commit") else None
-    )
+    end_id = job_id if stage in (None, "commit") else None
+    if stage and status == JobStatus.FAILED:
+        stage, job_id, reason = _first_failed(ctx, run, stage, (job_id, reason))
+    return _end(ctx, run, outcome(ctx, run, status, reason, job_id, stage), end_id)
+
+
+def _first_failed(ctx: Context, run: RunItem, stage: str, got: tuple[str, str | None]) -> tuple[str, str, str | None]:
+    """The earliest stage that FAILED (stage, job id, reason): Batch fails the stages after it as well, and
+    their events may come first; `got` (the event's job id and reason) when no earlier one did."""
+    assert run.index is not None
+    earlier = [s for s in INDEX_STAGES[: INDEX_STAGES.index(stage)] if s in run.index.stages]
+    descs = _describe(ctx, [run.index.stages[s] for s in earlier]) if earlier else []
+    first = next((d for d in descs if d.get("status") == JobStatus.FAILED.value), None)
+    if first is None:
+        return stage, got[0], got[1]
+    name = next(s for s in earlier if run.index.stages[s] == first["jobId"])
+    return name, str(first["jobId"]), first.get("statusReason")
 
 
 def _stage(run: RunItem, job_id: str, name: str | None) -> str | None:

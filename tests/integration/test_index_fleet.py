@@ -330,3 +330,37 @@ def test_single_mode_below_the_threshold_and_old_items_read_as_single(aws, stack
     (desc,) = aws.batch.describe_jobs(jobs=[job_id])["jobs"]
     assert desc["jobName"] == indexing.job_name(run_id) and "arrayProperties" not in desc
     assert IndexItem.model_validate({"uri": "s3://b/i/", "state": "submitted", "job_id": "j"}).mode == "single"
+
+
+def _batch_says_failed(job_id: str, reason: str) -> None:
+    """moto's record of a job, as Batch would describe a failed one (moto runs nothing: it ends SUCCEEDED)."""
+    from moto.batch.models import batch_backends
+    from moto.batch.utils import JobStatus as MotoStatus
+    from moto.core import DEFAULT_ACCOUNT_ID
+
+    job = batch_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]._jobs[job_id]
+    deadline = time.monotonic() + 10
+    while job.status != MotoStatus.SUCCEEDED and time.monotonic() < deadline:  # moto's own end first
+        time.sleep(0.05)
+    job.status, job.job_stopped_reason = MotoStatus.FAILED, reason
+
+
+def test_a_dependent_stages_failure_arriving_first_is_told_as_the_stage_that_failed(aws, stack, monkeypatch):
+    settings = _settings(stack, monkeypatch)
+    run_id = "fl-first"
+    _claimed(aws, stack, settings, run_id)
+    indexing.start(Context.build(settings), run_id)
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    stages = dict(ledger.get(run_id).index.stages)
+    oom = "OutOfMemoryError: Container killed due to memory usage"
+    _batch_says_failed(stages["train"], oom)  # train was killed, writing no cause
+    bus_events(aws, stack)
+    evs = _events(stack, run_id, stages, Fleet(0, "train", False, None), 3)
+    commit_failed = next(
+        e for e in evs if e["detail"]["jobId"] == stages["commit"] and e["detail"]["status"] == "FAILED"
+    )
+    for ev in [commit_failed, *evs]:  # Batch failed commit as well; its event comes first
+        deliver_job_event(stack, ev, monkeypatch)
+    (failed,) = [e["detail"] for e in bus_events(aws, stack) if e["detail-type"] == "Index Failed"]
+    assert f"the index build's train stage (job {stages['train']}) failed ({oom})" in failed["reason"]
+    assert DEPENDENT not in failed["reason"]
