@@ -10,6 +10,7 @@ duplicates, to the real completion handler: exactly one "Run Indexed" or "Index 
 
 from __future__ import annotations
 
+import io
 import itertools
 import time
 import uuid
@@ -31,6 +32,7 @@ from sluice.control.ledger import Ledger
 from sluice.control.policy import INDEX_STAGES
 from sluice.local.events import JobChange, attempt, batch_job_state_change
 from sluice.models import IndexTarget, ModelSpec
+from sluice.ops.status import cmd_status
 from sluice.paths import RunPaths, index_result
 from sluice.settings import Settings
 from tests.integration.completion_support import deliver_job_event
@@ -281,6 +283,9 @@ def test_a_failed_stage_ends_index_failed_naming_it_once_and_a_rerun_submits_all
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
     row = ledger.get(run_id)
     assert row.index.state == "submitted" and row.index.job_id == commit and set(row.index.stages) == set(INDEX_STAGES)
+    buf = io.StringIO()
+    cmd_status(ledger, run_id, watch=False, as_json=False, out=buf)
+    assert f"submitted on the fleet: train, 3 segment children, commit (job {commit})" in buf.getvalue()
     bus_events(aws, stack)
     fl = Fleet(fault=0, fails=stage, written=False, retried_child=None)
     for ev in _events(stack, run_id, dict(row.index.stages), fl, 3) * 2:
