@@ -262,15 +262,6 @@ def _check(aws: Any, stack: Any, ledger: Ledger, run_id: str, fl: Fleet, ids: di
     assert indexing.sweep(Context.build(Settings.from_env()), ledger.get(run_id), now=time.time() + 3600) == []
 
 
-def test_a_fleet_claim_is_decided_once_by_the_rows(monkeypatch):
-    from sluice.control.policy import index_mode
-
-    assert index_mode(1_999_999, 2_000_000, 10_000_000) == ("single", 1)
-    assert index_mode(2_000_000, 2_000_000, 10_000_000) == ("fleet", 2)  # at least 2: Batch's array minimum
-    assert index_mode(300_000_000, 2_000_000, 10_000_000) == ("fleet", 30)
-    assert index_mode(10**12, 2_000_000, 10_000_000) == ("fleet", 10_000)  # Batch's array maximum
-
-
 @pytest.mark.parametrize("stage", INDEX_STAGES)
 def test_a_failed_stage_ends_index_failed_naming_it_once_and_a_rerun_submits_all_three_anew(
     aws, stack, monkeypatch, stage
