@@ -91,8 +91,9 @@ INDEX_RESOURCES: dict[str, tuple[int, int]] = {
     "segments": (4, 16384),
     "commit": (2, 4096),
 }
-# The index jobs run on Fargate (the prepare queue): Linux/x86, us-east-1, 2025-06
-# (aws.amazon.com/fargate/pricing): USD per vCPU-hour and per GB-hour.
+# The index jobs run on Fargate (the prepare queue): Linux/x86 On-Demand, us-east-1, 2025-06
+# (aws.amazon.com/fargate/pricing; the same rates still quoted in 2026): USD per vCPU-hour and per
+# GB-hour. Ephemeral storage above the free 20 GB ($0.000111 a GB-hour) is left out: cents.
 FARGATE_VCPU_HOUR = 0.04048
 FARGATE_GB_HOUR = 0.004445
 FARGATE_PRICE_SOURCE = "aws.amazon.com/fargate/pricing, Linux/x86 us-east-1, 2025-06"
