@@ -792,6 +792,7 @@ class PrepareItem(_Written):
 
 
 IndexState = Literal["claimed", "submitted", "indexed", "failed"]
+IndexMode = Literal["single", "fleet"]
 
 
 class IndexItem(_Written):
@@ -808,6 +809,12 @@ class IndexItem(_Written):
     timeout_s: int | None = None  # its job's timeout, from the rows it indexes (sluice.control.policy)
     reruns: int = 0  # `sluice index rerun`: each rerun submits a job of its own name
     retired: list[str] = Field(default_factory=list)  # the job ids of earlier attempts: their late events are stale
+    # "single": one job (job_id); "fleet": train, segments (an array of `children`) and commit, each
+    # job id in `stages` (job_id is commit's). An item written before the fleet existed is "single".
+    mode: IndexMode = "single"
+    children: int | None = None
+    planned_rows: int | None = None  # fleet: the rows estimated at the claim (the stage timeouts)
+    stages: dict[str, str] = Field(default_factory=dict)
 
 
 RunItem.model_rebuild()

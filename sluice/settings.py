@@ -146,6 +146,30 @@ class Settings(EnvSettings):
     index_job_definition: str = Field(
         "sluice-index", description="SLUICE_INDEX_JOB_DEFINITION: the index stage's CPU job (on the prepare queue)."
     )
+    index_train_job_definition: str = Field(
+        "sluice-index-train", description="SLUICE_INDEX_TRAIN_JOB_DEFINITION: the fleet index build's train stage."
+    )
+    index_segment_job_definition: str = Field(
+        "sluice-index-segment",
+        description="SLUICE_INDEX_SEGMENT_JOB_DEFINITION: the fleet index build's segment children (an array job).",
+    )
+    index_commit_job_definition: str = Field(
+        "sluice-index-commit", description="SLUICE_INDEX_COMMIT_JOB_DEFINITION: the fleet index build's commit stage."
+    )
+    # One job indexes below this; at or above it train, segment children and commit run on the
+    # fleet (docs/architecture.md "Index stage"). A first default: the measured crossover replaces it.
+    index_fleet_rows: int = Field(
+        2_000_000,
+        ge=1,
+        description="SLUICE_INDEX_FLEET_ROWS: rows (keys x models x rows a key) at or above which the index is "
+        "built by the fleet's stages instead of one job.",
+    )
+    index_rows_per_child: int = Field(
+        10_000_000,
+        ge=1,
+        description="SLUICE_INDEX_ROWS_PER_CHILD: rows a segment child indexes (its memory and time are bounded by "
+        "this, not by the run); children = ceil(rows / this), 2 to 10,000.",
+    )
     # The deployed capacity the preflight checks runs against (sluice.preflight; template.yaml
     # parameters of the same names), and the GPU family GPU-hours are priced on.
     max_vcpus: int = Field(256, ge=1, description="SLUICE_MAX_VCPUS: MaxVcpus of each GPU compute environment.")

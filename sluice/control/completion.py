@@ -112,10 +112,13 @@ def _prepare_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail
 
 
 def _index_event(ctx: Context, run: RunItem, detail: BatchJobStateChangeDetail) -> JobEventOutcome:
-    """The index stage's job: only its end decides ("Run Indexed" / "Index Failed", sluice.control.indexing)."""
-    if not detail.status.terminal:
+    """An index job: only a job's own end decides ("Run Indexed" / "Index Failed", sluice.control.indexing).
+
+    A segment child's events are not: Batch retries a child, and the array's own FAILED follows the last.
+    """
+    if not detail.status.terminal or detail.child_index is not None:
         return JobEventOutcome("ignored", run.run_id, reason="index job: only its end decides")
-    got = indexing.on_end(ctx, run, detail.status, detail.reason, detail.parent_id)
+    got = indexing.on_end(ctx, run, detail.status, detail.reason, detail.parent_id, detail.job_name)
     return JobEventOutcome("indexed" if got else "stale", run.run_id, published=[got] if got else [])
 
 

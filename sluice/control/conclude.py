@@ -122,9 +122,8 @@ def _record_success(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, *,
             "failed_keys": t.failed,
             "gpu_seconds": t.gpu_seconds,
             "finished_at": int(time.time()),
-            **indexing.claim(
-                plan, t.processed
-            ),  # the index stage's claim, in the same write: never lost between the two
+            # the index stage's claim, in the same write: never lost between the two
+            **indexing.claim(plan, t.processed, ctx.settings),
         },
         outbox=detail,
     )

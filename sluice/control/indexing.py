@@ -10,11 +10,16 @@ end (its "Batch Job State Change", or the sweep's DescribeJobs when that event i
 the outcome the stage wrote beside the index (sluice.paths.index_result) and moves the claim,
 once, to "indexed" with "Run Indexed" or to "failed" with "Index Failed", through the RUN
 item's outbox (sluice.control.outbox). The run's status and its output are never touched.
+
+The claim also decides, once, how the index is built (IndexItem.mode): one job below
+SLUICE_INDEX_FLEET_ROWS rows, else the fleet's three stages (train, an array of segment
+children, commit: sluice.control.index_jobs) submitted together under the same lease, each
+adopted by name. Then commit's SUCCEEDED, or ANY stage job's FAILED, ends the stage; the
+other stages' SUCCEEDED events are ignored.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -25,46 +30,48 @@ from sluice.aws.errors import AwsFatalError, translate
 from sluice.aws.s3io import read_if_exists
 from sluice.contracts import IndexFailed, IndexItem, JobStatus, RunIndexed, RunItem
 from sluice.control import outbox
-from sluice.control.batch import RUN_TAG
-from sluice.control.context import Context, control_bucket
+from sluice.control.context import Context
 from sluice.control.ddb import item
+from sluice.control.index_jobs import (
+    ATTEMPTS,
+    TIMEOUT_S,
+    is_index_job,
+    job_name,
+    parse_name,
+    request,
+    stage_request,
+    stage_timeout_s,
+)
 from sluice.control.ledger import RUN_SK, staged
-from sluice.control.policy import INDEX_ROWS_PER_KEY, TIMEOUT_REASON, index_retry_strategy, index_timeout_s
+from sluice.control.policy import INDEX_STAGES, TIMEOUT_REASON, index_mode, index_rows, index_timeout_s
 from sluice.errors import Rejection, RetriableError, SubmissionError
 from sluice.log import logger
 from sluice.models import RunPlan
 from sluice.paths import index_result
+from sluice.settings import Settings
 
 LEASE_S = 300  # a submitter holds the claim this long; the sweep takes over after it
-ATTEMPTS = 2  # a lost host is retried; a failed build is not (its outcome is written, the index left as it was)
-TIMEOUT_S = 4 * 3600  # a claim written before timeouts were derived from the rows
 PENDING = ("claimed", "submitted")
 Outcome = RunIndexed | IndexFailed
 
 
-def claim(plan: RunPlan, processed: int) -> dict[str, Any]:
+def claim(plan: RunPlan, processed: int, settings: Settings) -> dict[str, Any]:
     """The RUN item's fields that claim the index stage, written with "Run Succeeded"; none when the index is off.
 
-    The job's timeout is decided here, once, from the rows it will index: `processed` keys, each
-    a row a model (a text's chunks, a video's frames: sluice.control.policy's guess a key).
+    The mode (one job, or the fleet's stages and their children) and the timeouts are decided
+    here, once, from the rows it will index: `processed` keys, each a row a model (a text's
+    chunks, a video's frames: sluice.control.policy's guess a key).
     """
     if plan.index is None:
         return {}
     c = plan.content
-    per_key = c.frames_per_video if c.kind == "video" and c.frames_per_video else INDEX_ROWS_PER_KEY[c.kind]
-    rows = processed * len(plan.models) * per_key
-    return {"index": IndexItem(uri=plan.index.uri, state="claimed", timeout_s=index_timeout_s(rows))}
-
-
-def job_name(run_id: str, rerun: int = 0) -> str:
-    """The index job's name: deterministic, so a second submission adopts the first; a rerun's is its own."""
-    suffix = f"-index-r{rerun}" if rerun else "-index"
-    return f"sluice-{run_id}"[: 128 - len(suffix)] + suffix
-
-
-def is_index_job(run_id: str, name: str) -> bool:
-    """True when a Batch job named `name` is one of the run's index jobs (the first, or a rerun's)."""
-    return name == job_name(run_id) or re.fullmatch(re.escape(job_name(run_id)) + r"-r[1-9][0-9]*", name) is not None
+    rows = index_rows(c.kind, c.frames_per_video, len(plan.models), processed)
+    mode, children = index_mode(rows, settings.index_fleet_rows, settings.index_rows_per_child)
+    if mode == "fleet":
+        ix = IndexItem(uri=plan.index.uri, state="claimed", mode="fleet", children=children, planned_rows=rows)
+    else:
+        ix = IndexItem(uri=plan.index.uri, state="claimed", timeout_s=index_timeout_s(rows))
+    return {"index": ix}
 
 
 def pending(run: RunItem) -> bool:
@@ -72,36 +79,18 @@ def pending(run: RunItem) -> bool:
     return run.index is not None and run.index.state in PENDING
 
 
-def request(run: RunItem, settings: Any) -> dict[str, Any]:
-    """The SubmitJob request of the run's index stage: one CPU job on the prepare queue."""
-    bucket = control_bucket(run)
-    ix = run.index
-    return {
-        "jobName": job_name(run.run_id, ix.reruns if ix else 0),
-        "jobQueue": settings.prepare_job_queue,
-        "jobDefinition": settings.index_job_definition,
-        "retryStrategy": index_retry_strategy(ATTEMPTS),
-        "timeout": {"attemptDurationSeconds": (ix.timeout_s if ix else None) or TIMEOUT_S},
-        "tags": {RUN_TAG: run.run_id},
-        "propagateTags": True,
-        "containerOverrides": {
-            "command": ["python", "-m", "sluice.index", "build", "--bucket", bucket, "--run", run.run_id],
-            "environment": [{"name": "SLUICE_RUN_ID", "value": run.run_id}],
-        },
-    }
-
-
 def start(ctx: Context, run_id: str, *, now: float | None = None) -> str | None:
-    """Submit the claimed index stage once; its job id, or None (nothing claimed, or another holds the claim).
+    """Submit the claimed index stage once; its (commit's) job id, or None (nothing claimed, another holds it).
 
     A refusal that a retry cannot fix ends the stage with "Index Failed"; a transient one gives
-    the lease back, so the sweep submits it (adopting the job if SubmitJob went through).
+    the lease back, so the sweep submits it (adopting, by name, every job SubmitJob took).
     """
     run = ctx.ledger.get(run_id)
     if run is None or run.index is None or run.index.state != "claimed" or not _lease(ctx, run_id, now):
         return None
     try:
-        job_id = ctx.batch.submit_named(request(run, ctx.settings))
+        stages = _submit_stages(ctx, run) if run.index.mode == "fleet" else {}
+        job_id = stages["commit"] if stages else ctx.batch.submit_named(request(run, ctx.settings))
     except RetriableError as exc:
         logger.warning("index job not submitted; the sweep retries", extra={"run_id": run_id, "error": str(exc)})
         _update(ctx, run_id, "REMOVE #ix.lease_until", {}, "#ix.#st = :claimed")
@@ -110,64 +99,121 @@ def start(ctx: Context, run_id: str, *, now: float | None = None) -> str | None:
         failed = IndexFailed(run_id=run_id, index_uri=run.index.uri, reason=f"the index job was not submitted: {exc}")
         _end(ctx, run, failed, None)
         return None
-    if _update(ctx, run_id, "SET #ix.#st = :submitted, #ix.job_id = :job", {":job": job_id}, "#ix.#st = :claimed"):
-        logger.info("index job submitted", extra={"run_id": run_id, "job_id": job_id, "index": run.index.uri})
+    expr, vals = "SET #ix.#st = :submitted, #ix.job_id = :job", dict[str, Any]({":job": job_id})
+    if stages:
+        expr, vals = expr + ", #ix.stages = :stages", {**vals, ":stages": stages}
+    if _update(ctx, run_id, expr, vals, "#ix.#st = :claimed"):
+        logger.info("index job submitted", extra={"run_id": run_id, "job_id": job_id, "stages": stages or None})
     return job_id
 
 
-def on_end(ctx: Context, run: RunItem, status: JobStatus, reason: str | None, job_id: str) -> str | None:
-    """The index job ended: "Run Indexed" or "Index Failed", once; the detail-type published, or None (stale)."""
-    if run.index is None or run.index.state not in PENDING or not status.terminal:
+def _submit_stages(ctx: Context, run: RunItem) -> dict[str, str]:
+    """Train, segments (dependsOn train) and commit (dependsOn segments), each submitted or adopted by name."""
+    ids: dict[str, str] = {}
+    for stage in INDEX_STAGES:
+        before = ids[INDEX_STAGES[INDEX_STAGES.index(stage) - 1]] if ids else None
+        ids[stage] = ctx.batch.submit_named(stage_request(run, ctx.settings, stage, before))
+    return ids
+
+
+def on_end(
+    ctx: Context, run: RunItem, status: JobStatus, reason: str | None, job_id: str, name: str | None = None
+) -> str | None:
+    """An index job ended: "Run Indexed" or "Index Failed", once; the detail-type published, or None (stale).
+
+    Fleet: commit's SUCCEEDED or any stage job's FAILED decides; `name` (the job's) tells the
+    stage of an event that arrives before the stages' ids are recorded.
+    """
+    ix = run.index
+    if ix is None or ix.state not in PENDING or not status.terminal or job_id in ix.retired:
         return None
-    if job_id in run.index.retired or (run.index.job_id and job_id != run.index.job_id):
+    stage = _stage(run, job_id, name) if ix.mode == "fleet" else None
+    if ix.mode == "fleet" and (stage is None or (status == JobStatus.SUCCEEDED and stage != "commit")):
+        return None  # another attempt's job, or a stage whose success decides nothing
+    if ix.mode != "fleet" and ix.job_id and job_id != ix.job_id:
         return None  # an earlier attempt's late event: a rerun's job decides now
     if run.outbox is not None:
         outbox.deliver(ctx, run.run_id)  # the outbox holds one event: what was pending goes out first
-    return _end(ctx, run, outcome(ctx, run, status, reason, job_id), job_id)
+    end_id = job_id if stage in (None, "commit") else None
+    if stage and status == JobStatus.FAILED:
+        stage, job_id, reason = _first_failed(ctx, run, stage, (job_id, reason))
+    return _end(ctx, run, outcome(ctx, run, status, reason, job_id, stage), end_id)
 
 
-def outcome(ctx: Context, run: RunItem, status: JobStatus, reason: str | None, job_id: str) -> Outcome:
-    """The stage's outcome: the result it wrote beside the index, or why there is none."""
+def _first_failed(ctx: Context, run: RunItem, stage: str, got: tuple[str, str | None]) -> tuple[str, str, str | None]:
+    """The earliest stage that FAILED (stage, job id, reason): Batch fails the stages after it as well, and
+    their events may come first; `got` (the event's job id and reason) when no earlier one did."""
     assert run.index is not None
-    uri = index_result(run.index.uri, run.run_id)
+    earlier = [s for s in INDEX_STAGES[: INDEX_STAGES.index(stage)] if s in run.index.stages]
+    descs = _describe(ctx, [run.index.stages[s] for s in earlier]) if earlier else []
+    first = next((d for d in descs if d.get("status") == JobStatus.FAILED.value), None)
+    if first is None:
+        return stage, got[0], got[1]
+    name = next(s for s in earlier if run.index.stages[s] == first["jobId"])
+    return name, str(first["jobId"]), first.get("statusReason")
+
+
+def _stage(run: RunItem, job_id: str, name: str | None) -> str | None:
+    """The fleet stage `job_id` is, by the recorded ids, else by its name (this attempt's jobs only)."""
+    assert run.index is not None
+    if run.index.stages:
+        return next((s for s, j in run.index.stages.items() if j == job_id), None)
+    parsed = parse_name(run.run_id, name or "")
+    return parsed[1] if parsed is not None and parsed[0] == run.index.reruns else None
+
+
+def outcome(
+    ctx: Context, run: RunItem, status: JobStatus, reason: str | None, job_id: str, stage: str | None = None
+) -> Outcome:
+    """The stage's outcome: the result it wrote beside the index, or why there is none (naming a fleet stage)."""
+    ix = run.index
+    assert ix is not None
+    uri = index_result(ix.uri, run.run_id)
     try:
         written = _read_outcome(ctx, uri)
     except AwsFatalError as exc:  # e.g. a manifest-named index the function may not read
-        return IndexFailed(run_id=run.run_id, index_uri=run.index.uri, reason=f"{exc}"[:1000])
+        return IndexFailed(run_id=run.run_id, index_uri=ix.uri, reason=f"{exc}"[:1000])
     if status == JobStatus.SUCCEEDED and isinstance(written, RunIndexed):
         return written
+    label = f"the index build's {stage} stage (job {job_id})" if stage else f"index job {job_id}"
     if isinstance(written, IndexFailed):
-        return written
+        return written.model_copy(update={"reason": f"{label} failed: {written.reason}"[:1000]}) if stage else written
     why = (
-        f"index job {job_id} {status.value.lower()} ({reason or 'no reason given'})"
+        f"{label} {status.value.lower()} ({reason or 'no reason given'})"
         if status == JobStatus.FAILED
-        else f"index job {job_id} succeeded but wrote no readable outcome at {uri}"
+        else f"{label} succeeded but wrote no readable outcome at {uri}"
     )
     if status == JobStatus.FAILED and TIMEOUT_REASON in (reason or ""):
+        limit = stage_timeout_s(ix, stage) if stage else ix.timeout_s or TIMEOUT_S
         why = (
-            f"index job {job_id} ran past its {run.index.timeout_s or TIMEOUT_S} s timeout (derived from the rows "
-            "it indexes) and Batch ended it: it hung, or built slower than planned; the run's embeddings are "
-            f"intact: rerun it with `sluice index rerun {run.run_id}` (--timeout-s N for a longer one)"
+            f"{label} ran past its {limit} s timeout (derived from the rows it indexes) and Batch ended it: it "
+            "hung, or built slower than planned; the run's embeddings are intact: rerun it with "
+            f"`sluice index rerun {run.run_id}` (--timeout-s N for a longer one)"
         )
     where = "its log is in CloudWatch Logs, the worker log group, streams index/*"
-    return IndexFailed(run_id=run.run_id, index_uri=run.index.uri, reason=f"{why}; {where}"[:1000])
+    return IndexFailed(run_id=run.run_id, index_uri=ix.uri, reason=f"{why}; {where}"[:1000])
 
 
 def rerun(ctx: Context, run_id: str, timeout_s: int | None = None) -> str:
-    """A failed index stage claimed again and submitted as a job of its own name; its job id.
+    """A failed index stage claimed again and submitted as jobs of their own names; its (commit's) job id.
 
-    One conditional write (failed -> claimed, the failed job retired) decides, so two reruns at
-    once submit one job; Rejection when the stage is not failed (nothing to rerun).
+    One conditional write (failed -> claimed, the failed jobs retired) decides, so two reruns at
+    once submit one set of jobs; Rejection when the stage is not failed (nothing to rerun).
     """
     run = ctx.ledger.get(run_id)
     ix = run.index if run is not None else None
     if run is None or ix is None or ix.state != "failed":
         what = "no such run" if run is None else "no index stage" if ix is None else f"its index stage is {ix.state}"
         raise Rejection(f"sluice index rerun {run_id}: {what}: only a failed index stage is rerun")
-    retired = [*ix.retired, *([ix.job_id] if ix.job_id else [])]
-    vals = {":n": ix.reruns + 1, ":old": retired, ":failed": "failed", ":t": timeout_s or ix.timeout_s or TIMEOUT_S}
-    expr = "SET #ix.#st = :claimed, #ix.reruns = :n, #ix.retired = :old, #ix.timeout_s = :t"
-    if not _update(ctx, run_id, expr + " REMOVE #ix.job_id, #ix.reason, #ix.finished_at", vals, "#ix.#st = :failed"):
+    old = [*([ix.job_id] if ix.job_id else []), *ix.stages.values()]
+    retired = [*ix.retired, *dict.fromkeys(j for j in old if j not in ix.retired)]
+    vals: dict[str, Any] = {":n": ix.reruns + 1, ":old": retired, ":failed": "failed"}
+    expr = "SET #ix.#st = :claimed, #ix.reruns = :n, #ix.retired = :old"
+    t = timeout_s or (ix.timeout_s if ix.mode == "fleet" else ix.timeout_s or TIMEOUT_S)  # fleet: a floor, if any
+    if t:
+        expr, vals = expr + ", #ix.timeout_s = :t", {**vals, ":t": t}
+    remove = " REMOVE #ix.job_id, #ix.reason, #ix.finished_at, #ix.stages"
+    if not _update(ctx, run_id, expr + remove, vals, "#ix.#st = :failed"):
         raise Rejection(f"sluice index rerun {run_id}: another rerun took it first")
     job_id = start(ctx, run_id)
     if job_id is None:
@@ -196,20 +242,26 @@ def sweep(ctx: Context, run: RunItem, *, now: float) -> list[str]:
             return []
         job_id = start(ctx, run.run_id, now=now)
         return [f"index job {job_id} submitted (its submission was lost)"] if job_id else []
-    desc = _describe(ctx, str(ix.job_id))
-    status = JobStatus(desc["status"]) if desc else None
-    if desc is None or status is None or not status.terminal:
+    ids = [ix.stages[s] for s in INDEX_STAGES if s in ix.stages] if ix.stages else [str(ix.job_id)]
+    descs = _describe(ctx, ids)
+    # The first stage that FAILED says most (a later one failed because it did), else the last job's end.
+    ended = next((d for d in descs if d.get("status") == JobStatus.FAILED.value), None)
+    ended = ended or next((d for d in descs if d["jobId"] == ids[-1] and JobStatus(d["status"]).terminal), None)
+    if ended is None:
         return []
-    got = on_end(ctx, run, status, desc.get("statusReason"), str(ix.job_id))
+    status = JobStatus(ended["status"])
+    got = on_end(ctx, run, status, ended.get("statusReason"), ended["jobId"], ended.get("jobName"))
     return [f"index job {status.value} without its event: {got}"] if got else []
 
 
-def _describe(ctx: Context, job_id: str) -> dict[str, Any] | None:
+def _describe(ctx: Context, job_ids: list[str]) -> list[dict[str, Any]]:
+    """DescribeJobs of the stage's jobs (at most 3; DescribeJobs takes up to 100), in their order."""
     try:
-        jobs = ctx.clients.batch.describe_jobs(jobs=[job_id]).get("jobs", [])
+        jobs = ctx.clients.batch.describe_jobs(jobs=job_ids).get("jobs", [])
     except (ClientError, BotoCoreError) as exc:
         raise translate(exc, "AWS Batch describe_jobs") from exc
-    return dict(jobs[0]) if jobs else None
+    by_id = {j["jobId"]: dict(j) for j in jobs}
+    return [by_id[i] for i in job_ids if i in by_id]
 
 
 def _end(ctx: Context, run: RunItem, detail: Outcome, job_id: str | None) -> str | None:
@@ -260,9 +312,7 @@ def _lease(ctx: Context, run_id: str, now: float | None) -> bool:
 
 def _update(ctx: Context, run_id: str, expression: str, vals: dict[str, Any], condition: str) -> bool:
     """One conditional update of the RUN item's index record; False when the condition is lost."""
-    names = {"#ix": "index", "#st": "state"}
-    if "#rows" in expression:
-        names["#rows"] = "rows"
+    names = {"#ix": "index", "#st": "state", "#rows": "rows"}
     states = {":claimed": "claimed", ":submitted": "submitted"}
     vals = {**vals, **{k: v for k, v in states.items() if k in condition or k in expression}}
     try:
@@ -279,4 +329,18 @@ def _update(ctx: Context, run_id: str, expression: str, vals: dict[str, Any], co
     return True
 
 
-__all__ = ["claim", "is_index_job", "job_name", "on_end", "outcome", "pending", "request", "rerun", "start", "sweep"]
+__all__ = [
+    "ATTEMPTS",
+    "TIMEOUT_S",
+    "claim",
+    "is_index_job",
+    "job_name",
+    "on_end",
+    "outcome",
+    "pending",
+    "request",
+    "rerun",
+    "stage_request",
+    "start",
+    "sweep",
+]

@@ -3,8 +3,10 @@
 moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits no events).
 This executor reads each new job of its run (tag sluice:run-id; an emulator kept running
 holds earlier runs' jobs too, which it never runs) back from the Batch API, runs its array children or MNP
-nodes as `python -m gpu_worker` processes (a prepare job's as `python -m sluice.prepare
-STAGE`, after the jobs it depends on; the index stage's as `python -m sluice.index build`)
+nodes as `python -m gpu_worker` processes (a job whose command is `python -m MODULE ARGS` as
+that: a prepare job's `sluice.prepare STAGE`, the index stage's `sluice.index build` or its
+fleet stages' `sluice.index stage ...`, each after the jobs it depends on: an array job when
+every child ended; a job whose dependency failed fails unrun, "Dependent Job failed")
 with the AWS_BATCH_* variables Batch would set,
 applies the job's retry strategy to each failed attempt as Batch does
 (sluice.control.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
@@ -14,9 +16,10 @@ Change" events Batch would to `deliver`.
 The retry strategy is the job's own `retryStrategy` from DescribeJobs. moto (5.2.5) does not
 echo the one SubmitJob sent, so then: the rules (`evaluateOnExit`) are the job definition's
 (DescribeJobDefinitions; moto lower-cases their actions, which Batch matches without regard
-to case), or sluice.control.policy's when the definition has none; and `attempts` is the plan's,
-which is what Sluice's SubmitJob sets (sluice.control.policy.retry_strategy(plan.attempts)) and
-which overrides the definition's.
+to case), or sluice.control.policy's when the definition has none; and `attempts` is the plan's
+for a GPU job, which is what Sluice's SubmitJob sets (sluice.control.policy.retry_strategy(plan.attempts))
+and which overrides the definition's, and the definition's for a CPU job (prepare, index), as
+Sluice's SubmitJob passes the definition's own there.
 
 moto keeps array jobs' environment but drops MNP `nodeOverrides`, so node count and
 environment of a multi-node job come from its run (ledger row and plan), found by the run tag.
@@ -137,8 +140,8 @@ def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -
     rules = tuple(strategy.get("evaluateOnExit") or ())
     job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts, rules)
     command = [str(c) for c in (j.get("container") or {}).get("command") or []]
-    if command[:3] in (["python", "-m", "sluice.prepare"], ["python", "-m", "sluice.index"]):
-        job.module = tuple(command[2:])  # a prepare job or the index stage's (sluice.control.indexing.request)
+    if command[:2] == ["python", "-m"] and len(command) > 2:
+        job.module = tuple(command[2:])  # a prepare job, an index job or stage (sluice.control.index_jobs)
     job.depends_on = tuple(d["jobId"] for d in j.get("dependsOn") or [] if d.get("jobId"))
     job.timeout_s = (j.get("timeout") or {}).get("attemptDurationSeconds")
     job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
@@ -158,6 +161,17 @@ def fail_all(job: LocalJob) -> None:
     for t in job.tasks:
         t.status = JobStatus.FAILED
     job.done = job.failed = True
+
+
+def definition_strategy(batch: Any, cache: dict[str, dict[str, Any] | None], arn: str | None) -> dict[str, Any] | None:
+    """The job definition's retryStrategy, None when it has none (cached per ARN in `cache`)."""
+    if not arn:
+        return None
+    if arn not in cache:
+        defs = batch.describe_job_definitions(jobDefinitions=[arn])["jobDefinitions"]
+        strategy = defs[0].get("retryStrategy") if defs else None
+        cache[arn] = dict(strategy) if strategy else None
+    return cache[arn]
 
 
 def plan_attempts(plan_uri: str | None) -> int:
@@ -204,7 +218,7 @@ class LocalExecutor:
         self._foreign: set[str] = (
             set()
         )  # other runs' jobs (and jobs that are not Sluice's): never run, never read again
-        self._definition_rules: dict[str, Rules | None] = {}
+        self._definition_strategies: dict[str, dict[str, Any] | None] = {}
         self._stopping = False
 
     # ---- discovery -------------------------------------------------------------------------
@@ -253,24 +267,22 @@ class LocalExecutor:
                 return ids
 
     def _retry_strategy(self, j: dict[str, Any], row: RunItem | None) -> dict[str, Any]:
-        """The job's retryStrategy, or what Batch would apply when moto does not echo it (module docstring)."""
+        """The job's retryStrategy, or what Batch would apply when moto does not echo it (module docstring).
+
+        A CPU job (no SLUICE_PLAN_URI: a prepare or index job) gets its definition's attempts too:
+        Sluice's SubmitJob passes the definition's own (a unit test compares them).
+        """
         own = j.get("retryStrategy")
         if own:
             return dict(own)
         env = {e["name"]: e["value"] for e in (j.get("container") or {}).get("environment", [])}
-        attempts = plan_attempts(env.get("SLUICE_PLAN_URI") or (row.plan_uri if row else None))
-        rules = self._job_definition_rules(j.get("jobDefinition"))
+        defined = definition_strategy(self._batch, self._definition_strategies, j.get("jobDefinition"))
+        rules = tuple(defined.get("evaluateOnExit") or ()) if defined is not None else None
+        if "SLUICE_PLAN_URI" not in env and defined is not None and defined.get("attempts"):
+            attempts = int(defined["attempts"])
+        else:
+            attempts = plan_attempts(env.get("SLUICE_PLAN_URI") or (row.plan_uri if row else None))
         return {"attempts": attempts, "evaluateOnExit": list(rules if rules is not None else EVALUATE_ON_EXIT)}
-
-    def _job_definition_rules(self, arn: str | None) -> Rules | None:
-        """The job definition's evaluateOnExit, None when it has no retry strategy (cached per ARN)."""
-        if not arn:
-            return None
-        if arn not in self._definition_rules:
-            defs = self._batch.describe_job_definitions(jobDefinitions=[arn])["jobDefinitions"]
-            strategy = defs[0].get("retryStrategy") if defs else None
-            self._definition_rules[arn] = tuple(strategy.get("evaluateOnExit") or ()) if strategy else None
-        return self._definition_rules[arn]
 
     # ---- running ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.control import index_plan
 from sluice.errors import Rejection
 from sluice.input.checks import check_manifest, guarded, reading_input
 from sluice.input.keys import iter_keys
@@ -191,6 +192,9 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
     lay = layout(scanned["keys_seen"] if staged else n, manifest, settings.max_array_size, cap)
     timeout, stall_after_s = run_times(manifest, lay.keys_per_shard, cap)
     pf = preflight(facts_for(manifest, n, settings, timeout, cap, lay), cap)
+    index = index_plan.estimate(manifest, n, settings)  # the index stage: its mode, stage jobs, time and cost
+    if index is not None:
+        pf.cost["index_usd"] = index["usd"]
     if manifest.input.prefix and n > LISTING_ADVICE_KEYS:
         pf.checks.append(
             Check(
@@ -224,5 +228,6 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
         "decode": manifest.job.decode,
         "decode_binds": cap.decode_binds,
         "instance_type": cap.instance_type,
+        "index": index,
         **pf.as_dict(),
     }

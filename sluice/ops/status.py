@@ -126,8 +126,9 @@ def _index_line(ix: dict[str, Any]) -> str:
         return f"{ix['uri']}  indexed: {ix.get('rows', 0):,} rows, ANN {ix.get('ann', 'none')}"
     if ix["state"] == "failed":
         return f"{ix['uri']}  failed: {ix.get('reason', 'no reason given')}"
+    fleet = f" on the fleet: train, {ix.get('children')} segment children, commit" if ix.get("mode") == "fleet" else ""
     job = f" (job {ix['job_id']})" if ix.get("job_id") else ""
-    return f"{ix['uri']}  {ix['state']}{job}"
+    return f"{ix['uri']}  {ix['state']}{fleet}{job}"
 
 
 def cmd_status(

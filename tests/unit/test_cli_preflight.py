@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from sluice.cli import main
 
@@ -58,3 +59,44 @@ def test_submit_refuses_what_the_preflight_rejects(tmp_path, capsys):
     assert main(["submit", path, "--bucket", "control"]) == 1
     err = capsys.readouterr().err
     assert "would be rejected" in err and "preflight: MNP vCPUs: every node of an MNP job must run at once" in err
+
+
+def test_plan_shows_the_index_stages_mode_children_time_and_cost(tmp_path, capsys, monkeypatch):
+    from sluice.control.policy import (
+        FARGATE_GB_HOUR,
+        FARGATE_VCPU_HOUR,
+        INDEX_BUILD_S_PER_ROW,
+        INDEX_MERGE_S_PER_ROW,
+    )
+
+    for var in ("SLUICE_INDEX_FLEET_ROWS", "SLUICE_INDEX_ROWS_PER_CHILD"):
+        monkeypatch.delenv(var, raising=False)  # the documented defaults: 2,000,000 and 10,000,000
+    path = _manifest(tmp_path, {"keys_per_shard": 150_000})
+    assert main(["plan", path, "--assume-keys", "300000000", "--json"]) in (0, 1)
+    ix = json.loads(capsys.readouterr().out)["index"]
+    assert (ix["mode"], ix["rows"], ix["children"]) == ("fleet", 300_000_000, 30)  # ceil(300M / 10M)
+    stages = {s["stage"]: s for s in ix["stages"]}
+    assert [s["stage"] for s in ix["stages"]] == ["train", "segments", "commit"] and stages["segments"]["jobs"] == 30
+    # A child's time is its 10M rows at the measured build rate; train's the merge of all 300M plus a sample.
+    assert stages["segments"]["seconds"] == round(10_000_000 * INDEX_BUILD_S_PER_ROW)
+    assert stages["train"]["seconds"] > round(300_000_000 * INDEX_MERGE_S_PER_ROW)
+    child_usd = stages["segments"]["seconds"] / 3600 * (4 * FARGATE_VCPU_HOUR + 16 * FARGATE_GB_HOUR)
+    assert abs(stages["segments"]["usd"] - 30 * child_usd) < 0.02
+    assert ix["wall_s"] == sum(s["seconds"] for s in ix["stages"]) and ix["usd"] > 0
+    assert "fargate" in ix["prices"].lower() and "2025" in ix["prices"]
+
+    # The text says it too; below the threshold it is one job, and an index turned off says so.
+    assert main(["plan", path, "--assume-keys", "300000000"]) in (0, 1)
+    text = capsys.readouterr().out
+    assert "index mode      fleet" in text and "30 segment children" in text
+    assert "  segments      30 x 4 vCPU / 16,384 MiB" in text and "index time      about " in text
+    assert main(["plan", path, "--assume-keys", "1000", "--json"]) == 0
+    small = json.loads(capsys.readouterr().out)["index"]
+    assert (small["mode"], small["children"], [s["stage"] for s in small["stages"]]) == ("single", 0, ["single"])
+    monkeypatch.setenv("SLUICE_INDEX_FLEET_ROWS", "500")
+    assert main(["plan", path, "--assume-keys", "1000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["index"]["children"] == 2  # at least 2: Batch's array minimum
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps({**json.loads(Path(path).read_text()), "output": {"index": False}}))
+    assert main(["plan", str(off), "--assume-keys", "1000"]) == 0
+    assert "index           off (output.index)" in capsys.readouterr().out

@@ -85,3 +85,56 @@ def test_a_stalled_attempt_is_retried_and_a_plain_failure_is_not() -> None:
 
     assert evaluate_on_exit(EVALUATE_ON_EXIT, status_reason=EXITED, reason=None, exit_code=STALLED_EXIT) == "RETRY"
     assert evaluate_on_exit(EVALUATE_ON_EXIT, status_reason=EXITED, reason=None, exit_code=STALLED_EXIT + 1) == "EXIT"
+
+
+def test_the_index_mode_is_decided_by_the_rows_within_batchs_array_limits():
+    from sluice.control.policy import index_mode
+
+    assert index_mode(1_999_999, 2_000_000, 10_000_000) == ("single", 1)
+    assert index_mode(2_000_000, 2_000_000, 10_000_000) == ("fleet", 2)  # at least 2: Batch's array minimum
+    assert index_mode(300_000_000, 2_000_000, 10_000_000) == ("fleet", 30)  # ceil(rows / rows a child)
+    assert index_mode(300_000_001, 2_000_000, 10_000_000) == ("fleet", 31)
+    assert index_mode(10**12, 2_000_000, 10_000_000) == ("fleet", 10_000)  # Batch's array maximum
+
+
+def test_fleet_stage_timeouts_follow_their_own_rows():
+    from sluice.control.policy import INDEX_BASE_S, INDEX_MIN_S, index_stage_s, index_stage_timeout_s
+
+    rows, children = 300_000_000, 30
+    # A child's time is its share of the rows; train's grows with every row (the merge); commit's does not.
+    assert index_stage_s("segments", rows, children) == index_stage_s("segments", rows // children, 1)
+    assert index_stage_s("train", 2 * rows, children) > 1.9 * index_stage_s("train", rows, children)
+    assert index_stage_s("commit", rows, children) == index_stage_s("commit", 1, 2)
+    for stage in ("train", "segments", "commit"):
+        t = index_stage_timeout_s(stage, rows, children)
+        assert t >= INDEX_MIN_S and t >= INDEX_BASE_S + 4 * index_stage_s(stage, rows, children) - 1
+
+
+def test_segment_children_retry_any_failure_train_and_commit_a_lost_host_only():
+    from sluice.control.policy import evaluate_on_exit, index_child_retry_strategy, index_retry_strategy
+
+    child, once = index_child_retry_strategy(), index_retry_strategy(2)
+    assert child["attempts"] == 3 and once["attempts"] == 2
+    failed = {"status_reason": "Essential container in task exited", "reason": None, "exit_code": 1}
+    assert evaluate_on_exit(child["evaluateOnExit"], **failed) == "RETRY"
+    assert evaluate_on_exit(once["evaluateOnExit"], **failed) == "EXIT"
+    lost = {"status_reason": "Host EC2 (instance i-1) terminated.", "reason": None, "exit_code": None}
+    assert (
+        evaluate_on_exit(child["evaluateOnExit"], **lost) == evaluate_on_exit(once["evaluateOnExit"], **lost) == "RETRY"
+    )
+
+
+def test_index_job_names_carry_the_rerun_and_the_stage_and_parse_back():
+    from sluice.control.index_jobs import is_index_job, job_name, parse_name
+
+    run = "a-index-b"  # a run id that itself holds "-index"
+    assert (
+        job_name(run) == "sluice-a-index-b-index"
+        and job_name(run, 2, "segments") == "sluice-a-index-b-index-r2-segments"
+    )
+    for rerun in (0, 1, 12):
+        for stage in (None, "train", "segments", "commit"):
+            assert parse_name(run, job_name(run, rerun, stage)) == (rerun, stage)
+    assert not is_index_job(run, job_name(run) + "-x") and not is_index_job("other", job_name(run))
+    long = "r" * 200  # names are cut to Batch's 128 characters, the suffix kept
+    assert len(job_name(long, 3, "commit")) == 128 and parse_name(long, job_name(long, 3, "commit")) == (3, "commit")

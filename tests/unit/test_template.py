@@ -98,6 +98,7 @@ STAR_ACTIONS = {
     "PrepareRole": set(),
     "PrepareExecutionRole": {"ecr:GetAuthorizationToken"},
     "IndexRole": set(),
+    "IndexSegmentRole": set(),
     "BatchInstanceRole": set(),
 }
 # .checksum: an inventory's manifest.checksum, which the manifest function verifies.
@@ -368,7 +369,8 @@ def test_function_grants_name_sluice_resources_only() -> None:
                     assert must in resource or beats, (role, action, resource)
             if action == "batch:SubmitJob":
                 assert resource in ("${GpuJobQueue}", "${MnpJobQueue}", "${PrepareJobQueue}") or re.search(
-                    r":job-definition/\$\{AWS::StackName\}-(worker|worker-mnp|prepare|index):\*$", resource
+                    r":job-definition/\$\{AWS::StackName\}-(worker|worker-mnp|prepare|index|index-train|index-segment|index-commit):\*$",
+                    resource,
                 ), resource
             if action == "batch:TagResource":
                 assert cond == {"StringEquals": {"batch:CreateAction": "SubmitJob"}}
@@ -728,6 +730,77 @@ def test_index_role_reads_the_runs_output_and_writes_only_indexes() -> None:
     (trust,) = props["AssumeRolePolicyDocument"]["Statement"]
     assert trust["Principal"] == {"Service": "ecs-tasks.amazonaws.com"}
     assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+
+
+FLEET = {
+    "train": ("IndexTrainJobDefinition", "index-train", "IndexRole"),
+    "segments": ("IndexSegmentJobDefinition", "index-segment", "IndexSegmentRole"),
+    "commit": ("IndexCommitJobDefinition", "index-commit", "IndexRole"),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(FLEET))
+def test_fleet_index_stage_job_definitions_match_their_requests(stage: str) -> None:
+    from sluice.contracts import IndexItem, RunItem
+    from sluice.control.policy import INDEX_RESOURCES
+
+    logical, suffix, role = FLEET[stage]
+    props = RES[logical]["Properties"]
+    field = f"index_{'segment' if stage == 'segments' else stage}_job_definition"
+    # Named as Settings' default for a stack called "sluice"; the functions get its ARN.
+    assert props["JobDefinitionName"] == {"Fn::Sub": f"${{AWS::StackName}}-{suffix}"}
+    assert Settings.model_fields[field].default == f"sluice-{suffix}"
+    env = T["Globals"]["Function"]["Environment"]["Variables"]
+    assert env[f"SLUICE_{field.upper()}"] == {"Ref": logical}
+    assert props["PlatformCapabilities"] == ["FARGATE"] and props["PropagateTags"]
+    ix = IndexItem(uri="s3://c/indexes/m/", state="claimed", mode="fleet", children=30, planned_rows=300_000_000)
+    run = RunItem(
+        pk="r", sk="RUN", gsi1pk="RUNS", run_id="r", status="SUCCEEDED", manifest_uri="s3://c/manifests/m.json",
+        created_at=0, updated_at=0, expires_at=0, plan_uri="s3://ctl-bucket/runs/r/plan.json", index=ix,
+    )  # fmt: skip
+    req = indexing.stage_request(run, Settings(), stage, None if stage == "train" else "dep")
+    assert req["jobDefinition"] == Settings().model_dump()[field]
+    assert props["RetryStrategy"]["Attempts"] == req["retryStrategy"]["attempts"]
+    assert props["RetryStrategy"]["EvaluateOnExit"] == [_pascal(x) for x in req["retryStrategy"]["evaluateOnExit"]]
+    (c,) = _containers(logical)
+    assert c["Command"][:5] == req["containerOverrides"]["command"][:5]
+    assert c["JobRoleArn"] == {"Fn::GetAtt": [role, "Arn"]}
+    assert c["ExecutionRoleArn"] == {"Fn::GetAtt": ["PrepareExecutionRole", "Arn"]}
+    sizes = {r["Type"]: int(r["Value"]) for r in c["ResourceRequirements"]}
+    assert (sizes["VCPU"], sizes["MEMORY"]) == INDEX_RESOURCES[stage]
+    # The single job's size is the one policy names too.
+    single = {r["Type"]: int(r["Value"]) for r in _containers("IndexJobDefinition")[0]["ResourceRequirements"]}
+    assert (single["VCPU"], single["MEMORY"]) == INDEX_RESOURCES["single"]
+    # The job-state role may submit exactly the index definitions (and the other stages' own).
+    submits = {r for a, r, _ in role_grants("HandleJobStateChangeRole") if a == "batch:SubmitJob"}
+    assert (
+        f"arn:${{AWS::Partition}}:batch:${{AWS::Region}}:${{AWS::AccountId}}:job-definition/${{AWS::StackName}}-{suffix}:*"
+        in submits
+    )
+
+
+def test_segment_children_write_only_segments_work_files_and_the_outcome() -> None:
+    grants = role_grants("IndexSegmentRole")
+    assert {a for a, _, _ in grants} == {
+        "s3:GetObject",
+        "s3:ListBucket",
+        "s3:PutObject",
+        "s3:AbortMultipartUpload",
+        *KMS,
+    }
+    for action, resource, cond in grants:
+        if action in ("s3:PutObject", "s3:AbortMultipartUpload"):
+            assert resource in (
+                f"{CONTROL}/indexes/*/_indices/*",
+                f"{CONTROL}/indexes/*/_fleet/*",
+                f"{CONTROL}/indexes/*/_results/*",
+            ), resource
+        elif action == "s3:GetObject":
+            assert resource == f"{CONTROL}/indexes/*", resource
+        elif action == "s3:ListBucket":
+            assert resource == CONTROL and cond == {"StringLike": {"s3:prefix": ["indexes/*"]}}
+    (trust,) = RES["IndexSegmentRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "ecs-tasks.amazonaws.com"}
 
 
 def test_manifest_function_routes_big_inputs_to_the_prepare_stage() -> None:
