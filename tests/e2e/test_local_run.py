@@ -156,18 +156,6 @@ def test_a_stop_signal_stops_everything_within_ten_seconds_and_the_run_still_get
     assert s["interrupted"] is True and s["outcome"] == "failed", s
 
 
-def test_endpoint_url_reuses_a_running_emulator_and_its_resources(tmp_path):
-    from sluice.local.server import MotoServer
-
-    with MotoServer() as server:
-        for _ in range(2):  # the second run finds the stack's resources already there
-            args = ("--endpoint-url", server.endpoint, "--no-prometheus", "--json", "--out", str(tmp_path / "out"))
-            proc = _run("--demo", "12", *args)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            assert json.loads(proc.stdout)["processed"] == 12
-        assert server.pid is not None and _alive(server.pid)  # not ours to stop
-
-
 def test_sigint_while_uploading_stops_at_once(tmp_path):
     pid_file = tmp_path / "pids"
     cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "2000", "--pid-file", str(pid_file)]

@@ -4,6 +4,8 @@ after that, and --manifest with flags on top. Real subprocesses, a real moto ser
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,16 +24,19 @@ def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_kept_emulator_runs_only_each_runs_own_jobs(tmp_path):
+    """`--endpoint-url`: the second run reuses the emulator and the stack's resources, and runs its own jobs only."""
     out = tmp_path / "out"
     with MotoServer() as server:
         runs = []
-        for _ in range(3):
+        for _ in range(2):
             proc = _run("--demo", "3", "--shards", "1", "--no-prometheus", "--json", "--endpoint-url", server.endpoint,
                         "--out", str(out))  # fmt: skip
             assert proc.returncode == 0, proc.stderr[-3000:]
+            assert json.loads(proc.stdout)["processed"] == 3
             runs.append(json.loads(proc.stdout)["run_id"])
             assert "failed (exit" not in proc.stderr
             assert not any(f'"run":"{r}"' in proc.stderr for r in runs[:-1])  # no earlier run's worker ran
+        assert server.pid is not None and os.kill(server.pid, 0) is None  # still running: not the runs' to stop
     for run in runs:  # one job of one child each, then its index stage: two logs, of that run's own jobs
         assert len(list((out / run / "logs").iterdir())) == 2, run
 
@@ -92,10 +97,10 @@ def test_manifest_takes_max_failed_fraction_on_top(tmp_path):
     manifest.write_text(json.dumps({"version": 1, "max_failed_fraction": 0.05, "job": {"keys_per_shard": 100}}))
     common = ("--manifest", str(manifest), "--images", str(photos), "--no-prometheus", "--out", str(tmp_path / "o"))
     # --shards sets keys_per_shard on top of the manifest's too (two runs: one on top, one without)
-    split = _run(*common, "--shards", "2", "--max-failed-fraction", "0.5", "--json")
-    assert split.returncode == 0, split.stderr[-3000:]
-    assert "--max-failed-fraction applied on top" in split.stderr
-    assert json.loads(split.stdout)["shards"] == 2 and json.loads(split.stdout)["outcome"] == "succeeded"
+    split = _run(*common, "--shards", "2", "--max-failed-fraction", "0.5")
+    assert split.returncode == 0, split.stdout + split.stderr[-3000:]
+    assert "with --max-failed-fraction, --shards applied on top" in split.stderr, split.stderr[-3000:]
+    assert "outcome         succeeded" in split.stdout and re.search(r"^  shards +2$", split.stdout, re.M)
     proc = _run(*common)  # the manifest's own 5%: the run fails, and says the threshold it used
     assert proc.returncode == 1 and "(9.09% > 5.00%)" in proc.stdout
     assert "the run failed: output/ holds only the shards that committed" in proc.stdout
