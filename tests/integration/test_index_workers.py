@@ -43,7 +43,7 @@ def test_two_workers_match_the_single_builds_recall_and_index_every_row_once(tmp
     assert [c["child"] for c in fleet.children] == [0, 1] and all(c["rows"] > 0 for c in fleet.children)
     table, idx = _ann(fleet.tables[0].uri)
     assert idx.num_rows_indexed == table.count_rows() == N == sum(c["rows"] for c in fleet.children)
-    assert len(idx.segments) == 2
+    assert len(idx.segments) == 1  # the children's two segments, merged at commit
     queries = clustered(100, DIM, 32, centers=300, center_seed=303)  # unseen: not in the index
     r1 = _recall(str(tmp_path / "one"), x, queries, keys)
     r2 = _recall(str(tmp_path / "two"), x, queries, keys)
