@@ -45,6 +45,7 @@ from sluice.index.storage import Files, storage_options
 from sluice.index.table import IndexTable, retry_conflicts
 from sluice.log import logger
 
+PQ_CODES = 256  # 8-bit PQ codes: centroids a sub-vector
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"  # present where an NVIDIA driver is loaded
 
 
@@ -143,14 +144,18 @@ def _train_models(ds: Any, params: ann.AnnParams, accel: str | None) -> tuple[An
     from lance.indices import IndicesBuilder
 
     builder = IndicesBuilder(ds, ann.COLUMN)
+    rows = int(ds.count_rows())
+    # Lance's trainers want lists x sample_rate rows (IVF) and 256 x sample_rate (PQ: 8-bit codes); a small
+    # table (SLUICE_INDEX_MIN_ANN_ROWS lowered) samples the rows it has, as create_index does.
     ivf = builder.train_ivf(
         params.num_partitions,
         distance_type=ann.METRIC,
         accelerator=accel,
-        sample_rate=ann.SAMPLE_RATE,
+        sample_rate=max(1, min(ann.SAMPLE_RATE, rows // params.num_partitions)),
         max_iters=ann.KMEANS_ITERS,
     )
-    pq = builder.train_pq(ivf, params.num_sub_vectors, sample_rate=ann.SAMPLE_RATE, max_iters=ann.KMEANS_ITERS)
+    pq_rate = max(1, min(ann.SAMPLE_RATE, rows // PQ_CODES))
+    pq = builder.train_pq(ivf, params.num_sub_vectors, sample_rate=pq_rate, max_iters=ann.KMEANS_ITERS)
     return ivf, pq
 
 
