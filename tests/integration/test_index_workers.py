@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import lance
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from sluice.index import workers
+from sluice.index.__main__ import main
 from sluice.index.build import build
 from sluice.index.fleet import train
 from sluice.index.search import Searcher
@@ -52,15 +54,19 @@ def test_two_workers_match_the_single_builds_recall_and_index_every_row_once(tmp
     assert os.listdir(work) == [], "the local work files are removed"
 
 
-def test_an_index_built_by_workers_is_extended_by_the_single_build_newest_row_wins(tmp_path):
+def test_an_index_built_by_workers_is_extended_by_the_single_build_newest_row_wins(tmp_path, capsys):
     x = clustered(N, DIM, 41, centers=300, center_seed=404)
     keys = uris(N)
     write_run(str(tmp_path / "runs"), "a", keys, x, chunk_keys=4_000)
-    first = workers.build([str(tmp_path / "runs" / "a")], str(tmp_path / "idx"), workers=2)
+    assert (
+        main(["build", str(tmp_path / "runs" / "a"), "--out", str(tmp_path / "idx"), "--workers", "2", "--json"]) == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rows"], report["ann"], len(report["children"])) == (N, "IVF_PQ", 2)
     moved = clustered(50, DIM, 42, centers=300, center_seed=405)  # 50 keys get new vectors elsewhere
     write_run(str(tmp_path / "runs"), "b", keys[:50], moved, chunk_keys=50, created_at="2026-02-01T00:00:00+00:00")
     build([str(tmp_path / "runs" / "b")], str(tmp_path / "idx"))  # small growth: optimize_indices extends it
-    table, idx = _ann(first.tables[0].uri)
+    table, idx = _ann(report["tables"][0]["uri"])
     assert idx.num_rows_indexed == table.count_rows() == N  # replaced rows indexed, not added twice
     hits = Searcher.open(str(tmp_path / "idx")).search(moved[:5], 1)
     assert [h[0].key for h in hits] == keys[:5]
