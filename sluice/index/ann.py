@@ -123,10 +123,15 @@ def plan_for(ds: Any) -> AnnPlan:
     )
 
 
-def record(ds: Any, plan: AnnPlan) -> None:
+def record(ds: Any, plan: AnnPlan, **extra: Any) -> None:
     """The parameters the index was trained with, in the table's config (probe_of reads them)."""
     assert plan.params is not None
-    ds.update_config({ANN_KEY: json.dumps({**asdict(plan.params), "rows": plan.rows, "kind": KIND})})
+    ds.update_config({ANN_KEY: json.dumps({**asdict(plan.params), "rows": plan.rows, "kind": KIND, **extra})})
+
+
+def trained(ds: Any) -> dict[str, Any]:
+    """What `record` wrote last ({} when nothing)."""
+    return dict(json.loads(ds.config().get(ANN_KEY, "{}")))
 
 
 def ensure(ds: Any) -> str:

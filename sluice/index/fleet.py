@@ -13,7 +13,7 @@
              segment, the trained parameters in the table's config, the key index.
 
 Work files live under <index>/_fleet/<run>/ (sluice.paths.fleet_path). Each step is idempotent:
-train reuses a plan whose tables are still at its versions, commit skips segments already committed.
+train reuses a plan whose tables are still at its versions, commit skips segments it committed (sluice.ann).
 """
 
 from __future__ import annotations
@@ -224,19 +224,19 @@ def _commit_segments(table: IndexTable, t: FleetTable, children: list[FleetChild
                 "child again (its stage is idempotent), then commit"
             )
         segments.extend(mine)
-    committed = {str(seg.uuid) for i in table.dataset.describe_indices() for seg in i.segments}
-    if {s.uuid for s in segments} <= committed:
-        return  # a rerun of commit: already done
+    uuids = sorted(s.uuid for s in segments)
+    if ann.trained(table.dataset).get("segments") == uuids:
+        return  # a rerun of commit: these segments are the index already (merged into one since)
     retry_conflicts(
         lambda: table.dataset.commit_existing_index_segments(t.index_name, ann.COLUMN, [to_index(s) for s in segments]),
         "commit the ANN segments",
     )
     # One index, as the single build's: a search probes each segment's lists separately (measured: 2
-    # segments, p50 1.7x the single build's), so the segments are merged into one (a pass over their codes).
+    # segments, p50 1.4-1.7x the single build's), so the segments are merged into one (a pass over their codes).
     retry_conflicts(
         lambda: table.dataset.optimize.optimize_indices(index_names=[t.index_name], num_indices_to_merge=len(segments)),
         "merge the ANN segments",
     )
     assert t.num_partitions is not None and t.num_sub_vectors is not None
     params = ann.AnnParams(t.num_partitions, t.num_sub_vectors)
-    ann.record(table.dataset, ann.AnnPlan("train", t.index_name, t.rows, params))
+    ann.record(table.dataset, ann.AnnPlan("train", t.index_name, t.rows, params), segments=uuids)

@@ -59,8 +59,12 @@ def test_train_segments_in_any_order_commit_writes_run_indexed(tmp_path, monkeyp
     ds = lance.dataset(done.tables[0].uri)
     [idx] = [i for i in ds.describe_indices() if list(i.field_names) == ["embedding"]]
     assert idx.num_rows_indexed == n  # every row once
+    version = ds.version
     assert _step("commit", runs, "r", index) == 0  # a rerun of commit: the same outcome, nothing twice
     assert RunIndexed.model_validate(_result(index, "r")).rows == n
+    again = lance.dataset(done.tables[0].uri)
+    assert [i.segments[0].uuid for i in again.describe_indices() if i.name == idx.name] == [idx.segments[0].uuid]
+    assert again.version <= version + 1  # at most the key index's no-op optimize
     [hit] = Searcher.open(str(index)).search(x[7:8], 1)
     assert hit[0].key == keys[7]
 
