@@ -133,3 +133,29 @@ def test_a_train_that_fails_writes_index_failed(tmp_path):
     assert _step("train", runs, "e", index, "--children", "2") == 1
     failed = IndexFailed.model_validate(_result(index, "e"))
     assert failed.reason.startswith("train: no committed output rows")
+
+
+def test_two_models_are_two_tables_each_child_indexes_its_share_of_both(tmp_path, monkeypatch):
+    from sluice.models import ModelSpec
+
+    runs, index = tmp_path / "runs", tmp_path / "idx"
+    specs = [ModelSpec(name="small"), ModelSpec(uri="builtin:reference-cnn-large", name="big")]
+    keys = uris(3_000)
+    per = {"small": clustered(3_000, DIM, 1, centers=40), "big": clustered(3_000, 48, 2, centers=40)}
+    write_run(str(runs), "m", keys, per["small"], models=specs, per_model=per, chunk_keys=500)
+    assert _step("train", runs, "m", index, "--children", "2") == 0
+    plan = read_plan(Files(), str(index) + "/", "m")
+    assert sorted(t.model for t in plan.tables) == ["big", "small"] and all(all(t.shares) for t in plan.tables)
+    for k in (1, 0):
+        assert _child(monkeypatch, k, runs, "m", index) == 0
+    child = FleetChild.model_validate_json(Path(child_uri(str(index) + "/", "m", 1)).read_text())
+    assert sorted(s.table for s in child.segments) == sorted(t.uri for t in plan.tables)  # one segment a table
+    assert _step("commit", runs, "m", index) == 0
+    done = RunIndexed.model_validate(_result(index, "m"))
+    assert sorted((t.model, t.rows, t.ann) for t in done.tables) == [
+        ("big", 3_000, "IVF_PQ"),
+        ("small", 3_000, "IVF_PQ"),
+    ]
+    for t in done.tables:
+        [idx] = [i for i in lance.dataset(t.uri).describe_indices() if list(i.field_names) == ["embedding"]]
+        assert idx.num_rows_indexed == 3_000
