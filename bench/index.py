@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/index.py                          # 200,000 x 256-d float16, 200 queries
     .venv/bin/python bench/index.py --rows 1000000 --dim 256 # the figure per million, when time allows
+    .venv/bin/python bench/index.py --workers 2              # the single build against --workers 2
 
 The vectors are clustered unit vectors (as image embeddings are: many near-duplicates around
 topics), written as a run's output the way the GPU worker writes it (Parquet chunks of 5,000
@@ -15,6 +16,13 @@ from the same Parquet files. Each side runs in a fresh process (its peak RSS is 
 after the other. Recall@10 is ours against the baseline's exact top 10. Single-query latency
 is one query at a time; batched is --batch queries in one call (ours: sluice.index's thread
 pool; FAISS: one search call), reported per query.
+
+--workers N compares, in one run on the same vectors, the single build and the distributed
+build's three steps on this machine (sluice.index.fleet: train in the parent, N spawned
+segment processes, commit in the parent), each side in a fresh process: build time (and each
+step's), peak RSS of the single build's process, of the distributed build's parent and of
+each segment worker (VmHWM, read by each process itself), recall@10 of both against the
+exact top 10 (FAISS flat IP), single-query p50/p99.
 """
 
 from __future__ import annotations
@@ -87,6 +95,26 @@ def ours(run: str, index: str, queries: np.ndarray, k: int, batch: int) -> dict[
     }
 
 
+def fleet(run: str, index: str, queries: np.ndarray, k: int, batch: int, workers: int) -> dict[str, Any]:
+    """The distributed build's steps as `sluice index build --workers N` runs them, each timed."""
+    from sluice.index.fleet import commit, train
+    from sluice.index.search import Searcher
+    from sluice.index.workers import run_children
+
+    t = time.perf_counter()
+    plan = train([run], index, "bench", workers)
+    trained = time.perf_counter()
+    run_children(index + "/", "bench", workers)
+    segmented = time.perf_counter()
+    report = commit(plan)
+    done = time.perf_counter()
+    searcher = Searcher.open(index)
+    found = [[h.key for h in hits] for hits in searcher.search(queries, k)]
+    lat = _latencies(lambda q: searcher.search(q, k), queries, batch)
+    steps = {"train_s": trained - t, "segments_s": segmented - trained, "commit_s": done - segmented}
+    return {"build_s": done - t, "rss_mb": _rss_mb(), "found": found, "children": report.children, **steps, **lat}
+
+
 def faiss_exact(run: str, queries: np.ndarray, k: int, batch: int) -> dict[str, Any]:
     import faiss
     import pyarrow.parquet as pq
@@ -150,6 +178,35 @@ def table(o: dict[str, Any], f: dict[str, Any], rows: int) -> str:
     return "\n".join(lines)
 
 
+def fleet_table(o: dict[str, Any], w: dict[str, Any], rows: int, workers: int) -> str:
+    """The single build against the --workers build: each figure and the ratio."""
+    per_m = 1e6 / rows
+    child_rss = max(c["peak_rss_mb"] for c in w["children"])
+    lines = [
+        f"{'':34} {'single build':>14} {f'--workers {workers}':>14} {'workers/single':>15}",
+        *(
+            f"{name:34} {a * scale:>14.{dp}f} {b * scale:>14.{dp}f} {b / a:>14.2f}x"
+            for name, a, b, scale, dp in [
+                ("build s", o["build_s"], w["build_s"], 1, 1),
+                ("build s per 1M vectors", o["build_s"], w["build_s"], per_m, 1),
+                ("peak RSS MB (a worker's, max)", o["rss_mb"], child_rss, 1, 0),
+                ("peak RSS MB (the parent's)", o["rss_mb"], w["rss_mb"], 1, 0),
+                ("query p50 ms (one at a time)", o["p50_ms"], w["p50_ms"], 1, 2),
+                ("query p99 ms (one at a time)", o["p99_ms"], w["p99_ms"], 1, 2),
+            ]
+        ),
+        f"{'recall@10 vs exact':34} {o['recall']:>14.4f} {w['recall']:>14.4f} {w['recall'] - o['recall']:>+14.4f}",
+        f"single: merge {o['merge_s']:.1f} s + ANN/key index {o['index_s']:.1f} s",
+        f"--workers {workers}: train (merge, split, k-means) {w['train_s']:.1f} s, segments {w['segments_s']:.1f} s, "
+        f"commit {w['commit_s']:.1f} s",
+        *(
+            f"  worker {c['child']}: {c['rows']:,} rows in {c['seconds']:.1f} s, peak RSS {c['peak_rss_mb']:.0f} MB"
+            for c in w["children"]
+        ),
+    ]
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=200_000)
@@ -159,6 +216,7 @@ def main() -> int:
     p.add_argument("-k", type=int, default=10)
     p.add_argument("--centers", type=int, default=2_000, help="topics the vectors cluster around")
     p.add_argument("--dir", help="work folder (default: a temporary one, removed after)")
+    p.add_argument("--workers", type=int, default=1, help="N > 1: compare the single build with --workers N")
     args = p.parse_args()
     work = Path(args.dir or tempfile.mkdtemp(prefix="sluice-bench-index-"))
     try:
@@ -170,13 +228,22 @@ def main() -> int:
         print(f"{args.rows:,} x {args.dim}-d float16 written as a run in {time.perf_counter() - t:.1f} s", flush=True)
         run = str(work / "runs" / "bench")
         o = isolated(ours, run, str(work / "index"), queries, args.k, args.batch)
+        print(f"single build: {o['build_s']:.1f} s, peak RSS {o['rss_mb']:.0f} MB", flush=True)
+        w = None
+        if args.workers > 1:
+            w = isolated(fleet, run, str(work / "index-workers"), queries, args.k, args.batch, args.workers)
+            print(f"--workers {args.workers} build: {w['build_s']:.1f} s", flush=True)
         f = isolated(faiss_exact, run, queries, args.k, args.batch)
         o["recall"] = recall(o["found"], f["found"])
         print(
             f"\n{args.rows:,} vectors, {args.dim}-d, {args.queries} unseen queries, k={args.k}, "
             f"batch {args.batch}, {os.cpu_count()} CPUs\n"
         )
-        print(table(o, f, args.rows))
+        if w is not None:
+            w["recall"] = recall(w["found"], f["found"])
+            print(fleet_table(o, w, args.rows, args.workers))
+        else:
+            print(table(o, f, args.rows))
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)

@@ -819,3 +819,74 @@ class IndexItem(_Written):
 
 RunItem.model_rebuild()
 MapResult.model_rebuild()
+
+
+# ---- the distributed index build (sluice.index.fleet) ---------------------------------------
+
+# What the stages do to a table: "segments" (train trained the lists, children build segments,
+# commit commits them), "extended" (train added the new rows to the existing lists: small growth),
+# "none" (too few rows for an ANN index: exact scans). Children act on "segments" only.
+FleetMode = Literal["segments", "extended", "none"]
+
+
+class FleetTable(_Written):
+    """One model's table in a FleetPlan: what train merged and decided, and each child's fragments."""
+
+    model: str
+    model_id: str
+    uri: str
+    dim: int
+    rows: int  # the table's rows at train's version
+    version: int  # the Lance version train planned on: children read it, commit checks its fragments
+    mode: FleetMode
+    index_name: str = "embedding_idx"
+    num_partitions: int | None = None
+    num_sub_vectors: int | None = None
+    ivf: str | None = None  # the trained IVF centroids (Arrow IPC) under the run's _fleet folder
+    pq: str | None = None  # the trained PQ codebook (Arrow IPC)
+    shares: list[list[int]] = Field(default_factory=list)  # shares[k]: fragment ids child k indexes
+    merged: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)
+    inserted: int = 0
+    updated: int = 0
+
+
+class FleetPlan(_Written):
+    """<index>/_fleet/<run>/plan.json: train's output, read by every segment child and by commit."""
+
+    run_id: str
+    index_uri: str
+    children: int = Field(ge=1)
+    started_at: float  # epoch s: train's start (RunIndexed's seconds run from it)
+    accelerator: str | None = None  # "cuda" when training ran on a GPU
+    tables: list[FleetTable]
+
+
+class FleetSegment(_Written):
+    """One index segment a child built (lance.dataset.Index as JSON; details base64)."""
+
+    table: str  # the table's URI
+    uuid: str
+    name: str
+    fields: list[int]
+    dataset_version: int
+    fragment_ids: list[int]
+    index_version: int
+    created_at: str | None = None
+    base_id: int | None = None
+    files: list[tuple[str, int]] | None = None  # (path, size in bytes)
+    details_type: str | None = None
+    details: str | None = None
+    covering_fields: list[int] = Field(default_factory=list)
+
+
+class FleetChild(_Written):
+    """<index>/_fleet/<run>/segments/<child>.json: a segment child's work (empty when it had none)."""
+
+    run_id: str
+    child: int
+    children: int
+    segments: list[FleetSegment] = Field(default_factory=list)
+    rows: int = 0
+    seconds: float = 0.0
+    peak_rss_mb: float = 0.0

@@ -23,7 +23,9 @@ standalone workers):
 
 Search indexes (docs/index.md) live in the control bucket's `indexes/<name>/` unless the
 manifest names another URI: one Lance table per model, `<index>/<model name>.lance`, and the
-index stage's outcome for each run, `<index>/_results/<run>.json`.
+index stage's outcome for each run, `<index>/_results/<run>.json`. A distributed index build's
+work files (sluice.index.fleet) are under `<index>/_fleet/<run>/`: plan.json (FleetPlan), the
+trained models, segments/<child>.json (FleetChild).
 """
 
 from __future__ import annotations
@@ -153,6 +155,11 @@ def index_table_uri(index: str, model: str) -> str:
 def index_result(index: str, run_id: str) -> str:
     """The index stage's outcome for a run: a RunIndexed or IndexFailed detail (sluice.contracts)."""
     return join(index, f"_results/{run_id}.json")
+
+
+def fleet_path(index: str, run_id: str, name: str = "") -> str:
+    """A distributed index build's work file: <index>/_fleet/<run>/<name> (plan.json, models/, segments/<k>.json)."""
+    return join(index, f"_fleet/{run_id}/{name}")
 
 
 def committed_chunk(marker_uri: str, file: str) -> str:

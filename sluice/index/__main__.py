@@ -1,7 +1,8 @@
 """`python -m sluice.index build`: the index stage's job (an AWS Batch CPU job) and its local twin.
 
     python -m sluice.index build --bucket CONTROL --run RUN [--out INDEX] [--model NAME]
-    python -m sluice.index build SOURCE... --out INDEX [--model NAME]
+    python -m sluice.index build SOURCE... --out INDEX [--model NAME] [--workers N]
+    python -m sluice.index stage train|segment|commit --bucket CONTROL --run RUN [--children N]
 
 With --bucket/--run the run's root in the control bucket is the SOURCE, the index is the
 plan's (`RunPlan.index`, from the manifest's output.index) unless --out names one, and the
@@ -9,26 +10,23 @@ outcome, a RunIndexed or IndexFailed detail (sluice.contracts), is written besid
 <index>/_results/<run>.json (paths.index_result), for the control plane to publish: the stage
 reads the run's plan and output and writes under the index only (and, when the plan names it,
 output.index.s3_vectors: its vector indexes, sluice.index.vectors). Exit 0 when indexed, 1 when the build
-failed (the index is left as it was), 2 for bad arguments.
+failed (the index is left as it was), 2 for bad arguments. `stage` runs one step of the
+distributed build (sluice.index.stage); `--workers N` runs its three steps on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sluice.contracts import IndexFailed, RunIndexed
 from sluice.errors import SluiceError
+from sluice.index.outcome import reason_of, with_vectors, write_result
 from sluice.log import logger
 from sluice.models import RunPlan
 from sluice.paths import RunPaths, index_result
-
-if TYPE_CHECKING:
-    from sluice.index.build import BuildReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -39,6 +37,13 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="INDEX", help="the index folder (local or s3://)")
     p.add_argument("--model", metavar="NAME", help="index this model of the run only (default: every model)")
     p.add_argument("--json", action="store_true", help="print the build's report as one JSON object")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train once, index the fragments in N processes, commit once (default 1: the single build)",
+    )
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -55,39 +60,14 @@ def _stage(args: argparse.Namespace) -> int:
         if index is None:
             raise SluiceError(f"run {args.run} has no index (output.index is off): pass --out INDEX to build one")
         report = build([root.root], index, model=args.model, files=files)
-        outcome: RunIndexed | IndexFailed = _with_vectors(report.indexed(args.run), report, plan, index)
+        outcome: RunIndexed | IndexFailed = with_vectors(report.indexed(args.run), report, plan, index)
     except Exception as exc:  # any failure is the stage's outcome: reported, the run left as it is
         logger.exception("index stage failed", extra={"run_id": args.run, "index": index})
-        reason = str(exc) if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
-        outcome = IndexFailed(run_id=args.run, index_uri=index, reason=reason[:1000])
+        outcome = IndexFailed(run_id=args.run, index_uri=index, reason=reason_of(exc)[:1000])
     if index is not None:
-        _write_result(index_result(index, args.run), outcome)
+        write_result(index_result(index, args.run), outcome)
     print(outcome.model_dump_json())
     return EXIT_OK if isinstance(outcome, RunIndexed) else EXIT_FAIL
-
-
-def _with_vectors(outcome: RunIndexed, report: BuildReport, plan: RunPlan, index: str) -> RunIndexed:
-    """The plan's second target, S3 Vectors (output.index.s3_vectors), upserted after the Lance build."""
-    target = plan.index
-    if target is None or target.s3_vectors is None or target.uri != index:
-        return outcome
-    from sluice.index.vectors import upsert
-
-    return outcome.model_copy(update={"s3_vectors": upsert(report, target.name, target.s3_vectors)})
-
-
-def _write_result(uri: str, outcome: RunIndexed | IndexFailed) -> None:
-    data = outcome.model_dump_json().encode()
-    if uri.startswith("s3://"):
-        from sluice.aws.clients import client
-        from sluice.aws.s3io import put_object
-
-        put_object(client("s3"), uri, data, "application/json")
-    else:  # a local index (local mode's index step)
-        os.makedirs(os.path.dirname(uri), exist_ok=True)
-        with open(uri, "wb") as fh:
-            fh.write(data)
-    logger.info("index stage", extra={"result": uri, "outcome": outcome.detail_type})
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -97,8 +77,16 @@ def run_build(args: argparse.Namespace) -> int:
     if not args.sources or not args.out:
         print("sluice: error: give SOURCE... and --out INDEX (or --bucket and --run)", file=sys.stderr)
         return EXIT_USAGE
+    if args.workers < 1:
+        print("sluice: error: --workers takes 1 or more", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        report = build(args.sources, args.out, model=args.model)
+        if args.workers > 1:
+            from sluice.index import workers
+
+            report = workers.build(args.sources, args.out, workers=args.workers, model=args.model)
+        else:
+            report = build(args.sources, args.out, model=args.model)
     except SluiceError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
@@ -124,7 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_build_arguments(b)
     b.add_argument("--bucket", help="the control bucket (with --run: the index stage of that run)")
     b.add_argument("--run", help="the run id (with --bucket)")
+    from sluice.index.stage import add_stage_parser
+
+    add_stage_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "stage":
+        from sluice.index.stage import run_stage
+
+        return run_stage(args)
     if (args.bucket is None) != (args.run is None):
         p.error("--bucket and --run go together")
     if args.bucket:

@@ -6,7 +6,8 @@ by code, then re-ranks the best `k * refine_factor` candidates on the full vecto
 scores: Lance's refine step), so the scores returned are exact and recall depends on the
 candidates only. Parameters come from the row count and the dimension:
 
-    rows < MIN_ANN_ROWS       no ANN index: a search scans every row (exact)
+    rows < MIN_ANN_ROWS       no ANN index: a search scans every row (exact); SLUICE_INDEX_MIN_ANN_ROWS
+                              sets another threshold (read once, at import: tests lower it)
     num_partitions            ~ sqrt(rows), at least 16 (about sqrt(rows) vectors a list)
     num_sub_vectors           dim / 8 (8 dims per code byte; fewer codes when 8 does not divide dim)
     k-means                   KMEANS_ITERS iterations on SAMPLE_RATE vectors a list
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,7 +31,9 @@ KIND = "IVF_PQ"
 NONE = "none"
 METRIC = "cosine"
 COLUMN = "embedding"
-MIN_ANN_ROWS = 20_000  # an exact scan of 20,000 x 256-d rows takes ~25 ms on one core
+# An exact scan of 20,000 x 256-d rows takes ~25 ms on one core.
+MIN_ANN_ROWS = int(os.environ.get("SLUICE_INDEX_MIN_ANN_ROWS") or 20_000)
+DEFAULT_NAME = "embedding_idx"  # Lance's name for an index on `embedding` (create_index's default)
 MIN_PARTITIONS = 16
 NPROBES_MIN = 20
 NPROBES_FRACTION = 0.04
@@ -94,29 +98,62 @@ def vector_index(ds: Any) -> dict[str, Any] | None:
     return None
 
 
-def ensure(ds: Any) -> str:
-    """Create, extend or retrain the ANN index for the table's current rows; returns the ANN kind."""
+@dataclass(frozen=True)
+class AnnPlan:
+    """What a build does to the table's ANN index: NONE, "extend" (optimize_indices) or "train" (params)."""
+
+    action: str
+    name: str
+    rows: int
+    params: AnnParams | None = None
+
+
+def plan_for(ds: Any) -> AnnPlan:
+    """The one decision: no index, extend the trained lists (growth up to RETRAIN_GROWTH), or train anew."""
     rows = int(ds.count_rows())
     dim = int(ds.schema.field(COLUMN).type.list_size)
     want = AnnParams.derive(rows, dim)
     have = vector_index(ds)
     if want is None and have is None:
-        return NONE
+        return AnnPlan(NONE, DEFAULT_NAME, rows)
     if have is not None and (want is None or want.num_partitions <= RETRAIN_GROWTH * (have["num_partitions"] or 0)):
-        ds.optimize.optimize_indices(index_names=[have["name"]])  # new rows into the trained lists
+        return AnnPlan("extend", have["name"], rows)
+    return AnnPlan(
+        "train", have["name"] if have else DEFAULT_NAME, rows, want or AnnParams(MIN_PARTITIONS, sub_vectors(dim))
+    )
+
+
+def record(ds: Any, plan: AnnPlan, **extra: Any) -> None:
+    """The parameters the index was trained with, in the table's config (probe_of reads them)."""
+    assert plan.params is not None
+    ds.update_config({ANN_KEY: json.dumps({**asdict(plan.params), "rows": plan.rows, "kind": KIND, **extra})})
+
+
+def trained(ds: Any) -> dict[str, Any]:
+    """What `record` wrote last ({} when nothing)."""
+    return dict(json.loads(ds.config().get(ANN_KEY, "{}")))
+
+
+def ensure(ds: Any) -> str:
+    """Create, extend or retrain the ANN index for the table's current rows; returns the ANN kind."""
+    plan = plan_for(ds)
+    if plan.action == NONE:
+        return NONE
+    if plan.action == "extend":
+        ds.optimize.optimize_indices(index_names=[plan.name])  # new rows into the trained lists
         return KIND
-    params = want or AnnParams(MIN_PARTITIONS, sub_vectors(dim))
+    assert plan.params is not None
     ds.create_index(
         COLUMN,
         KIND,
         metric=METRIC,
         replace=True,
-        num_partitions=params.num_partitions,
-        num_sub_vectors=params.num_sub_vectors,
+        num_partitions=plan.params.num_partitions,
+        num_sub_vectors=plan.params.num_sub_vectors,
         max_iters=KMEANS_ITERS,
         sample_rate=SAMPLE_RATE,
     )
-    ds.update_config({ANN_KEY: json.dumps({**asdict(params), "rows": rows, "kind": KIND})})
+    record(ds, plan)
     return KIND
 
 

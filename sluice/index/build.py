@@ -56,6 +56,8 @@ class BuildReport:
     index: str
     seconds: float = 0.0
     tables: list[TableReport] = field(default_factory=list)
+    # A build with --workers: each segment child's work (FleetChild: rows, seconds, peak_rss_mb).
+    children: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -81,9 +83,11 @@ class BuildReport:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "rows": self.rows, "ann": self.ann, "seconds": round(self.seconds, 3)} | {
-            "tables": [asdict(t) for t in self.tables]
-        }
+        return (
+            {"index": self.index, "rows": self.rows, "ann": self.ann, "seconds": round(self.seconds, 3)}
+            | {"tables": [asdict(t) for t in self.tables]}
+            | ({"children": self.children} if self.children else {})
+        )
 
 
 class _Rows:
@@ -221,11 +225,11 @@ def _index(t: TableReport) -> None:
     t.rows = table.count_rows()
 
 
-def build(sources: Sequence[str], index: str, *, model: str | None = None, files: Files | None = None) -> BuildReport:
-    """Build or update the index at `index` (a folder: local or s3://) from `sources`."""
-    started = time.perf_counter()
+def merge_sources(
+    sources: Sequence[str], index: str, *, model: str | None = None, files: Files | None = None
+) -> BuildReport:
+    """Merge `sources` into the index's tables (no ANN work); the report names each table touched."""
     files = files or Files()
-    index = index if index.endswith("/") else index + "/"
     now = datetime.now(UTC).isoformat(timespec="microseconds")
     outputs = resolve(sources, files, model=model, now=now)
     report = BuildReport(index)
@@ -238,6 +242,14 @@ def build(sources: Sequence[str], index: str, *, model: str | None = None, files
             + (f" for model {model!r}" if model else "")
             + ": nothing to index, no index written (a chunk counts only with its commit marker)"
         )
+    return report
+
+
+def build(sources: Sequence[str], index: str, *, model: str | None = None, files: Files | None = None) -> BuildReport:
+    """Build or update the index at `index` (a folder: local or s3://) from `sources`."""
+    started = time.perf_counter()
+    index = index if index.endswith("/") else index + "/"
+    report = merge_sources(sources, index, model=model, files=files)
     for t in report.tables:
         _index(t)
     report.seconds = time.perf_counter() - started

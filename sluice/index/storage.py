@@ -136,6 +136,25 @@ class Files:
         filesystem, path = self._fs(uri)
         return bool(filesystem.get_file_info(path).type == fs.FileType.Directory)
 
+    def write(self, uri: str, data: bytes) -> None:
+        """Put `data` at `uri` (a local file's folders are created)."""
+        filesystem, path = self._fs(uri)
+        if not is_s3(uri):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        with filesystem.open_output_stream(path) as fh:
+            fh.write(data)
+
+    def remove_tree(self, prefix: str) -> None:
+        """Delete everything under `prefix` (nothing there: nothing to do)."""
+        if not is_s3(prefix):
+            import shutil
+
+            shutil.rmtree(prefix, ignore_errors=True)
+            return
+        for entry in list(self.walk(prefix)):
+            filesystem, path = self._fs(entry.uri)
+            filesystem.delete_file(path)
+
     def open(self, uri: str) -> Any:
         """A seekable file for pyarrow.parquet (reads the footer first, then the row groups)."""
         filesystem, path = self._fs(uri)
