@@ -31,8 +31,9 @@ KIND = "IVF_PQ"
 NONE = "none"
 METRIC = "cosine"
 COLUMN = "embedding"
-# An exact scan of 20,000 x 256-d rows takes ~25 ms on one core.
-MIN_ANN_ROWS = int(os.environ.get("SLUICE_INDEX_MIN_ANN_ROWS") or 20_000)
+# An exact scan of 20,000 x 256-d rows takes ~25 ms on one core. Never below 512: Lance trains the
+# 256 PQ codes a sub-vector on at least 2 rows each (its trainers refuse a sample rate of 1).
+MIN_ANN_ROWS = max(512, int(os.environ.get("SLUICE_INDEX_MIN_ANN_ROWS") or 20_000))
 DEFAULT_NAME = "embedding_idx"  # Lance's name for an index on `embedding` (create_index's default)
 MIN_PARTITIONS = 16
 NPROBES_MIN = 20

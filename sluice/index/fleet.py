@@ -151,10 +151,10 @@ def _train_models(ds: Any, params: ann.AnnParams, accel: str | None) -> tuple[An
         params.num_partitions,
         distance_type=ann.METRIC,
         accelerator=accel,
-        sample_rate=max(1, min(ann.SAMPLE_RATE, rows // params.num_partitions)),
+        sample_rate=max(2, min(ann.SAMPLE_RATE, rows // params.num_partitions)),
         max_iters=ann.KMEANS_ITERS,
     )
-    pq_rate = max(1, min(ann.SAMPLE_RATE, rows // PQ_CODES))
+    pq_rate = max(2, min(ann.SAMPLE_RATE, rows // PQ_CODES))  # Lance refuses 1
     pq = builder.train_pq(ivf, params.num_sub_vectors, sample_rate=pq_rate, max_iters=ann.KMEANS_ITERS)
     return ivf, pq
 

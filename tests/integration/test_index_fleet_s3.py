@@ -32,7 +32,7 @@ def on_server(moto_server, monkeypatch):
 
 
 def _step(server, step: str, *extra: str, child: int | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT), "SLUICE_INDEX_MIN_ANN_ROWS": "500"}
+    env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT), "SLUICE_INDEX_MIN_ANN_ROWS": "512"}
     if child is not None:
         env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(child)
     args = ["-m", "sluice.index", "stage", step, "--bucket", CONTROL_BUCKET, "--run", "fleet", *extra]
