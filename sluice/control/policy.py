@@ -71,6 +71,9 @@ def index_timeout_s(rows: int) -> int:
 # one job. Per-row rates measured by bench/index.py (docs/performance.md "Search index": 200,000
 # x 256-d float16 on 2 shared cores, a 4-vCPU job's share): the merge into Lance 2.5 s, IVF-PQ
 # and key index 77.0 s. The stage estimates (`sluice plan`) and the stage timeouts both use them.
+# Checked against the distributed build at 1M rows (docs/performance.md, "The distributed build"):
+# a segment child took ~0.83 core-ms a row (0.21 ms on 4 vCPUs, under the 0.385 ms used here),
+# commit 1.7 s (INDEX_COMMIT_S stays a generous guess: S3 at 300M rows is not measured).
 INDEX_MERGE_S_PER_ROW = 2.5 / 200_000
 INDEX_BUILD_S_PER_ROW = 77.0 / 200_000
 INDEX_TRAIN_SAMPLE_PER_LIST = 64  # k-means trains on this many vectors a list (sluice.index.ann.SAMPLE_RATE)
