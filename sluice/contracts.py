@@ -807,6 +807,9 @@ class IndexItem(_Written):
     reason: str | None = None
     finished_at: int | None = None
     timeout_s: int | None = None  # its job's timeout, from the rows it indexes (sluice.control.policy)
+    # timeout_s is SLUICE_INDEX_TIMEOUT_S's, fixed at the claim: every job's, each fleet stage's too
+    # (not a floor); a rerun's --timeout-s clears it.
+    timeout_fixed: bool = False
     reruns: int = 0  # `sluice index rerun`: each rerun submits a job of its own name
     retired: list[str] = Field(default_factory=list)  # the job ids of earlier attempts: their late events are stale
     # "single": one job (job_id); "fleet": train, segments (an array of `children`) and commit, each

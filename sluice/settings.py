@@ -170,6 +170,15 @@ class Settings(EnvSettings):
         description="SLUICE_INDEX_ROWS_PER_CHILD: rows a segment child indexes (its memory and time are bounded by "
         "this, not by the run); children = ceil(rows / this), 2 to 10,000.",
     )
+    # Tests and operators: one fixed timeout for every index job instead of the one derived from the
+    # rows, applied once at the claim (sluice.control.indexing.claim), as SLUICE_STALL_AFTER_S is the worker's.
+    index_timeout_s: int | None = Field(
+        None,
+        ge=1,
+        description="SLUICE_INDEX_TIMEOUT_S: every index job's timeout (each fleet stage's) in place of the one "
+        "derived from the rows, fixed when the stage is claimed; AWS Batch refuses less than 60 s (its minimum "
+        "attemptDurationSeconds), local runs take any.",
+    )
     # The deployed capacity the preflight checks runs against (sluice.preflight; template.yaml
     # parameters of the same names), and the GPU family GPU-hours are priced on.
     max_vcpus: int = Field(256, ge=1, description="SLUICE_MAX_VCPUS: MaxVcpus of each GPU compute environment.")

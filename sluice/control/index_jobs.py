@@ -95,7 +95,12 @@ def stage_request(run: RunItem, settings: Any, stage: str, depends_on: str | Non
 
 
 def stage_timeout_s(ix: IndexItem, stage: str) -> int:
-    """A stage's timeout from the claim's rows; a rerun's --timeout-s (IndexItem.timeout_s) as its floor."""
+    """A stage's timeout from the claim's rows; a rerun's --timeout-s (IndexItem.timeout_s) as its floor.
+
+    SLUICE_INDEX_TIMEOUT_S fixed at the claim (IndexItem.timeout_fixed) is every stage's, shorter or longer.
+    """
+    if ix.timeout_fixed and ix.timeout_s:
+        return ix.timeout_s
     derived = index_stage_timeout_s(stage, ix.planned_rows or 0, ix.children or 2)
     return max(derived, ix.timeout_s or 0)
 

@@ -35,13 +35,14 @@ def estimate(manifest: Manifest, keys: int, settings: Settings) -> dict[str, Any
     c = manifest.input.content
     rows = index_rows(c.kind, c.frames_per_video, len(manifest.models), keys)
     mode, children = index_mode(rows, settings.index_fleet_rows, settings.index_rows_per_child)
+    fixed = settings.index_timeout_s  # SLUICE_INDEX_TIMEOUT_S: every job's, as the claim fixes it
     if mode == "single":
         s = index_stage_s("single", rows, 1)
-        stages = [_stage("single", 1, s, index_timeout_s(rows))]
+        stages = [_stage("single", 1, s, fixed or index_timeout_s(rows))]
     else:
         stages = [
             _stage(st, children if st == "segments" else 1, index_stage_s(st, rows, children),
-                   index_stage_timeout_s(st, rows, children))
+                   fixed or index_stage_timeout_s(st, rows, children))
             for st in ("train", "segments", "commit")
         ]  # fmt: skip
     return {

@@ -67,11 +67,11 @@ def claim(plan: RunPlan, processed: int, settings: Settings) -> dict[str, Any]:
     c = plan.content
     rows = index_rows(c.kind, c.frames_per_video, len(plan.models), processed)
     mode, children = index_mode(rows, settings.index_fleet_rows, settings.index_rows_per_child)
-    if mode == "fleet":
-        ix = IndexItem(uri=plan.index.uri, state="claimed", mode="fleet", children=children, planned_rows=rows)
-    else:
-        ix = IndexItem(uri=plan.index.uri, state="claimed", timeout_s=index_timeout_s(rows))
-    return {"index": ix}
+    fixed = settings.index_timeout_s  # SLUICE_INDEX_TIMEOUT_S: every job's (each stage's), decided here once
+    ix = IndexItem(uri=plan.index.uri, state="claimed", timeout_s=fixed, timeout_fixed=bool(fixed))
+    if mode == "fleet":  # the stages' timeouts: from planned_rows (index_jobs.stage_timeout_s), unless fixed
+        return {"index": ix.model_copy(update={"mode": "fleet", "children": children, "planned_rows": rows})}
+    return {"index": ix if fixed else ix.model_copy(update={"timeout_s": index_timeout_s(rows)})}
 
 
 def pending(run: RunItem) -> bool:
@@ -185,8 +185,9 @@ def outcome(
     )
     if status == JobStatus.FAILED and TIMEOUT_REASON in (reason or ""):
         limit = stage_timeout_s(ix, stage) if stage else ix.timeout_s or TIMEOUT_S
+        source = "SLUICE_INDEX_TIMEOUT_S" if ix.timeout_fixed else "derived from the rows it indexes"
         why = (
-            f"{label} ran past its {limit} s timeout (derived from the rows it indexes) and Batch ended it: it "
+            f"{label} ran past its {limit} s timeout ({source}) and Batch ended it: it "
             "hung, or built slower than planned; the run's embeddings are intact: rerun it with "
             f"`sluice index rerun {run.run_id}` (--timeout-s N for a longer one)"
         )
@@ -213,6 +214,8 @@ def rerun(ctx: Context, run_id: str, timeout_s: int | None = None) -> str:
     if t:
         expr, vals = expr + ", #ix.timeout_s = :t", {**vals, ":t": t}
     remove = " REMOVE #ix.job_id, #ix.reason, #ix.finished_at, #ix.stages"
+    if timeout_s:  # replaces a SLUICE_INDEX_TIMEOUT_S fixed at the claim (in a fleet: a floor again)
+        remove += ", #ix.timeout_fixed"
     if not _update(ctx, run_id, expr + remove, vals, "#ix.#st = :failed"):
         raise Rejection(f"sluice index rerun {run_id}: another rerun took it first")
     job_id = start(ctx, run_id)

@@ -199,6 +199,9 @@ class ExecutorConfig:
     worker_env: Mapping[str, str] = field(default_factory=dict)  # on top of each job's own environment
     on_pid: Callable[[int], None] | None = None  # told every worker's pid (--pid-file)
     out: TextIO | None = None  # failed workers' log tails (default: sys.stderr when the executor starts)
+    # Only jobs created at or after this (epoch ms, Batch's createdAt): an executor started later for
+    # the same run (an index rerun) leaves the jobs an earlier one ran. None: every job of the run.
+    since_ms: int | None = None
 
 
 class LocalExecutor:
@@ -234,8 +237,9 @@ class LocalExecutor:
         for i in range(0, len(ids), 100):  # DescribeJobs takes at most 100 job ids
             for j in self._batch.describe_jobs(jobs=ids[i : i + 100])["jobs"]:
                 run_id = (j.get("tags") or {}).get("sluice:run-id")
-                if run_id != self._cfg.run_id:
-                    self._foreign.add(j["jobId"])  # not Sluice's, or another run's
+                earlier = self._cfg.since_ms is not None and int(j.get("createdAt") or 0) < self._cfg.since_ms
+                if run_id != self._cfg.run_id or earlier:
+                    self._foreign.add(j["jobId"])  # not Sluice's, another run's, or an earlier executor's
                     continue
                 row = self._ledger.get(run_id)
                 job = read_job(j, row, self._retry_strategy(j, row))
