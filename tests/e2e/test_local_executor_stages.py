@@ -22,6 +22,7 @@ from sluice.local.executor import ExecutorConfig, LocalExecutor
 
 pytestmark = pytest.mark.subprocess  # the stage jobs are processes
 
+ROOT = Path(__file__).resolve().parents[2]
 RUN = "run-stages"
 CHILDREN = 3
 
@@ -54,7 +55,11 @@ def _submit(aws: Any, stack: Any, out: Path, *, train_fails: bool = False) -> di
 
 def _run(aws: Any, stack: Any, tmp_path: Path) -> tuple[LocalExecutor, list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
-    config = ExecutorConfig(RUN, (stack.names["PrepareJobQueue"],), str(tmp_path / "logs"), slots=4, out=io.StringIO())
+    # tests.stage_probe is not installed with the package: the jobs import it from the checkout.
+    config = ExecutorConfig(
+        RUN, (stack.names["PrepareJobQueue"],), str(tmp_path / "logs"), slots=4, out=io.StringIO(),
+        worker_env={"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
     ex = LocalExecutor(aws.batch, Ledger(aws.dynamodb, stack.names["RunsTable"]), events.append, config)
     assert len(ex.discover()) == 3
     deadline = time.monotonic() + 60
