@@ -157,7 +157,8 @@ class Settings(EnvSettings):
         "sluice-index-commit", description="SLUICE_INDEX_COMMIT_JOB_DEFINITION: the fleet index build's commit stage."
     )
     # One job indexes below this; at or above it train, segment children and commit run on the
-    # fleet (docs/architecture.md "Index stage"). A first default: the measured crossover replaces it.
+    # fleet (docs/architecture.md "Index stage"). The default is near where the plan's estimates
+    # cross (1.73M rows by sluice.control.policy's measured rates; tests/unit/test_policy.py).
     index_fleet_rows: int = Field(
         2_000_000,
         ge=1,

@@ -66,6 +66,18 @@ def moto_server() -> Iterator[FaultServer]:
         yield server
 
 
+@pytest.fixture
+def on_server(moto_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultServer]:
+    """The server, with this process's boto3 clients (RunStore, writing a run) pointed at it too."""
+    from sluice.aws import clients
+
+    for k, v in moto_server.env.items():
+        monkeypatch.setenv(k, v)
+    clients.reset_clients()
+    yield moto_server
+    clients.reset_clients()
+
+
 @dataclass(frozen=True)
 class Dataset:
     keys: list[str]  # every key the runs name, in manifest order

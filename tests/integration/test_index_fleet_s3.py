@@ -10,25 +10,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from sluice.contracts import FleetPlan, RunIndexed
 from sluice.models import IndexTarget
 from sluice.paths import fleet_path
 from tests.index_support import clustered, uris, write_run
 from tests.integration.conftest import CONTROL_BUCKET, ROOT
-
-
-@pytest.fixture
-def on_server(moto_server, monkeypatch):
-    """This process's boto3 clients (RunStore, writing the run) pointed at the server too."""
-    from sluice.aws import clients
-
-    for k, v in moto_server.env.items():
-        monkeypatch.setenv(k, v)
-    clients.reset_clients()
-    yield moto_server
-    clients.reset_clients()
 
 
 def _step(server, step: str, *extra: str, child: int | None = None) -> subprocess.CompletedProcess[str]:

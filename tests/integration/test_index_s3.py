@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from sluice.contracts import IndexFailed, RunIndexed
 from sluice.models import IndexTarget, VectorsTarget
@@ -25,18 +24,6 @@ from tests.integration.conftest import CONTROL_BUCKET, ROOT
 def _run(server, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-
-
-@pytest.fixture
-def on_server(moto_server, monkeypatch):
-    """This process's boto3 clients (RunStore, writing the run) pointed at the server too."""
-    from sluice.aws import clients
-
-    for k, v in moto_server.env.items():
-        monkeypatch.setenv(k, v)
-    clients.reset_clients()
-    yield moto_server
-    clients.reset_clients()
 
 
 def test_a_run_on_s3_is_indexed_into_s3_and_searched(on_server, tmp_path):

@@ -97,6 +97,23 @@ def test_the_index_mode_is_decided_by_the_rows_within_batchs_array_limits():
     assert index_mode(10**12, 2_000_000, 10_000_000) == ("fleet", 10_000)  # Batch's array maximum
 
 
+def test_the_fleet_threshold_defaults_to_where_the_plans_estimates_cross(monkeypatch):
+    from sluice.control.policy import INDEX_STAGES, index_mode, index_stage_s
+    from sluice.settings import Settings
+
+    monkeypatch.delenv("SLUICE_INDEX_FLEET_ROWS", raising=False)
+    default = Settings().index_fleet_rows
+
+    def single_and_fleet_s(rows: int) -> tuple[float, float]:
+        _, children = index_mode(rows, 1, Settings().index_rows_per_child)  # the children the stages would get
+        return index_stage_s("single", rows, 1), sum(index_stage_s(st, rows, children) for st in INDEX_STAGES)
+
+    single, fleet = single_and_fleet_s(default * 3 // 4)
+    assert single < fleet  # below the default one job is estimated faster ...
+    single, fleet = single_and_fleet_s(default)
+    assert fleet < single < fleet * 1.25  # ... at it the stages are, by a margin their extra job start-ups may eat
+
+
 def test_fleet_stage_timeouts_follow_their_own_rows():
     from sluice.control.policy import INDEX_BASE_S, INDEX_MIN_S, index_stage_s, index_stage_timeout_s
 
