@@ -57,6 +57,8 @@ def accelerator(torch: Any | None = None) -> str | None:
     if torch is None:
         if importlib.util.find_spec("torch") is None or not os.path.exists(NVIDIA_DRIVER):
             return None
+        # The index job's code (it needs lance and numpy too), never a Lambda's: no handler's import
+        # closure reaches sluice.index, and no Lambda artifact holds torch (.ci/check_lambda_artifact.py).
         import torch as imported
 
         torch = imported
