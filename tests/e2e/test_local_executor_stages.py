@@ -19,10 +19,10 @@ import pytest
 from sluice.contracts import JobStatus
 from sluice.control.ledger import Ledger
 from sluice.local.executor import ExecutorConfig, LocalExecutor
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.subprocess  # the stage jobs are processes
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN = "run-stages"
 CHILDREN = 3
 
