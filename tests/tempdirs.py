@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import pace
+
 PATTERN = "sluice-*"
-GRACE_S = 3.0  # a process stopped at the end of a test may still be removing its folder
+GRACE_S = 3.0  # a process stopped at the end of a test may still be removing its folder (scaled: tests/pace.py)
 
 
 def leftovers(root: Path) -> set[str]:
@@ -52,7 +54,7 @@ def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def settled(root: Path, before: set[str]) -> set[str]:
     """New `sluice-*` folders still there after GRACE_S (none: returns at once)."""
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + pace.scaled(GRACE_S)
     while (new := leftovers(root) - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     return new

@@ -15,6 +15,7 @@ from sluice.control.ledger import Ledger
 from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
 from sluice.local.executor import EXITED, ExecutorConfig, LocalExecutor, LocalJob, Task
 from sluice.models import RunPlan
+from tests import pace
 
 RUN = "run-executor"
 
@@ -99,7 +100,7 @@ def test_own_retry_strategy_wins_over_the_fallbacks(submitted):
 def _killed(sig: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     proc.send_signal(sig)
-    proc.wait(timeout=10)
+    proc.wait(timeout=pace.scaled(10))
     return proc
 
 

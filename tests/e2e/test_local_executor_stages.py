@@ -19,6 +19,7 @@ import pytest
 from sluice.contracts import JobStatus
 from sluice.control.ledger import Ledger
 from sluice.local.executor import ExecutorConfig, LocalExecutor
+from tests import pace
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.subprocess  # the stage jobs are processes
@@ -62,7 +63,7 @@ def _run(aws: Any, stack: Any, tmp_path: Path) -> tuple[LocalExecutor, list[dict
     )  # fmt: skip
     ex = LocalExecutor(aws.batch, Ledger(aws.dynamodb, stack.names["RunsTable"]), events.append, config)
     assert len(ex.discover()) == 3
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + pace.scaled(60)  # a guard against a hang (tests/pace.py)
     while not ex.idle and time.monotonic() < deadline:
         ex.step()
         time.sleep(0.05)

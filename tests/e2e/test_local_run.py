@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from tests import pace
+
 LOCAL_RUN = [sys.executable, "-m", "sluice.cli", "local", "run"]
 
 
@@ -123,7 +125,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["sigint", "sighup-closed-terminal"])
-def test_a_stop_signal_stops_everything_within_ten_seconds_and_the_run_still_gets_its_summary(tmp_path, sig):
+def test_a_stop_signal_stops_everything_and_the_run_still_gets_its_summary(tmp_path, sig):
     pid_file, scratch, out = tmp_path / "pids", tmp_path / "tmp", tmp_path / "out"
     scratch.mkdir()
     proc = subprocess.Popen(
@@ -133,7 +135,7 @@ def test_a_stop_signal_stops_everything_within_ten_seconds_and_the_run_still_get
         text=True,
         env={**os.environ, "TMPDIR": str(scratch)},  # where the servers' folders go: none may be left
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + pace.scaled(120)
     need = 3 if shutil.which("prometheus") else 2  # the server, Prometheus if on PATH, and a worker
     while time.monotonic() < deadline:  # wait until the server and at least one worker run
         if pid_file.exists() and len(pid_file.read_text().split()) >= need:
@@ -142,33 +144,32 @@ def test_a_stop_signal_stops_everything_within_ten_seconds_and_the_run_still_get
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) >= need
     time.sleep(1.0)
-    t0 = time.monotonic()
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=30)
-    assert time.monotonic() - t0 < 10
+    _, err = proc.communicate(timeout=pace.scaled(60))  # a guard against a hang, not a speed check
     assert proc.returncode == 130
     assert "interrupted" in err
-    time.sleep(0.5)
+    # Everything it started is gone once it has exited (it waits for each), its folders too.
     assert [p for p in pids if _alive(p)] == []
     assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("sluice-")) == []
     (summary,) = out.glob("*/summary.json")  # concluded, not left RUNNING
     s = json.loads(summary.read_text())
     assert s["interrupted"] is True and s["outcome"] == "failed", s
+    assert s["processed"] < 400, s  # stopped part way: it did not wait for the run to end
 
 
 def test_sigint_while_uploading_stops_at_once(tmp_path):
     pid_file = tmp_path / "pids"
-    cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "2000", "--pid-file", str(pid_file)]
+    # 20,000 images take minutes to make and upload on any machine: a run that went on uploading
+    # after the signal would outlast the guard below many times over.
+    cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--demo", "20000", "--pid-file", str(pid_file)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + pace.scaled(120)
     while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text().split()):
         time.sleep(0.1)
-    time.sleep(1.0)  # generating and uploading 2,000 images takes far longer than this
-    t0 = time.monotonic()
+    time.sleep(1.0)  # making the stack or uploading: before the run is submitted either way
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and time.monotonic() - t0 < 5, err[-2000:]
-    assert "sluice: run " not in err  # it never got to submitting
+    _, err = proc.communicate(timeout=pace.scaled(60))
+    assert proc.returncode == 130, err[-2000:]
+    assert "sluice: run " not in err  # it never got to submitting: stopped in the upload, not after it
     pids = [int(p) for p in pid_file.read_text().split()]
-    time.sleep(0.5)
     assert [p for p in pids if _alive(p)] == []

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import pace
 from tests.e2e.test_local_run import _alive, _jpeg, _rows
 
 CLI = [sys.executable, "-m", "sluice.cli"]
@@ -115,7 +116,7 @@ def test_max_failed_fraction_flag_and_keep_give_a_working_status_command(tmp_pat
             assert s["metrics"].startswith("http://127.0.0.1:")
         (stop,) = [x for x in proc.stderr.splitlines() if x.startswith("stop them with: ")]
         assert subprocess.run(stop.removeprefix("stop them with: "), shell=True, timeout=30).returncode == 0
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + pace.scaled(10)
         while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert [p for p in pids if _alive(p)] == []  # the printed command stops them, and removes its folder
@@ -141,10 +142,9 @@ def test_max_failed_fraction_flag_and_keep_give_a_working_status_command(tmp_pat
     ],
 )
 def test_out_of_range_values_are_refused_before_anything_starts(tmp_path, flag, value, message):
-    t0 = time.monotonic()
     proc = _local_run(flag, value, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 2 and message in proc.stderr and flag in proc.stderr
-    assert "sluice: run" not in proc.stderr and time.monotonic() - t0 < 30
+    assert proc.returncode == 2 and message in proc.stderr and flag in proc.stderr  # the argument parser's refusal
+    assert "sluice: run" not in proc.stderr and not (tmp_path / "sluice-output").exists()
 
 
 def test_an_unusable_out_is_refused_before_the_run(tmp_path):

@@ -35,6 +35,7 @@ from sluice.models import IndexTarget, ModelSpec
 from sluice.ops.status import cmd_status
 from sluice.paths import RunPaths, index_result
 from sluice.settings import Settings
+from tests import pace
 from tests.integration.completion_support import deliver_job_event
 from tests.integration.helpers import bus_events
 from tests.integration.incremental_support import earlier_plan, record_run
@@ -335,7 +336,7 @@ def _batch_says_failed(job_id: str, reason: str) -> None:
     from moto.core import DEFAULT_ACCOUNT_ID
 
     job = batch_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]._jobs[job_id]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + pace.scaled(10)  # a guard against a hang (tests/pace.py)
     while job.status != MotoStatus.SUCCEEDED and time.monotonic() < deadline:  # moto's own end first
         time.sleep(0.05)
     job.status, job.job_stopped_reason = MotoStatus.FAILED, reason

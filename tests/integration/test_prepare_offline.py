@@ -27,6 +27,7 @@ from sluice.prepare.reducer import run_reduce
 from sluice.prepare.split import estimate_keylist, keylist_tasks
 from sluice.prepare.store import PrepareStore
 from sluice.shards import FileSource, ShardReader, rank_slice
+from tests import pace
 from tests.properties import examples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +162,7 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
     cmd = [sys.executable, "-m", "sluice.prepare", "map", "--spec", spec_path]
     parts_dir = Path(run.root) / "prepare" / "map" / "1"
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + pace.scaled(60)  # a guard against a hang (tests/pace.py)
     while not parts_dir.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
     proc.send_signal(signal.SIGKILL)

@@ -24,8 +24,14 @@ def _ctx(stack, monkeypatch) -> Context:
     return Context.build(Settings.from_env())
 
 
-def _beat(aws, stack, run_id: str, job_id: str, shard: int, *, still_s: float, attempt: int = 1) -> None:
-    """A beat as gpu_worker.watchdog writes it: rank 0 of the attempt, last moved `still_s` ago."""
+def _beat(
+    aws, stack, run_id: str, job_id: str, shard: int, *, still_s: float, attempt: int = 1, now: float | None = None
+) -> None:
+    """A beat as gpu_worker.watchdog writes it: rank 0 of the attempt, last moved `still_s` before `now`.
+
+    A test that sweeps at the same `now` sees exactly `still_s`, however long the calls between take.
+    """
+    now = time.time() if now is None else now
     aws.dynamodb.put_item(
         TableName=stack.names["BeatsTable"],
         Item={
@@ -36,9 +42,9 @@ def _beat(aws, stack, run_id: str, job_id: str, shard: int, *, still_s: float, a
             "attempt": {"N": str(attempt)},
             "rank": {"N": "0"},
             "processed": {"N": "4"},
-            "moved_at": {"N": str(time.time() - still_s)},
+            "moved_at": {"N": str(now - still_s)},
             "stall_after_s": {"N": "60"},
-            "expires_at": {"N": str(int(time.time()) + 86400)},
+            "expires_at": {"N": str(int(now) + 86400)},
         },
     )
 
@@ -63,18 +69,19 @@ def test_a_stalled_child_is_ended_once_resubmitted_and_the_run_still_succeeds(aw
     deliver_job_event(
         stack, job_event("batch-array-child-succeeded", run_id=run_id, job_id=job_id, queue=queue, child=2), monkeypatch
     )
-    _beat(aws, stack, run_id, f"{job_id}:0", 0, still_s=100)  # stalled: still for longer than its 60 s
-    _beat(aws, stack, run_id, f"{job_id}:1", 1, still_s=10)  # slow but moving: never ended
-    _beat(aws, stack, run_id, f"{job_id}:2", 2, still_s=500)  # finished: its beat ages, the ledger says done
+    now = time.time()
+    _beat(aws, stack, run_id, f"{job_id}:0", 0, still_s=100, now=now)  # stalled: still for longer than its 60 s
+    _beat(aws, stack, run_id, f"{job_id}:1", 1, still_s=10, now=now)  # slow but moving: never ended
+    _beat(aws, stack, run_id, f"{job_id}:2", 2, still_s=500, now=now)  # finished: its beat ages, the ledger says done
     bus_events(aws, stack)
     ctx = _ctx(stack, monkeypatch)
 
-    (rec,) = reconcile(ctx, run_id, now=time.time())
+    (rec,) = reconcile(ctx, run_id, now=now)
     assert [a for a in rec.actions if a.startswith("stalled")] == ["stalled: shard 0 attempt 1 after 100 s, ended"]
     child = aws.batch.describe_jobs(jobs=[f"{job_id}:0"])["jobs"][0]
     assert child["statusReason"].startswith(STALLED_REASON)  # TerminateJob, with Sluice's reason
     (stalled,) = stalled_attempts(aws.dynamodb, stack.names["RunsTable"], run_id)
-    assert (stalled.shard, stalled.attempt, stalled.job_id) == (0, 1, f"{job_id}:0") and 99 <= stalled.after_s <= 102
+    assert (stalled.shard, stalled.attempt, stalled.job_id) == (0, 1, f"{job_id}:0") and stalled.after_s == 100
     # Re-submitted as a plain job for shard 0 whose attempts follow the terminated one.
     redo = next(j for j in all_jobs(aws) if j["jobId"] == stalled.redo_job_id)
     env = {e["name"]: e["value"] for e in redo["container"]["environment"]}
@@ -139,9 +146,10 @@ def test_a_shard_stalled_on_its_last_attempt_is_ended_and_not_resubmitted(aws, s
     deliver_job_event(
         stack, job_event("batch-array-child-running", run_id=run_id, job_id=job_id, queue=queue, child=0), monkeypatch
     )
-    _beat(aws, stack, run_id, f"{job_id}:0", 0, still_s=100, attempt=3)  # the plan's 3rd and last attempt
+    now = time.time()
+    _beat(aws, stack, run_id, f"{job_id}:0", 0, still_s=100, attempt=3, now=now)  # the plan's 3rd and last attempt
     n_jobs = len(all_jobs(aws))
-    (rec,) = reconcile(_ctx(stack, monkeypatch), run_id, now=time.time())
+    (rec,) = reconcile(_ctx(stack, monkeypatch), run_id, now=now)
     assert "stalled: shard 0 attempt 3 after 100 s, ended" in rec.actions
     assert len(all_jobs(aws)) == n_jobs  # bounded: no attempt left, nothing re-submitted
     (stalled,) = stalled_attempts(aws.dynamodb, stack.names["RunsTable"], run_id)
@@ -155,9 +163,10 @@ def test_a_stalled_mnp_node_ends_the_mnp_job_and_resubmits_it_whole(aws, stack, 
     for node in (0, 1):
         ev = job_event("batch-mnp-main-node-running", run_id=run_id, job_id=job_id, queue=queue, node=node)
         deliver_job_event(stack, ev, monkeypatch)
-    _beat(aws, stack, run_id, f"{job_id}#1", 1, still_s=100)
-    _beat(aws, stack, run_id, f"{job_id}#0", 0, still_s=5)
-    (rec,) = reconcile(_ctx(stack, monkeypatch), run_id, now=time.time())
+    now = time.time()
+    _beat(aws, stack, run_id, f"{job_id}#1", 1, still_s=100, now=now)
+    _beat(aws, stack, run_id, f"{job_id}#0", 0, still_s=5, now=now)
+    (rec,) = reconcile(_ctx(stack, monkeypatch), run_id, now=now)
     assert "stalled: shard 1 attempt 1 after 100 s, ended" in rec.actions
     mnp = aws.batch.describe_jobs(jobs=[job_id])["jobs"][0]
     assert mnp["statusReason"].startswith(STALLED_REASON)  # the whole MNP job: its nodes cannot run alone

@@ -19,6 +19,7 @@ from sluice.control.context import Context
 from sluice.control.reconcile import reconcile
 from sluice.ops.status import render, run_status
 from sluice.settings import Settings
+from tests import pace
 from tests.integration.completion_support import submit_run
 from tests.integration.helpers import bus_events
 
@@ -30,7 +31,7 @@ def _hold_runnable(job_id: str, reason: str | None, waited_s: float) -> None:
     backend = batch_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
     job = backend.get_job_by_id(job_id)
     assert job is not None, job_id
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + pace.scaled(10)  # a guard against a hang (tests/pace.py)
     while job.status not in ("SUCCEEDED", "FAILED") and time.monotonic() < deadline:
         time.sleep(0.05)  # moto's job thread finishes first, so it does not write over what is set here
     job.status = "RUNNABLE"

@@ -9,6 +9,7 @@ import urllib.request
 
 from sluice.contracts import ShardResult
 from sluice.local.prometheus import LocalPrometheus
+from tests import pace
 from tests.integration.conftest import finish, make_run, read_run, start_worker, worker_env
 
 
@@ -40,7 +41,7 @@ def test_worker_pushes_counts_that_match_its_output_within_the_series_budget(mot
     assert processed > 0
 
     expr = 'sum(max_over_time(sluice_images_processed_total{run_id="metrics-1"}[5m]))'
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + pace.scaled(20)  # a guard against a hang (tests/pace.py)
     while time.monotonic() < deadline:
         got = _query(prometheus, expr)
         if got and float(got[0]["value"][1]) == processed:

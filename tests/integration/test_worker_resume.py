@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from sluice.contracts import ShardResult
+from tests import pace
 from tests.integration.conftest import (
     CONTROL_BUCKET,
     check_complete,
@@ -76,7 +77,7 @@ def test_sigkill_mid_shard_then_resume(moto_server, dataset, tmp_path):
     started = time.time()
     proc = start_worker(env)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + pace.scaled(120)  # a guard against a hang (tests/pace.py)
         while _committed(s3, plan.run_id) < 3:
             assert proc.poll() is None, f"worker ended before it could be killed: {proc.communicate()[1][-2000:]}"
             assert time.monotonic() < deadline, "no chunk committed in time"

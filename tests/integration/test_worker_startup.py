@@ -20,6 +20,7 @@ from gpu_worker.main import run_node
 from gpu_worker.sources.store import RunStore
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
+from tests import pace
 from tests.worker_images import make_demo_images
 
 IMAGES = dict(make_demo_images(40, seed=9, min_side=48, max_side=96))
@@ -73,7 +74,7 @@ def test_a_model_that_fails_to_load_stops_the_started_loaders(tmp_path: Path):
     env = _node(tmp_path, str(tmp_path / "missing.pt"))
     with pytest.raises(ConfigError, match="does not exist"):
         run_node(CFG, env, store=RunStore(), fetcher=Fetcher())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + pace.scaled(5)  # a guard against a hang (tests/pace.py)
     while time.monotonic() < deadline:
         left = [t.name for t in threading.enumerate() if t.name == "feeder" or t.name.startswith(("loader-", "fetch"))]
         if not left:
