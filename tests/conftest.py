@@ -24,6 +24,10 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "sluice-test")
+# Idle OpenMP threads sleep instead of spinning: the suite runs many torch processes at once (two
+# pytest processes, the workers and CLIs they start) on few cores, where a spinning thread takes
+# the core another process needs. It changes how threads wait, never what they compute.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_configure(config: pytest.Config) -> None:

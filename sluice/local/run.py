@@ -522,6 +522,10 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
         "SLUICE_BEATS_TABLE": svc.beats_table,
         # Beats every second: the sweep (every couple of seconds here) sees a stall within SLUICE_STALL_AFTER_S.
         "SLUICE_WORKER_BEAT_INTERVAL_S": os.environ.get("SLUICE_WORKER_BEAT_INTERVAL_S", "1"),
+        # Several workers share this host's cores (--slots), each with torch threads for all of them:
+        # idle OpenMP threads sleep instead of spinning on a core another worker needs (about a
+        # quarter of a local run's CPU time on 2 cores: docs/performance.md).
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
     if svc.metrics_url:
         env["SLUICE_REMOTE_WRITE_URL"] = svc.metrics_url
