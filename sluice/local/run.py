@@ -414,7 +414,7 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     if not args.json:
         _say_started(args, outcome, svc.endpoint)
     svc.waiting = True
-    row = _wait(executor, ledger, run_id, progress, interrupted, sweep)
+    row = _wait(_Discovery(executor, router), ledger, run_id, progress, interrupted, sweep)
     progress.end()
     if row is None:  # interrupted: the run is concluded (failed) and still gets its summary.json
         svc.waiting = False  # a second signal stops at once, without the summary
@@ -542,21 +542,52 @@ def _indexing(row: RunItem, executor: Any) -> bool:
     return row.index.state == "submitted" or bool(executor.discover())
 
 
+DISCOVER_EVERY_S = 2.0  # a job submitted other than by this process's handlers is found within this
+
+
+class _Discovery:
+    """The executor, whose discover() the wait loop calls when a new job of the run may exist.
+
+    That is after this process's handlers ran (the Router delivered an event: a handler may have
+    submitted the run's jobs, a retry pass or the index stage) or the sweep acted (a stalled
+    shard re-submitted), and otherwise every DISCOVER_EVERY_S. A discover lists each of Sluice's
+    queues in every job status (21 ListJobs): at every turn of the loop it was most of what a
+    local run asked of its emulator, and a good part of the emulator's and this process's CPU.
+    """
+
+    def __init__(self, executor: Any, router: Router) -> None:
+        self.executor = executor
+        self._router = router
+        self._seen = -1  # the Router's deliveries at the last discover
+        self._next = 0.0
+
+    def __call__(self, woken: bool = False) -> list[Any]:
+        """The run's new jobs: discover() when due (or `woken`), else none."""
+        delivered = sum(self._router.delivered.values())
+        now = time.monotonic()
+        if not woken and delivered == self._seen and now < self._next:
+            return []
+        self._seen, self._next = delivered, now + DISCOVER_EVERY_S
+        return list(self.executor.discover())
+
+
 def _wait(
-    executor: Any, ledger: Any, run_id: str, progress: Progress, interrupted: threading.Event, sweep: Any
+    look: _Discovery, ledger: Any, run_id: str, progress: Progress, interrupted: threading.Event, sweep: Any
 ) -> RunItem | None:
     """Run the jobs until the run is final and no worker is left; None when interrupted."""
+    executor = look.executor
+    woken = False
     while not interrupted.is_set():
-        executor.discover()
+        look(woken)
         executor.step()
-        sweep()
+        woken = bool(sweep())
         row: RunItem | None = ledger.get(run_id)
         progress.show(row, executor.running())
         final = row is not None and row.status.final and not _indexing(row, executor)
         if final and executor.idle:
             progress.show(row, 0, force=True)
             return row
-        if executor.idle and not final and not executor.discover():
+        if executor.idle and not final and not look():
             time.sleep(0.2)  # the completion handler may still submit a retry pass
         time.sleep(0.1)
     return None
