@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
 from tests import pace
+from tests.worker_images import make_demo_images
 
 LOCAL_RUN = [sys.executable, "-m", "sluice.cli", "local", "run"]
 
@@ -32,16 +35,32 @@ def _rows(out_dir: str) -> list[dict]:
     return [r for f in files for r in pq.read_table(f).to_pylist()]
 
 
-def test_demo_run_embeds_every_image_once(tmp_path):
-    proc = _run("--demo", "64", "--json", "--out", str(tmp_path / "out"))
+def readme_recipe(output: Path) -> tuple[int, int, list[str], int]:
+    """The README's recipe over a run's output folder: (pyarrow's rows, duckdb's rows, models, embedding width)."""
+    t = ds.dataset(output, format="parquet", partitioning="hive").to_table()  # README, pyarrow
+    n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{output}/**/*.parquet', hive_partitioning = true)")
+    return (
+        t.num_rows,
+        n.fetchall()[0][0],
+        sorted(set(t.column("model").to_pylist())),
+        t.schema.field("embedding").type.list_size,
+    )
+
+
+def test_a_demo_run_in_three_shards_embeds_every_image_once_and_reads_as_the_readme_says(tmp_path):
+    """A --demo run as a 3-shard array; the README's recipe reads it (a two-model run alike: test_local_run_models)."""
+    proc = _run("--demo", "64", "--shards", "3", "--json", "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert s["outcome"] == "succeeded" and s["processed"] == 64 and s["failed"] == 0
+    assert s["shards"] == 3
     assert "Run Submitted" in s["events"] and s["events"].count("Run Succeeded") == 1
     rows = _rows(s["output_dir"])
     keys = [r["key"] for r in rows]
     assert len(keys) == 64 == len(set(keys))
     assert all(len(r["embedding"]) == len(rows[0]["embedding"]) > 0 for r in rows)
+    # pyarrow's hive dataset and duckdb: rows = images x models, the builtin's width.
+    assert readme_recipe(Path(s["output_dir"], "output")) == (64, 64, ["reference-cnn"], 128)
 
 
 def _jpeg(seed: int) -> bytes:
@@ -61,48 +80,27 @@ def _folder(root: Path, good: int, corrupt: int, non_image: int) -> None:
         (root / f"notes-{i}.jpg").write_text("this is not an image\n" * 10)
 
 
-def test_images_folder_with_a_few_bad_files_succeeds_and_lists_reasons(tmp_path):
+def test_a_folder_with_a_few_bad_files_succeeds_through_the_prepare_stage_with_each_readable_image_once(tmp_path):
+    """--images DIR through the prepare stage (3 workers), decoded on the CPU (--decode cpu): the bad files
+    are listed with their reasons, every readable image is embedded exactly once, subfolders kept. Beside
+    the small flat JPEGs, 12 unseen photos-like ones of 60-300 px that the decode scales down."""
     _folder(tmp_path / "imgs", good=196, corrupt=3, non_image=1)  # 2 shards: each under 5% failed
-    proc = _run("--images", str(tmp_path / "imgs"), "--json", "--out", str(tmp_path / "out"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads(proc.stdout)
-    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 196, 4)
-    assert s["failed_by_reason"] == {"corrupt": 3, "not_image": 1}
-    keys = {r["key"].rsplit("/", 2)[-2] for r in _rows(s["output_dir"])}
-    assert keys == {"cats", "dogs"}  # subfolders kept as key prefixes
-
-
-def test_half_corrupt_folder_fails_with_a_reason_and_non_zero_exit(tmp_path):
-    _folder(tmp_path / "imgs", good=10, corrupt=10, non_image=0)
-    proc = _run("--images", str(tmp_path / "imgs"), "--shards", "1")
-    assert proc.returncode == 1
-    assert "outcome         failed" in proc.stdout
-    assert "1 of 1 shards failed: shard 0" in proc.stdout
-
-
-def test_prepare_path_embeds_every_readable_image_of_a_folder_exactly_once(tmp_path):
-    _folder(tmp_path / "imgs", good=60, corrupt=1, non_image=0)
-    args = ("--images", str(tmp_path / "imgs"), "--prepare-workers", "3", "--shards", "2")
+    (tmp_path / "imgs" / "unseen").mkdir()
+    for name, data in make_demo_images(12, seed=31337, min_side=60, max_side=300):
+        (tmp_path / "imgs" / "unseen" / name).write_bytes(data)
+    args = ("--images", str(tmp_path / "imgs"), "--prepare-workers", "3", "--shards", "2", "--decode", "cpu")
     proc = _run(*args, "--json", "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout)
-    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 60, 1)
+    assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 208, 4)
+    assert s["failed_by_reason"] == {"corrupt": 3, "not_image": 1}
     assert s["events"].index("Run Preparing") < s["events"].index("Run Submitted")
     p = s["prepare"]
-    assert (p["workers"], p["keys_in"], p["unique_keys"], p["duplicates"]) == (3, 61, 61, 0)
+    assert (p["workers"], p["keys_in"], p["unique_keys"], p["duplicates"]) == (3, 212, 212, 0)
     assert p["shards"] == s["shards"] and p["peak_rss_mb_per_worker"] > 0
     keys = [r["key"] for r in _rows(s["output_dir"])]
-    assert len(keys) == 60 == len(set(keys))
-
-
-@pytest.mark.parametrize("layout", [("--mode", "multinode", "--nodes", "2"), ("--shards", "3")])
-def test_multinode_and_three_shard_array_runs_complete(tmp_path, layout):
-    proc = _run("--demo", "30", "--json", "--out", str(tmp_path / "o"), *layout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads(proc.stdout)
-    assert s["outcome"] == "succeeded" and s["processed"] == 30
-    assert s["shards"] == (2 if "multinode" in layout else 3)
-    assert len({r["key"] for r in _rows(s["output_dir"])}) == 30
+    assert len(keys) == 208 == len(set(keys)) and all(k.endswith(".jpg") for k in keys)
+    assert {k.rsplit("/", 2)[-2] for k in keys} == {"cats", "dogs", "unseen"}  # subfolders kept as key prefixes
 
 
 def test_bad_manifest_exits_non_zero_with_reason(tmp_path):

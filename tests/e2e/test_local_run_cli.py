@@ -57,9 +57,10 @@ def test_a_photo_folder_skips_clutter_and_a_failure_quotes_the_worker(tmp_path):
         env={"SLUICE_LOCAL_PROGRESS_S": "0.2"},
         cwd=tmp_path,
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # a failed run exits non-zero
     assert "skipped 2 file(s) that are not images by name: .DS_Store, README.txt" in proc.stderr
-    # 2 of the 12 uploaded keys fail for their data: over the 5% default, and the reason says so.
+    # 2 of the 12 uploaded keys fail for their data: over the 5% default, the run fails, and the reason says so.
+    assert "outcome         failed" in proc.stdout
     assert (
         "1 of 1 shards failed: shard 0 (2 of 12 keys failed for their data (16.67% > 5.00%): corrupt 1, not_image 1)"
         in proc.stdout
