@@ -43,6 +43,7 @@ class ImagePass(RankPass):
         super().__init__(ctx, work, fetcher)
         self.engines: list[Any] = []
         self.loaders: RankLoaders | None = None
+        self._feeder: threading.Thread | None = None
         self._feed_errors: list[BaseException] = []
 
     def load(self) -> None:
@@ -52,7 +53,8 @@ class ImagePass(RankPass):
         sizes = [input_size(path, m.image_size) for path, m in zip(ctx.spec.model_paths, ctx.plan.models)]
         self.loaders = loaders = RankLoaders(ctx, LoaderShape(threads, ctx.batch, max(sizes)), self.fetcher)
         args = (loaders, self.work.keys(), self._feed_errors)
-        threading.Thread(target=feed, args=args, name="feeder", daemon=True).start()
+        self._feeder = threading.Thread(target=feed, args=args, name="feeder", daemon=True)
+        self._feeder.start()
         try:
             t0 = time.perf_counter()
             self._load_engines(sizes, threads.torch_threads)
@@ -163,9 +165,17 @@ class ImagePass(RankPass):
             self.ctx.stats.incr("wait_seconds", time.perf_counter() - t0)
 
     def close(self, ok: bool) -> None:
-        """Stop the loaders (after a success they have all reported done) and free their buffers."""
+        """Stop the loaders (after a success they have all reported done) and free their buffers; end the feeder.
+
+        Then let go of the models, so their tensors are freed on this, the rank's thread: torch
+        releases the GIL in a tensor's dealloc, which aborts a thread other than the one that
+        finalizes the interpreter if that thread frees it during finalization.
+        """
         if self.loaders is not None:
             self.loaders.close(finished=ok)
+        if self._feeder is not None:
+            self._feeder.join(timeout=5)  # closed loaders refuse its tasks: it returns within put_task's 0.5 s
+        self.engines = []
 
     def queue_depth(self) -> int:
         return self.loaders.out_q.qsize() if self.loaders is not None else 0

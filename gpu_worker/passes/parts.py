@@ -141,3 +141,7 @@ class PartsPass(RankPass):
     def stream(self) -> None:
         assert self._stream is not None, "load() first"
         self._stream.run(self.work.keys(), self.fetcher)
+
+    def close(self, ok: bool) -> None:
+        """Let go of the models, so their tensors are freed on the rank's thread (ImagePass.close says why)."""
+        self._stream = None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +17,7 @@ from gpu_worker.main import run_node
 from gpu_worker.output.commits import Paths, load_state
 from gpu_worker.sources.store import RunStore
 from sluice.contracts import FailureReason, ShardResult
+from sluice.local.server import free_port
 from sluice.models import ModelSpec, RunPlan
 from sluice.shards import encode_shard
 from tests.worker_images import make_demo_images
@@ -81,6 +84,31 @@ def test_node_processes_the_shard(run):
     # A second run of a finished shard does nothing but rewrite the summary.
     again = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=RunStore(), fetcher=Fetcher(crash_after=0))
     assert (again.processed, again.resumed_chunks, again.stats) == (60, 9, {})
+
+
+def test_a_rank_ends_what_it_started_and_frees_its_models_on_its_own_thread(run, monkeypatch):
+    """No thread the rank started outlives it, and its torch models are freed on the rank's thread.
+
+    A metrics thread left running held the models and freed them while the interpreter finalized:
+    a tensor's dealloc releases the GIL, and a daemon thread taking it back then is ended inside
+    that C++ frame, which aborts the process (std::terminate) after all its work was committed.
+    """
+    from gpu_worker.models import engine
+
+    freed_on: list[str] = []
+    init = engine.Engine.__init__
+
+    def tracked(self: engine.Engine, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        weakref.finalize(self, lambda: freed_on.append(threading.current_thread().name))
+
+    monkeypatch.setattr(engine.Engine, "__init__", tracked)
+    before = set(threading.enumerate())
+    _, env = run
+    result = run_node(CFG.replace(metrics_port=free_port()), env, store=RunStore(), fetcher=Fetcher())
+    assert result.ok
+    assert [t.name for t in threading.enumerate() if t not in before] == []
+    assert freed_on == [threading.current_thread().name]
 
 
 def test_crash_then_resume_redoes_only_uncommitted_work(run):
