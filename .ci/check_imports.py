@@ -33,7 +33,6 @@ FLOORS: list[set[str]] = [
         "sluice.errors",
         "sluice.log",
         "sluice.modelid",
-        "sluice.models",
         "sluice.outputs",
         "sluice.paths",
         "sluice.settings",

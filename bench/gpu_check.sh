@@ -94,7 +94,8 @@ plan_run() {
 "$PY" - "$KEYS" "$3" "$BATCH" "$SIZE" "$IMG_PORT" "gpu-check-$1-$2" "$2" <<'EOF'
 import sys, time, urllib.request
 import boto3
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.paths import RunPaths
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.shards import encode_shard

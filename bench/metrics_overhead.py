@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sluice.aws.s3uri import parse_s3_uri  # noqa: E402
+from sluice.contracts.plan import RunPlan  # noqa: E402
+from sluice.contracts.sections import ModelSpec  # noqa: E402
 from sluice.local.demo import demo_images  # noqa: E402
-from sluice.local.server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
-from sluice.models import ModelSpec, RunPlan  # noqa: E402
+from sluice.local.emulator.server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
 from sluice.paths import RunPaths  # noqa: E402
 from sluice.shards import encode_shard  # noqa: E402
 
@@ -71,7 +72,7 @@ def main() -> None:
         write_url, sink = _sink()
         prom = None
         try:
-            from sluice.local.prometheus import LocalPrometheus
+            from sluice.local.emulator.prometheus import LocalPrometheus
 
             if LocalPrometheus.available():
                 prom = LocalPrometheus().start()

@@ -44,8 +44,9 @@ from gpu_worker.passes.base import KeySinks
 from gpu_worker.passes.parts import PartsStream
 from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
+from sluice.contracts.plan import PlannedModel
+from sluice.contracts.sections import ContentSpec, ModelSpec
 from sluice.local.demo import demo_texts
-from sluice.models import ContentSpec, ModelSpec, PlannedModel
 
 
 class MemoryFetcher:

@@ -64,7 +64,7 @@ def start_s3(latency_ms: float) -> tuple[Any, dict[str, str]]:
     """The fault-injecting moto wrapper (tests/worker_s3server.py) with `latency_ms` per image GET."""
     import urllib.request
 
-    from sluice.local.server import MotoServer
+    from sluice.local.emulator.server import MotoServer
 
     server = MotoServer(module="tests.worker_s3server", cwd=ROOT).start()
     body = json.dumps({"latency_ms": latency_ms, "latency_prefix": f"/{BUCKET}/"}).encode()
@@ -118,8 +118,9 @@ def bench_pipeline(
 
     `model_uri` may be a list of ModelSpecs: one run with several models in one pass."""
     from sluice.aws.s3uri import parse_s3_uri
-    from sluice.contracts import ShardResult
-    from sluice.models import ModelSpec, RunPlan
+    from sluice.contracts.plan import RunPlan
+    from sluice.contracts.results import ShardResult
+    from sluice.contracts.sections import ModelSpec
     from sluice.paths import RunPaths
     from sluice.shards import encode_shard
 
@@ -165,7 +166,7 @@ def bench_pipeline(
 
 def bench_two_models(keys: list[str], uris: list[str], size: int, batch: int) -> dict[str, float]:
     """Row m2: two models in one pass vs two runs (one per model), end to end (node seconds, start-up included)."""
-    from sluice.models import ModelSpec
+    from sluice.contracts.sections import ModelSpec
 
     specs = [ModelSpec(uri=u, batch_size=batch, image_size=size, name=f"m{i}") for i, u in enumerate(uris)]
     one = bench_pipeline(keys, specs, size, batch, {})["seconds"]

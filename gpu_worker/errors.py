@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureReason
+from sluice.contracts.status import TRANSIENT_FAILURE_REASONS, FailureReason
 from sluice.errors import SettingsError
 
 
@@ -32,7 +32,7 @@ class ObjectFailure(Exception):
     """One object failed; `transient` ones are retried, then deferred to the final pass.
 
     `transient` defaults to whether the reason is one the run's retry pass retries
-    (sluice.contracts.TRANSIENT_FAILURE_REASONS).
+    (sluice.contracts.status.TRANSIENT_FAILURE_REASONS).
     """
 
     def __init__(self, reason: FailureReason, detail: str = "", *, transient: bool | None = None) -> None:

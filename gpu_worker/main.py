@@ -37,9 +37,9 @@ from gpu_worker.rank import run_rank, spec_json
 from gpu_worker.sources.fetch import FetcherLike
 from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
-from sluice.contracts import ShardResult
+from sluice.contracts.plan import RunPlan, load_plan
+from sluice.contracts.results import ShardResult
 from sluice.errors import PlanError, ShardFormatError
-from sluice.models import RunPlan, load_plan
 from sluice.shards import ShardReader
 
 
@@ -61,7 +61,7 @@ def detect_device(cfg: WorkerConfig) -> tuple[str, int]:
 
 
 def read_plan(store: RunStore, uri: str) -> RunPlan:
-    """The run's plan (sluice.models.load_plan); a missing or invalid plan is a configuration error."""
+    """The run's plan (sluice.contracts.plan.load_plan); a missing or invalid plan is a configuration error."""
     try:
         return load_plan(store.get, uri)
     except PlanError as exc:

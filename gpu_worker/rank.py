@@ -26,7 +26,7 @@ from gpu_worker.procs import die_with_parent
 from gpu_worker.sources.fetch import FetcherLike
 from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
 
 
 def run_rank(

@@ -14,7 +14,8 @@ import numpy as np
 from gpu_worker.output.commits import Marker, Paths
 from gpu_worker.output.parquet import RecordLabel, output_table, table_bytes
 from gpu_worker.sources.store import RunStore
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.paths import join
 
 

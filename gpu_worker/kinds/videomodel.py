@@ -22,7 +22,7 @@ from gpu_worker.errors import ObjectFailure
 from gpu_worker.kinds.base import Loading, Part, PartsInfo
 from gpu_worker.models.engine import Engine, EngineOptions
 from gpu_worker.models.load import load_model
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 
 def frame_array(image: Image.Image, size: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from gpu_worker.errors import WorkerError
 from gpu_worker.output import intervals, verdict
 from gpu_worker.output.commits import Paths, ShardState
 from gpu_worker.sources.store import RunStore
-from sluice.contracts import FailureLine, ShardResult
+from sluice.contracts.results import FailureLine, ShardResult
 
 
 def write_shard_result(

@@ -16,7 +16,7 @@ from gpu_worker.errors import ObjectFailure
 from gpu_worker.output.commits import RETRY
 from gpu_worker.sources.fetch import FetcherLike, ObjMeta, object_meta
 from gpu_worker.telemetry.stats import Observer
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 T = TypeVar("T")
 Item = tuple[int, str, str, int]  # (shard position, bucket, key, phase: MAIN or RETRY)

@@ -12,7 +12,7 @@ from gpu_worker.passes.keys import Item
 from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
 from sluice.shards import ShardReader, rank_slice
 
 

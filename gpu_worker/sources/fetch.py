@@ -22,7 +22,7 @@ from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.telemetry.observe import count_retry
 from gpu_worker.telemetry.stats import Observer, Stats
 from sluice.aws import errors as awserror
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 _REASONS = {
     awserror.Kind.NOT_FOUND: FailureReason.MISSING,

@@ -79,7 +79,7 @@ def cmd_index_build(args: argparse.Namespace, inv: Invocation) -> int:
 def cmd_index_rerun(args: argparse.Namespace, inv: Invocation) -> int:
     """A failed index stage claimed and submitted again; its end comes as "Run Indexed" or "Index Failed"."""
     from sluice.control.context import Context
-    from sluice.control.indexing import rerun
+    from sluice.control.indexing.stage import rerun
 
     job_id = rerun(Context.build(inv.settings), args.run_id, args.timeout_s)
     print(f"sluice: index stage of {args.run_id} submitted again: job {job_id} (sluice status {args.run_id})")
@@ -131,7 +131,8 @@ class SearchInputError(SluiceError):
 
 def _artifact(meta: Any, override: str | None, work: str) -> str:
     """A local path (or builtin:NAME) of the index's model artifact, its identity checked."""
-    from sluice.modelid import artifact, resolve
+    from sluice.contracts.identity import artifact
+    from sluice.modelid import resolve
 
     uri = override or meta.model_uri
     if not uri:

@@ -171,7 +171,7 @@ def _print_plan(summary: dict[str, Any]) -> None:
 
 def cmd_submit(args: argparse.Namespace, inv: Invocation) -> int:
     """Upload a manifest or key list to manifests/ of the control bucket; print its run id."""
-    from sluice.control.coordinator import run_id_for
+    from sluice.control.intake.coordinator import run_id_for
     from sluice.paths import MANIFESTS_PREFIX
 
     path = Path(args.manifest)

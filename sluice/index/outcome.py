@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from sluice.contracts import IndexFailed, RunIndexed
+from sluice.contracts.events import IndexFailed, RunIndexed
+from sluice.contracts.plan import RunPlan
 from sluice.errors import SluiceError
 from sluice.log import logger
-from sluice.models import RunPlan
 
 if TYPE_CHECKING:
     from sluice.index.build import BuildReport

@@ -291,7 +291,7 @@ def parquet_keys(
     return batched(_parquet_pairs(pf, [names["bucket"], names["key"]], name, problems))
 
 
-# ---- object versions, for incremental runs (sluice.prepare.versions_map) -----------------
+# ---- object versions, for incremental runs (sluice.prepare.mapper.versions) -----------------
 
 Version = tuple[str, str | None]  # (ETag, version id)
 VersionBatch = tuple[str, list[str], list[Version | None]]

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.sections import InputSpec
 from sluice.errors import Rejection
 from sluice.input import strictjson
 from sluice.input.sources import KEYLIST_SUFFIXES, get_chunks, s3_error
-from sluice.models import InputSpec, Manifest
 from sluice.settings import Settings
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.models import MODEL_NAME
+from sluice.contracts.sections import MODEL_NAME
 
 INPUT_BUCKET = "sluice-local-images"
 IMAGE_SIZE = 128  # --image-size of generated manifests (an exported model's spec gives its own)
@@ -291,7 +291,7 @@ def _sized(model: Any, size: int) -> Any:
 def read_earlier(s3: Any, control: str, run_id: str) -> Earlier:
     """The run --since-run names, from its plan and manifest in the control bucket; SystemExit when it has none."""
     from sluice.aws.s3io import read_uri
-    from sluice.models import RunPlan
+    from sluice.contracts.plan import RunPlan
     from sluice.paths import RunPaths
 
     try:

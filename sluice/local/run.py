@@ -32,15 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from sluice.aws.clients import Clients, reset_clients
-from sluice.contracts import RunItem, RunStatus
+from sluice.contracts.status import RunStatus
+from sluice.control.table.items import RunItem
 from sluice.local import manifest as local_manifest
-from sluice.local.bus import BusTap
-from sluice.local.events import matches, s3_object_created
-from sluice.local.lambda_context import LocalContext
+from sluice.local.emulator.bus import BusTap
+from sluice.local.emulator.events import matches, s3_object_created
+from sluice.local.emulator.lambda_context import LocalContext
+from sluice.local.emulator.server import FAKE_CREDENTIALS, MotoServer, configure
 from sluice.local.manifest import INPUT_BUCKET, KIND_SUFFIXES, Earlier, Uploaded
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
-from sluice.local.server import FAKE_CREDENTIALS, MotoServer, configure
 from sluice.local.streams import pipe_safe
 from sluice.local.summary import Ended, report, save, summarize
 from sluice.paths import MANIFESTS_PREFIX
@@ -202,7 +203,7 @@ class _Services:
 
     endpoint: str = ""
     server: MotoServer | None = None
-    prom: Any = None  # sluice.local.prometheus.LocalPrometheus
+    prom: Any = None  # sluice.local.emulator.prometheus.LocalPrometheus
     metrics_url: str = ""
     executors: list[Any] = field(default_factory=list)
     waiting: bool = False  # the jobs run: a signal stops them gracefully from the wait loop
@@ -292,7 +293,7 @@ def _start_services(args: argparse.Namespace, svc: _Services, note_pid: NotePid)
     os.environ["AWS_ENDPOINT_URL"] = svc.endpoint
     svc.metrics_url = os.environ.get("SLUICE_REMOTE_WRITE_URL", "")
     if not svc.metrics_url and not args.no_prometheus:
-        from sluice.local.prometheus import LocalPrometheus
+        from sluice.local.emulator.prometheus import LocalPrometheus
 
         if LocalPrometheus.available():
             svc.prom = LocalPrometheus().start()
@@ -372,14 +373,14 @@ def keep_exports(endpoint: str, runs_table: str, control_bucket: str = "", beats
 
 
 def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
-    from sluice.control.ledger import Ledger
-    from sluice.local.executor import ExecutorConfig, LocalExecutor, abandon
-    from sluice.local.infra import create_local
+    from sluice.control.table.ledger import Ledger
+    from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor, abandon
+    from sluice.local.emulator.infra import create_local
 
     args = start.args
     reset_clients()  # AWS_ENDPOINT_URL is set: every client from here on talks to the emulator
     c = Clients()
-    stack = create_local(c, observe_bus_events=False)  # each run reads its own events (sluice.local.bus)
+    stack = create_local(c, observe_bus_events=False)  # each run reads its own events (sluice.local.emulator.bus)
     svc.tap, svc.clients = BusTap.open(c, stack), c
     svc.runs_table, svc.control_bucket = stack.names["RunsTable"], stack.names["ControlBucket"]
     svc.beats_table = stack.names["BeatsTable"]
@@ -407,7 +408,7 @@ def _run(start: _Start, svc: _Services, interrupted: threading.Event) -> int:
     )
     executor = LocalExecutor(c.batch, ledger, router, config)
     svc.executors.append(executor)
-    from sluice.local.sweep import LocalSweep
+    from sluice.local.emulator.sweep import LocalSweep
 
     sweep = LocalSweep(c, stack, executor, run_id)  # ends a hung worker by the control plane's path
     progress = Progress(c, stack.names["RunsTable"], enabled=True)  # on stderr: --json keeps stdout for its one object
@@ -531,7 +532,7 @@ def _worker_env(args: argparse.Namespace, svc: _Services) -> dict[str, str]:
 
 def _indexing(row: RunItem, executor: Any) -> bool:
     """The run's index stage is still to come or running (the completion handler submitted it)."""
-    from sluice.control.indexing import pending
+    from sluice.control.indexing.stage import pending
 
     if not pending(row) or row.index is None:
         return False

@@ -18,8 +18,8 @@ from typing import Any
 
 from sluice.aws.s3io import read_uri
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.contracts.plan import RunPlan
 from sluice.errors import SluiceError
-from sluice.models import RunPlan
 from sluice.paths import MODEL_DIR_KEY, RunPaths
 
 

@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sluice.modelid import static_identity
-from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
+from sluice.contracts.identity import static_identity
+from sluice.contracts.manifest import IndexTarget, Manifest, index_name
+from sluice.contracts.plan import JobLayout, PlannedModel, RunPlan, pass_batch
 from sluice.paths import RunPaths
 from sluice.preflight import limits as L
 from sluice.preflight.checks import (

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from sluice.contracts import PrepareSpec
+from sluice.contracts.prepare import PrepareSpec
 from sluice.errors import SluiceError
-from sluice.prepare.reduceparts import PrepareError
+from sluice.prepare.reducer.parts import PrepareError
 from sluice.prepare.store import PrepareStore
 
 EXIT_OK, EXIT_FAIL = 0, 1
@@ -46,8 +46,8 @@ def main(argv: Sequence[str] | None = None, store: PrepareStore | None = None) -
     p.add_argument("--spec", required=True, help="s3:// URI or local path of prepare/spec.json")
     args = p.parse_args(argv)
     from sluice.log import logger
-    from sluice.prepare.mapper import run_map
-    from sluice.prepare.reducer import run_reduce
+    from sluice.prepare.mapper.worker import run_map
+    from sluice.prepare.reducer.worker import run_reduce
 
     store = store or PrepareStore()
     try:

@@ -6,11 +6,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.contracts import KeyListRange, MapResult, PrefixRange, PrepareSpec, ReduceResult
+from sluice.contracts.plan import SKIPPED_FAILED, SKIPPED_UNCHANGED
+from sluice.contracts.prepare import KeyListRange, MapResult, PrefixRange, PrepareSpec, ReduceResult
 from sluice.errors import MAX_REASONS
-from sluice.models import SKIPPED_FAILED, SKIPPED_UNCHANGED
 from sluice.paths import RunPaths
-from sluice.prepare.reduceparts import IO_THREADS, PrepareError, load_map_results, read_result
+from sluice.prepare.reducer.parts import IO_THREADS, PrepareError, load_map_results, read_result
 from sluice.prepare.store import PrepareStore
 
 
@@ -29,7 +29,7 @@ class Collected:
     peak_rss_mb_per_worker: float = 0.0  # the most any one map or reduce worker held
     problem_count: int = 0
     # An incremental run: keys left out by reason, the staged shards per partition (placed by the
-    # submit step: sluice.prepare.versions_reduce.place_shards), and the map workers' version counts.
+    # submit step: sluice.prepare.reducer.versions.place_shards), and the map workers' version counts.
     skipped: dict[str, int] = field(default_factory=dict)
     pieces: list[int] = field(default_factory=list)
     versions: dict[str, int] = field(default_factory=dict)

@@ -18,15 +18,17 @@ from hashlib import blake2b
 from multiprocessing import get_context
 from typing import Any
 
-from sluice.contracts import PrepareSpec
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import PrepareSpec
+from sluice.contracts.sections import MAX_ARRAY_SIZE
 from sluice.errors import Rejection
-from sluice.models import MAX_ARRAY_SIZE, Manifest, RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.dedup import MAX_POSITIONS
 from sluice.plan.layout import job_layouts, keylist_manifest, run_times, shard_size
 from sluice.preflight.facts import Capacity
 from sluice.prepare.collect import collect
-from sluice.prepare.reduceparts import PrepareError
+from sluice.prepare.reducer.parts import PrepareError
 from sluice.prepare.split import choose_partitions, estimate_keylist, keylist_tasks
 from sluice.prepare.store import PrepareStore
 from sluice.settings import Settings
@@ -35,7 +37,7 @@ from sluice.settings import Settings
 def _map_child(spec_uri: str, worker: int) -> float:
     """Map worker `worker`; returns its CPU seconds (its wall seconds are in its MapResult)."""
     from sluice.prepare.__main__ import load_spec
-    from sluice.prepare.mapper import run_map
+    from sluice.prepare.mapper.worker import run_map
 
     cpu, store = time.process_time(), PrepareStore()
     run_map(load_spec(store, spec_uri), worker, store)
@@ -45,7 +47,7 @@ def _map_child(spec_uri: str, worker: int) -> float:
 def _reduce_child(spec_uri: str, partition: int) -> float:
     """Reduce worker `partition`; returns its CPU seconds."""
     from sluice.prepare.__main__ import load_spec
-    from sluice.prepare.reducer import run_reduce
+    from sluice.prepare.reducer.worker import run_reduce
 
     cpu, store = time.process_time(), PrepareStore()
     run_reduce(load_spec(store, spec_uri), partition, store)
@@ -60,7 +62,9 @@ def _run_all(fn: Callable[[str, int], float], spec_uri: str, n: int, processes: 
     # forkserver: children fork from a small clean server (not from a caller that may hold a
     # big key list), with sluice already imported there, so each starts fast and measures its own RSS.
     ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(["sluice.prepare.offline", "sluice.prepare.mapper", "sluice.prepare.reducer"])
+    ctx.set_forkserver_preload(
+        ["sluice.prepare.offline", "sluice.prepare.mapper.worker", "sluice.prepare.reducer.worker"]
+    )
     with ProcessPoolExecutor(slots, mp_context=ctx, max_tasks_per_child=1) as pool:
         return list(pool.map(fn, [spec_uri] * n, range(n)))
 

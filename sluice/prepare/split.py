@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Literal
 
-from sluice.contracts import InventoryFiles, KeyListRange, PrefixRange
+from sluice.contracts.prepare import InventoryFiles, KeyListRange, PrefixRange
 from sluice.input.inventory import InventoryReport, read_inventory_manifest
 from sluice.prepare.store import PrepareStore
 

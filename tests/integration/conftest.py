@@ -1,6 +1,6 @@
 """Integration fixtures: a real moto S3 server on 127.0.0.1 (as a subprocess), and worker helpers.
 
-The server is sluice.local.server.MotoServer running moto's own WSGI app (what
+The server is sluice.local.emulator.server.MotoServer running moto's own WSGI app (what
 `python -m moto.server` runs) wrapped by tests/worker_s3server.py, which can add per-GET
 latency and 503 SlowDown faults on demand. Worker processes reach it through
 AWS_ENDPOINT_URL; nothing in this process sets that variable globally, so in-process
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sluice.local.server import MotoServer
+from sluice.local.emulator.server import MotoServer
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES_BUCKET = "worker-images"
@@ -131,7 +131,8 @@ def make_run(
     output_dtype: str = "float16",
 ) -> Any:
     """Upload shards (lists of keys in IMAGES_BUCKET) and plan.json; returns the RunPlan."""
-    from sluice.models import ModelSpec, RunPlan
+    from sluice.contracts.plan import RunPlan
+    from sluice.contracts.sections import ModelSpec
     from sluice.shards import encode_shard
 
     base = f"s3://{CONTROL_BUCKET}/runs/{run_id}/"
@@ -305,7 +306,7 @@ def prometheus() -> Iterator[Any]:
     """
     import shutil
 
-    from sluice.local.prometheus import LocalPrometheus
+    from sluice.local.emulator.prometheus import LocalPrometheus
 
     if shutil.which("prometheus") is None:
         if os.environ.get("CI"):

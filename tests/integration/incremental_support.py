@@ -17,14 +17,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.contracts import JobStatus, PrepareSpec, RunStatus
-from sluice.control.ddb import item, value
-from sluice.control.ledger import Ledger
-from sluice.models import ModelSpec, PlannedModel, RunPlan
+from sluice.contracts.plan import PlannedModel, RunPlan
+from sluice.contracts.prepare import PrepareSpec
+from sluice.contracts.sections import ModelSpec
+from sluice.contracts.status import JobStatus, RunStatus
+from sluice.control.table.ddb import item, value
+from sluice.control.table.ledger import Ledger
 from sluice.outputs import arrow_schema
 from sluice.paths import shard_output_dir
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reducer import run_reduce
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.prepare.store import PrepareStore
 
 DIM = 4
@@ -145,7 +147,7 @@ def run_prepare(store: PrepareStore, spec: PrepareSpec) -> None:
 def prepare_events(stack: Any, run_id: str, job_ids: Sequence[str], spec: PrepareSpec) -> list[dict[str, Any]]:
     """The prepare jobs' terminal events (map, then reduce), as Batch sends them."""
     from sluice.control.batch import prepare_job_name
-    from sluice.local.events import JobChange, attempt, batch_job_state_change
+    from sluice.local.emulator.events import JobChange, attempt, batch_job_state_change
 
     out = []
     for jid, stage, size in zip(job_ids, ("map", "reduce"), (spec.workers, spec.partitions), strict=True):

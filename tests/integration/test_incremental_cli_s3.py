@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sluice.cli import main
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
 from tests.conftest import moto_s3
 
 CTL = "ctl-bucket"

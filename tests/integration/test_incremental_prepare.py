@@ -17,9 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sluice.aws.s3io import read_uri
-from sluice.contracts import MapResult, PrepareSpec, RunStatus
-from sluice.control.ledger import Ledger
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import MapResult, PrepareSpec
+from sluice.contracts.sections import ModelSpec
+from sluice.contracts.status import RunStatus
+from sluice.control.table.ledger import Ledger
 from sluice.ops.status import run_status
 from sluice.paths import RunPaths
 from sluice.prepare.store import PrepareStore

@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moto import mock_aws
 
-from sluice.contracts import EarlierOutput, InlineKeys, PrepareSpec
+from sluice.contracts.prepare import EarlierOutput, InlineKeys, PrepareSpec
 from sluice.paths import RunPaths
 from sluice.prepare.collect import collect
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reducer import run_reduce
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.versions import place_shards
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.prepare.store import PrepareStore
-from sluice.prepare.versions_reduce import place_shards
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import md5, write_chunk
 from tests.properties import examples

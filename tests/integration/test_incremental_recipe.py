@@ -20,14 +20,14 @@ import pytest
 from moto import mock_aws
 
 from sluice.cli import main
-from sluice.contracts import PrefixRange, PrepareSpec
-from sluice.control.lineage import EarlierRun, Lineage
-from sluice.models import ModelSpec
+from sluice.contracts.prepare import PrefixRange, PrepareSpec
+from sluice.contracts.sections import ModelSpec
+from sluice.control.intake.lineage import EarlierRun, Lineage
 from sluice.ops.recipe import Source, recipe_sql
 from sluice.paths import RunPaths, shard_output_dir
 from sluice.prepare.collect import collect
+from sluice.prepare.reducer.versions import place_shards
 from sluice.prepare.store import PrepareStore
-from sluice.prepare.versions_reduce import place_shards
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import earlier_plan, md5, run_prepare, write_chunk, write_output
 

@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 
-from sluice.contracts import FleetPlan, RunIndexed
-from sluice.models import IndexTarget
+from sluice.contracts.events import RunIndexed
+from sluice.contracts.manifest import IndexTarget
+from sluice.index.fleet.files import FleetPlan
 from sluice.paths import fleet_path
 from tests.index_support import clustered, uris, write_run
 from tests.integration.conftest import CONTROL_BUCKET, ROOT

@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from sluice.contracts import IndexFailed, RunIndexed
-from sluice.models import IndexTarget, VectorsTarget
+from sluice.contracts.events import IndexFailed, RunIndexed
+from sluice.contracts.manifest import IndexTarget, VectorsTarget
 from tests.index_support import clustered, uris, write_run
 from tests.integration.conftest import CONTROL_BUCKET, ROOT
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from sluice.cli import main
+from sluice.contracts.sections import ModelSpec
 from sluice.modelid import file_id
-from sluice.models import ModelSpec
 from tests.index_support import clustered, uris, write_run
 
 CLI = [sys.executable, "-m", "sluice.cli"]

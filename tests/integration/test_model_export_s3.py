@@ -18,7 +18,8 @@ from gpu_worker.models.load import load_model
 from gpu_worker.models.spec import resolve_uri
 from gpu_worker.sources.store import RunStore
 from sluice.cli import main
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
 from tests.conftest import moto_s3
 from tests.worker_images import make_demo_images

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sluice.cli import main
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
 from sluice.preflight.checks import TIMEOUT_FLOOR_S, derived_timeout_s
 from sluice.prepare.offline import OfflineJob, prepare_offline
 from sluice.settings import Settings

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.contracts import PrepareSpec
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import PrepareSpec
 from sluice.errors import Rejection
-from sluice.models import RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.layout import job_layouts
-from sluice.prepare.mapper import run_map
+from sluice.prepare.mapper.worker import run_map
 from sluice.prepare.offline import OfflineJob, add_offline_arguments, offline_main, prepare_offline
-from sluice.prepare.reducer import run_reduce
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.prepare.split import estimate_keylist, keylist_tasks
 from sluice.prepare.store import PrepareStore
 from sluice.shards import FileSource, ShardReader, rank_slice

@@ -23,15 +23,15 @@ import pytest
 from moto import mock_aws
 
 from sluice.aws.errors import AwsFatalError
-from sluice.contracts import InventoryFiles, PrefixRange, PrepareSpec, PrepareTask, ReduceResult
+from sluice.contracts.prepare import InventoryFiles, PrefixRange, PrepareSpec, PrepareTask, ReduceResult
 from sluice.paths import RunPaths
-from sluice.prepare import mapparts
 from sluice.prepare.__main__ import main
 from sluice.prepare.collect import Collected, collect
-from sluice.prepare.mapparts import SpillError
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reduceparts import PrepareError
-from sluice.prepare.reducer import run_reduce
+from sluice.prepare.mapper import parts as mapparts
+from sluice.prepare.mapper.parts import SpillError
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.parts import PrepareError
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.prepare.split import (
     estimate_inventory,
     estimate_keylist,

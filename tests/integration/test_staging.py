@@ -16,16 +16,17 @@ import pytest
 
 from sluice.aws import clients as sluice_aws
 from sluice.aws.s3io import read_uri
-from sluice.contracts import JobStatus, PrepareSpec, RunStatus
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import PrepareSpec
+from sluice.contracts.status import JobStatus, RunStatus
 from sluice.control.batch import prepare_job_name
-from sluice.control.ledger import Ledger
-from sluice.control.reconcile import reconcile
-from sluice.local.events import JobChange, attempt, batch_job_state_change
-from sluice.models import RunPlan
+from sluice.control.sweep.reconcile import reconcile
+from sluice.control.table.ledger import Ledger
+from sluice.local.emulator.events import JobChange, attempt, batch_job_state_change
 from sluice.ops.status import run_status
 from sluice.paths import RunPaths
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reducer import run_reduce
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.prepare.store import PrepareStore
 from tests.integration.completion_support import Atomic, deliver_job_event
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler, shard_pairs

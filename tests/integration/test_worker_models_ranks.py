@@ -6,8 +6,9 @@ import io
 
 import pyarrow.parquet as pq
 
-from sluice.contracts import ShardResult
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.results import ShardResult
+from sluice.contracts.sections import ModelSpec
 from tests.integration.conftest import CONTROL_BUCKET, finish, make_run, start_worker, worker_env
 
 

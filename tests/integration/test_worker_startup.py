@@ -18,7 +18,8 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ConfigError
 from gpu_worker.main import run_node
 from gpu_worker.sources.store import RunStore
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
 from tests.worker_images import make_demo_images
 

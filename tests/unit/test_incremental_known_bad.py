@@ -13,8 +13,8 @@ from gpu_worker.output.parquet import RecordLabel
 from gpu_worker.output.result import write_shard_result
 from gpu_worker.output.sink import ChunkSink, SinkSpec
 from gpu_worker.sources.store import RunStore
-from sluice.contracts import FailureLine
-from sluice.prepare.skip import FAILED, Skipper, parse, record
+from sluice.contracts.results import FailureLine
+from sluice.prepare.reducer.skip import FAILED, Skipper, parse, record
 
 B = "imgs"
 

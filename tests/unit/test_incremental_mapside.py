@@ -1,4 +1,4 @@
-"""A map worker reading earlier output (sluice.prepare.versions_map) from a local folder: what counts, what does not."""
+"""A map worker reading earlier output (sluice.prepare.mapper.versions) from a local folder: what counts, what not."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.contracts import EarlierOutput, PrepareSpec
-from sluice.prepare.mapparts import TaskProblems
-from sluice.prepare.skip import parse
+from sluice.contracts.prepare import EarlierOutput, PrepareSpec
+from sluice.prepare.mapper.parts import TaskProblems
+from sluice.prepare.mapper.versions import VersionRouter, committed_chunks, map_earlier
+from sluice.prepare.reducer.skip import parse
 from sluice.prepare.store import PrepareStore
-from sluice.prepare.versions_map import VersionRouter, committed_chunks, map_earlier
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import write_chunk
 

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from sluice.contracts import IndexFailed, RunIndexed, parse_detail
+from sluice.contracts.events import IndexFailed, RunIndexed, parse_detail
+from sluice.contracts.manifest import IndexTarget, index_name
+from sluice.contracts.plan import RunPlan
 from sluice.errors import Rejection
 from sluice.index.ann import MIN_ANN_ROWS, AnnParams, Probe, sub_vectors
 from sluice.input.manifest import ManifestSource, parse_manifest
-from sluice.models import IndexTarget, RunPlan, index_name
 from sluice.settings import Settings
 
 

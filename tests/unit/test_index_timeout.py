@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.contracts import IndexItem, RunItem
-from sluice.control import index_jobs, index_plan, indexing
+from sluice.contracts.manifest import IndexTarget, Manifest
+from sluice.contracts.plan import RunPlan
+from sluice.control.indexing import jobs as index_jobs
+from sluice.control.indexing import plan as index_plan
+from sluice.control.indexing import stage as indexing
 from sluice.control.policy import INDEX_STAGES, index_stage_timeout_s, index_timeout_s
+from sluice.control.table.items import IndexItem, RunItem
 from sluice.errors import SettingsError
-from sluice.models import IndexTarget, Manifest, RunPlan
 from sluice.settings import Settings
 
 FLEET_ROWS = 1_000  # a small crossover, so a plan of a few thousand keys is built by the fleet

@@ -18,7 +18,7 @@ from gpu_worker.passes.base import KeySinks
 from gpu_worker.passes.parts import PartsStream
 from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 
 class WordsEmbedder:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.kinds.text import TextWindow, WordTokenizer, chunks, decode_text, text_chunks
-from sluice.models import Manifest
+from sluice.contracts.manifest import Manifest
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.contracts import KeyListRange
+from sluice.contracts.prepare import KeyListRange
 from sluice.input.sources import Problems, keylist_pairs
-from sluice.prepare.keylist import map_keylist
-from sluice.prepare.mapparts import Parts, TaskProblems
-from sluice.prepare.router import KeyRouter
+from sluice.prepare.mapper.keylist import map_keylist
+from sluice.prepare.mapper.parts import Parts, TaskProblems
+from sluice.prepare.mapper.router import KeyRouter
 from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
 from tests.properties import examples

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from sluice.errors import Rejection
 from sluice.input.inventory import InventoryReport, read_inventory_manifest
-from sluice.prepare.keylist import OwnedLines
-from sluice.prepare.mapparts import Parts, TaskProblems
-from sluice.prepare.mapper import map_prefix
-from sluice.prepare.router import KeyRouter
+from sluice.prepare.mapper.keylist import OwnedLines
+from sluice.prepare.mapper.parts import Parts, TaskProblems
+from sluice.prepare.mapper.router import KeyRouter
+from sluice.prepare.mapper.worker import map_prefix
 from sluice.prepare.split import (
     choose_partitions,
     choose_workers,

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 
 from sluice.aws.errors import AwsFatalError
 from sluice.errors import RetriableError
-from sluice.prepare.mapparts import partitions_of
+from sluice.prepare.mapper.parts import partitions_of
 from sluice.prepare.store import RETRIES, PrepareStore
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 from gpu_worker.decode.image import decode_image
 from gpu_worker.errors import ObjectFailure
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 from tests.worker_images import (
     bad_and_special_objects,
     bomb_png,

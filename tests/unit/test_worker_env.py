@@ -9,7 +9,7 @@ import pytest
 from gpu_worker.config import WorkerConfig, settings_table
 from gpu_worker.env import plan_uri, select
 from gpu_worker.errors import ConfigError
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
 
 
 def plan(mode: str = "array", n_shards: int = 4, run_id: str = "r1") -> RunPlan:

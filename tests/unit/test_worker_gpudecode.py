@@ -32,7 +32,7 @@ from gpu_worker.decode.nvjpeg import (
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.models.engine import Engine
 from gpu_worker.models.load import load_model
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 from tests.worker_images import (
     bomb_png,
     cmyk_jpeg,

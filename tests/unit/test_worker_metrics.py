@@ -15,7 +15,7 @@ from gpu_worker.telemetry.observe import count_retry, observe, retry_class
 from gpu_worker.telemetry.remote_write import PushPolicy, RemoteWriter
 from gpu_worker.telemetry.stats import Stats
 from gpu_worker.telemetry.write_request import registry_series
-from sluice.contracts import KIND_FAILURE_REASONS, FailureReason
+from sluice.contracts.status import KIND_FAILURE_REASONS, FailureReason
 
 LBL = {
     "run_id": "r1",
@@ -151,7 +151,7 @@ def test_a_cpu_rank_sends_no_empty_gpu_label():
 def test_served_on_metrics_endpoint():
     from prometheus_client import start_http_server
 
-    from sluice.local.server import free_port
+    from sluice.local.emulator.server import free_port
 
     port = free_port()
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=_worst_case_registry())

@@ -15,7 +15,8 @@ from gpu_worker.errors import RankFailed, WorkerError
 from gpu_worker.main import run_node
 from gpu_worker.output.commits import Paths, load_state
 from gpu_worker.sources.store import RunStore
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
 from tests.unit.test_worker_node import CFG, IMAGES, KEYS, Fetcher
 

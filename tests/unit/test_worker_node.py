@@ -14,8 +14,10 @@ from gpu_worker.errors import ObjectFailure, RankFailed, WorkerError
 from gpu_worker.main import run_node
 from gpu_worker.output.commits import Paths, load_state
 from gpu_worker.sources.store import RunStore
-from sluice.contracts import FailureReason, ShardResult
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.results import ShardResult
+from sluice.contracts.sections import ModelSpec
+from sluice.contracts.status import FailureReason
 from sluice.shards import encode_shard
 from tests.worker_images import make_demo_images
 

@@ -14,7 +14,7 @@ from gpu_worker.passes.buffers import BufferSet, BufferSpec
 from gpu_worker.passes.keys import KeyFailure
 from gpu_worker.passes.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg, Loader, LoaderLink
 from gpu_worker.telemetry.stats import Stats
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 from tests.worker_images import make_demo_images
 
 IMAGES = dict(make_demo_images(40, seed=3))

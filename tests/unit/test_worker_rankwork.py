@@ -13,7 +13,8 @@ from gpu_worker.output.commits import MAIN, RETRY, Marker, ShardState
 from gpu_worker.passes.work import RankContext, RankSpec, RankWork
 from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
 
 spans = st.lists(st.tuples(st.integers(0, 300), st.integers(1, 40)).map(lambda t: (t[0], t[0] + t[1])), max_size=6)

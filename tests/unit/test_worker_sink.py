@@ -16,7 +16,8 @@ from gpu_worker.output.result import write_shard_result
 from gpu_worker.output.sink import ChunkSink, SinkSpec
 from gpu_worker.sources.store import RunStore
 from sluice import outputs
-from sluice.contracts import FailureLine, FailureReason, ShardResult
+from sluice.contracts.results import FailureLine, ShardResult
+from sluice.contracts.status import FailureReason
 
 # The fields of result.json only the node knows (gpu_worker.main fills them in).
 INFO = {

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.output.verdict import exit_reason, judge, threshold
-from sluice.contracts import FailureLine, FailureReason, ShardResult
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.results import FailureLine, ShardResult
+from sluice.contracts.status import FailureReason
 
 
 def _lines(*reasons: str) -> list[FailureLine]:

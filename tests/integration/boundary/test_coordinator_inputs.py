@@ -13,9 +13,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sluice.aws import clients as sluice_aws
-from sluice.control.ledger import Ledger
+from sluice.contracts.plan import RunPlan
+from sluice.control.table.ledger import Ledger
 from sluice.errors import RetriableError
-from sluice.models import RunPlan
 from tests.integration.helpers import (
     DEFAULT_MODEL_ENV,
     INPUT_BUCKET,
