@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sluice.aws.store import ObjectStore
 from sluice.contracts.prepare import InventoryFiles, PrepareSpec
 from sluice.contracts.sections import ModelSpec
 from sluice.control.intake.lineage import EarlierRun, Lineage
@@ -60,10 +61,10 @@ from sluice.outputs import arrow_schema
 from sluice.paths import RunPaths, shard_output_dir
 from sluice.plan.dedup import MAX_POSITIONS
 from sluice.preflight import Capacity
+from sluice.prepare import prepare_store
 from sluice.prepare.collect import Collected, collect
 from sluice.prepare.reducer.versions import place_shards
 from sluice.prepare.split import PARTITION_FACTOR, choose_partitions
-from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import earlier_plan, md5
 
@@ -86,8 +87,8 @@ class Requests:
         self.counts[model.name] += 1
 
 
-def _counted_store() -> tuple[PrepareStore, Requests]:
-    store = PrepareStore()  # sluice.aws.clients.client: AWS_ENDPOINT_URL (the moto server) from the environment
+def _counted_store() -> tuple[ObjectStore, Requests]:
+    store = prepare_store()  # sluice.aws.clients.client: AWS_ENDPOINT_URL (the moto server) from the environment
     return store, Requests(store.s3)
 
 
@@ -231,7 +232,7 @@ def run_prepare(spec: PrepareSpec) -> dict[str, Any]:
 
 def shard_keys(spec: PrepareSpec, n_shards: int) -> list[str]:
     """Every key in the run's shards/ (read after the clock, through an uncounted client)."""
-    store, paths, out = PrepareStore(), RunPaths(spec.root), []
+    store, paths, out = prepare_store(), RunPaths(spec.root), []
     for i in range(n_shards):
         for _, keys in ShardReader(store.get(paths.shard(i))).groups():
             out += keys
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     server = MotoServer().start()
     os.environ.update(server.env)  # the forkserver and its workers inherit it
     try:
-        s3 = PrepareStore().s3
+        s3 = prepare_store().s3
         for b in (IMAGES, CONTROL):
             s3.create_bucket(Bucket=b)
         t = time.monotonic()

@@ -29,9 +29,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sluice.aws.store import CHUNK
 from sluice.prepare.offline import OfflineJob, prepare_offline
 from sluice.prepare.split import KEYS_PER_PARTITION, choose_partitions
-from sluice.prepare.store import CHUNK
 
 BUCKETS = ["media-prod-assets", "media-prod-stock", "archive-2023", "partner-uploads"]
 VARIANTS = ["orig", "thumb", "small", "medium", "large"]

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sluice.aws.s3uri import s3_uri
+
 MANIFESTS_PREFIX = "manifests/"  # uploads here start runs (the template's rule matches it)
 RUNS_PREFIX = "runs/"
 COMMITS_DIR = "_commits/"
@@ -63,7 +65,7 @@ class RunPaths:
     @classmethod
     def in_bucket(cls, bucket: str, run_id: str) -> RunPaths:
         """The layout of a run the coordinator planned: under runs/<run>/ of the control bucket."""
-        return cls(f"s3://{bucket}/{run_key(run_id)}")
+        return cls(s3_uri(bucket, run_key(run_id)))
 
     @property
     def plan(self) -> str:
@@ -144,7 +146,7 @@ def shard_output_dir(output_prefix: str, i: int) -> str:
 
 def index_uri(bucket: str, name: str) -> str:
     """The default place of the index `name`: s3://<control bucket>/indexes/<name>/."""
-    return f"s3://{bucket}/{INDEXES_PREFIX}{name}/"
+    return s3_uri(bucket, f"{INDEXES_PREFIX}{name}/")
 
 
 def index_table_uri(index: str, model: str) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpu_worker.output.commits import Marker, Paths
 from gpu_worker.output.parquet import RecordLabel, output_table, table_bytes
-from gpu_worker.sources.store import RunStore
+from sluice.aws.store import ObjectStore
 from sluice.contracts.plan import RunPlan
 from sluice.contracts.sections import ModelSpec
 from sluice.paths import join
@@ -88,7 +88,7 @@ def write_run(
     if model_ids:  # the identity a planner resolves (a local file's sha256, an S3 object's ETag)
         planned = [m.model_copy(update={"model_id": i}) for m, i in zip(plan.models, model_ids)]
         plan = plan.model_copy(update={"models": planned})
-    store = RunStore()
+    store = ObjectStore()
     store.put(plan.output_prefix.rsplit("output/", 1)[0] + "plan.json", plan.model_dump_json().encode())
     bounds = np.linspace(0, len(keys), shards + 1).astype(int)
     for m, pm in enumerate(plan.models):

@@ -154,9 +154,9 @@ def _artifact(meta: Any, override: str | None, work: str) -> str:
 def _download(uri: str, work: str) -> str:
     """The model file and its sidecars (spec, text tower) in `work`."""
     from gpu_worker.models.texttower import SIDECARS
-    from gpu_worker.sources.store import RunStore
+    from gpu_worker.sources.clients import control_store
 
-    store = RunStore()
+    store = control_store()
     local = os.path.join(work, uri.rsplit("/", 1)[-1] or "model")
     for suffix in ("", ".json", *SIDECARS):
         try:

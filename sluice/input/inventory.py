@@ -23,7 +23,7 @@ from urllib.parse import unquote_plus
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import Kind, classify
-from sluice.aws.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name, key_problem, parse_s3_uri
+from sluice.aws.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name, key_problem, parse_s3_uri, s3_uri
 from sluice.errors import Rejection
 from sluice.input import strictjson
 from sluice.input.lines import decode_lines
@@ -104,7 +104,7 @@ def iter_inventory(s3: S3Client, uri: str, settings: Settings, problems: Problem
 def iter_report(s3: S3Client, report: InventoryReport, settings: Settings, problems: Problems) -> Iterator[KeyBatch]:
     """Every key of a parsed report's data files (in its destination bucket), in order."""
     for i, data_key in enumerate(report.files):
-        name = f"s3://{report.bucket}/{data_key}"
+        name = s3_uri(report.bucket, data_key)
         chunks = get_chunks(s3, report.bucket, data_key, settings.max_keylist_bytes)
         md5 = report.md5s[i] if i < len(report.md5s) else None
         if md5 is not None:

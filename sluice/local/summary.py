@@ -134,13 +134,13 @@ def _prepare_summary(c: Any, row: RunItem) -> dict[str, Any] | None:
     """What the prepare stage did (None when the manifest Lambda planned the run itself)."""
     if row.prepare is None:
         return None
-    from sluice.aws.s3io import read_uri
+    from sluice.aws.store import ObjectStore
     from sluice.contracts.prepare import PrepareSpec
+    from sluice.prepare import prepare_store
     from sluice.prepare.collect import collect
-    from sluice.prepare.store import PrepareStore
 
-    spec = PrepareSpec.model_validate_json(read_uri(c.s3, row.prepare.spec_uri))
-    return collect(spec, PrepareStore(c.s3)).summary(spec)
+    spec = PrepareSpec.model_validate_json(ObjectStore(c.s3).get(row.prepare.spec_uri))
+    return collect(spec, prepare_store(c.s3)).summary(spec)
 
 
 def _failures_prefix(row: RunItem) -> tuple[str, str]:

@@ -27,10 +27,10 @@ from sluice.paths import RunPaths
 from sluice.plan.dedup import MAX_POSITIONS
 from sluice.plan.layout import job_layouts, keylist_manifest, run_times, shard_size
 from sluice.preflight.facts import Capacity
+from sluice.prepare import prepare_store
 from sluice.prepare.collect import collect
 from sluice.prepare.reducer.parts import PrepareError
 from sluice.prepare.split import choose_partitions, estimate_keylist, keylist_tasks
-from sluice.prepare.store import PrepareStore
 from sluice.settings import Settings
 
 
@@ -39,7 +39,7 @@ def _map_child(spec_uri: str, worker: int) -> float:
     from sluice.prepare.__main__ import load_spec
     from sluice.prepare.mapper.worker import run_map
 
-    cpu, store = time.process_time(), PrepareStore()
+    cpu, store = time.process_time(), prepare_store()
     run_map(load_spec(store, spec_uri), worker, store)
     return time.process_time() - cpu
 
@@ -49,7 +49,7 @@ def _reduce_child(spec_uri: str, partition: int) -> float:
     from sluice.prepare.__main__ import load_spec
     from sluice.prepare.reducer.worker import run_reduce
 
-    cpu, store = time.process_time(), PrepareStore()
+    cpu, store = time.process_time(), prepare_store()
     run_reduce(load_spec(store, spec_uri), partition, store)
     return time.process_time() - cpu
 
@@ -98,7 +98,7 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
     t0 = time.monotonic()
     path = os.path.abspath(job.keylist_path)
     root = os.path.abspath(job.out_dir) + "/"
-    paths, store = RunPaths(root), PrepareStore()
+    paths, store = RunPaths(root), prepare_store()
     est = estimate_keylist(store, path)
     run_id = "offline-" + blake2b(path.encode(), digest_size=6).hexdigest()
     manifest, cap, kps = offline_layout(job, est.keys_estimate)

@@ -68,7 +68,7 @@ def moto_server() -> Iterator[FaultServer]:
 
 @pytest.fixture
 def on_server(moto_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultServer]:
-    """The server, with this process's boto3 clients (RunStore, writing a run) pointed at it too."""
+    """The server, with this process's boto3 clients (ObjectStore, writing a run) pointed at it too."""
     from sluice.aws import clients
 
     for k, v in moto_server.env.items():

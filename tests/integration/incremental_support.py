@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sluice.aws.store import ObjectStore
 from sluice.contracts.plan import PlannedModel, RunPlan
 from sluice.contracts.prepare import PrepareSpec
 from sluice.contracts.sections import ModelSpec
@@ -25,9 +26,9 @@ from sluice.control.table.ddb import item, value
 from sluice.control.table.ledger import Ledger
 from sluice.outputs import arrow_schema
 from sluice.paths import shard_output_dir
+from sluice.prepare import prepare_store
 from sluice.prepare.mapper.worker import run_map
 from sluice.prepare.reducer.worker import run_reduce
-from sluice.prepare.store import PrepareStore
 
 DIM = 4
 Row = tuple[str, str, str | None]  # (s3://bucket/key, etag, version id)
@@ -68,7 +69,7 @@ def chunk_bytes(
 
 
 def write_chunk(
-    store: PrepareStore,
+    store: ObjectStore,
     shard_dir: str,
     name: str,
     rows: Sequence[Row],
@@ -108,7 +109,7 @@ def earlier_plan(
     )
 
 
-def write_output(store: PrepareStore, plan: RunPlan, by_model: Sequence[Sequence[Row]], per_chunk: int = 3) -> None:
+def write_output(store: ObjectStore, plan: RunPlan, by_model: Sequence[Sequence[Row]], per_chunk: int = 3) -> None:
     """Each model's rows over the plan's shards, in chunks of `per_chunk` rows."""
     for m, rows in enumerate(by_model):
         for shard in range(plan.n_shards):
@@ -123,7 +124,7 @@ def write_output(store: PrepareStore, plan: RunPlan, by_model: Sequence[Sequence
 
 def record_run(aws: Any, stack: Any, plan: RunPlan, status: RunStatus = RunStatus.SUCCEEDED) -> None:
     """The plan in the control bucket and the run's RUN item with `status` (as the completion path leaves it)."""
-    store = PrepareStore(aws.s3)
+    store = prepare_store(aws.s3)
     store.put(plan.shards_prefix.removesuffix("shards/") + "plan.json", plan.model_dump_json().encode())
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
     assert ledger.claim(plan.run_id, plan.manifest_uri)
@@ -136,7 +137,7 @@ def record_run(aws: Any, stack: Any, plan: RunPlan, status: RunStatus = RunStatu
     )
 
 
-def run_prepare(store: PrepareStore, spec: PrepareSpec) -> None:
+def run_prepare(store: ObjectStore, spec: PrepareSpec) -> None:
     """Every map worker, then every reduce worker, in this process (the code the Batch jobs run)."""
     for w in range(spec.workers):
         run_map(spec, w, store)

@@ -308,13 +308,13 @@ def test_index_off_claims_nothing_and_submits_nothing(aws, stack, monkeypatch):
 
 
 def test_an_incremental_run_updates_its_lineages_index_unless_it_names_its_own(aws, stack, monkeypatch):
-    from sluice.aws.s3io import read_uri
+    from sluice.aws.store import ObjectStore
     from sluice.contracts.manifest import IndexTarget
     from sluice.contracts.plan import RunPlan
     from sluice.contracts.prepare import PrepareSpec
     from sluice.contracts.sections import ModelSpec
     from sluice.paths import RunPaths
-    from sluice.prepare.store import PrepareStore
+    from sluice.prepare import prepare_store
     from tests.integration.incremental_support import earlier_plan, prepare_events, record_run, run_prepare
 
     ctl = stack.names["ControlBucket"]
@@ -333,11 +333,11 @@ def test_an_incremental_run_updates_its_lineages_index_unless_it_names_its_own(a
         out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps({**body, **output}), monkeypatch)
         assert out["status"] == "preparing", out
         row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
-        spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
-        run_prepare(PrepareStore(aws.s3), spec)
+        spec = PrepareSpec.model_validate_json(ObjectStore(aws.s3).get(row.prepare.spec_uri))
+        run_prepare(prepare_store(aws.s3), spec)
         for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
             deliver_job_event(stack, ev, monkeypatch)
-        return RunPlan.model_validate_json(read_uri(aws.s3, RunPaths.in_bucket(ctl, out["run_id"]).plan))
+        return RunPlan.model_validate_json(ObjectStore(aws.s3).get(RunPaths.in_bucket(ctl, out["run_id"]).plan))
 
     assert plan_of("more").index == earlier  # the lineage's one index, updated
     own = plan_of("mine", output={"index": {"name": "mine"}}).index

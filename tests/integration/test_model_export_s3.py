@@ -16,7 +16,7 @@ from gpu_worker.main import run_node
 from gpu_worker.models.engine import Engine
 from gpu_worker.models.load import load_model
 from gpu_worker.models.spec import resolve_uri
-from gpu_worker.sources.store import RunStore
+from sluice.aws.store import ObjectStore
 from sluice.cli import main
 from sluice.contracts.plan import RunPlan
 from sluice.contracts.sections import ModelSpec
@@ -33,13 +33,6 @@ IMAGES = dict(make_demo_images(12, seed=5))
 @pytest.fixture
 def s3():
     yield from moto_s3("models")
-
-
-class Fetcher:
-    """The images' S3 GETs (the node's fetch layer is not what this test is about)."""
-
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
-        return IMAGES[key]
 
 
 def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys):
@@ -72,15 +65,16 @@ def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys)
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", keys)]))
     Path(base + "plan.json").write_text(plan.model_dump_json())
+    s3.create_bucket(Bucket="bkt")
+    for key, data in IMAGES.items():
+        s3.put_object(Bucket="bkt", Key=key, Body=data)
     cfg = WorkerConfig(device="cpu", loaders=0, torch_threads=1, output_dtype="float32")
-    result = run_node(
-        cfg, {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}, store=RunStore(), fetcher=Fetcher()
-    )
+    result = run_node(cfg, {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}, store=ObjectStore())
     assert (result.processed, result.failed, result.ok) == (12, 0, True)
 
     table = pq.read_table(sorted(Path(plan.output_prefix, "shard=0").glob("*.parquet")))
     got = dict(zip(table.column("key").to_pylist(), np.array(table.column("embedding").to_pylist())))
-    model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), RunStore()), 224)
+    model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), ObjectStore()), 224)
     engine = Engine(model, info, "cpu", len(keys))
     batch = np.stack([decode_image(IMAGES[k], 32, 89_478_485) for k in keys])
     [(_, want)] = engine.submit(torch.from_numpy(batch), None)

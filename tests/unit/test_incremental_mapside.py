@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sluice.contracts.prepare import EarlierOutput, PrepareSpec
+from sluice.prepare import prepare_store
 from sluice.prepare.mapper.parts import TaskProblems
 from sluice.prepare.mapper.versions import VersionRouter, committed_chunks, map_earlier
 from sluice.prepare.reducer.skip import parse
-from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import write_chunk
 
@@ -35,7 +35,7 @@ def _spec(tmp: Path, partitions: int = 2) -> PrepareSpec:
 
 
 def test_committed_chunks_are_those_with_a_marker(tmp_path: Path) -> None:
-    store = PrepareStore()
+    store = prepare_store()
     d = str(tmp_path / "out" / "shard=0") + "/"
     write_chunk(store, d, "part-0000-000000000", [("s3://b/a", "e", None)], "m", "mid-a", "old")
     write_chunk(store, d, "part-0001-000000000", [("s3://b/b", "e", None)], "m", "mid-a", "old", committed=False)
@@ -44,7 +44,7 @@ def test_committed_chunks_are_those_with_a_marker(tmp_path: Path) -> None:
 
 
 def test_rows_of_other_models_and_unreadable_or_unversioned_files_count_for_nothing(tmp_path: Path) -> None:
-    store = PrepareStore()
+    store = prepare_store()
     prefix = str(tmp_path / "old" / "output") + "/"
     d = prefix + "shard=0/"
     rows = [("s3://b/a.jpg", "ea", None), ("s3://b/b.jpg", "eb", "v1")]

@@ -163,7 +163,7 @@ def test_docs_list_the_current_settings():
     ],
 )
 def test_loader_plan_per_device(monkeypatch, device, cpus, world, cfg, expected):
-    import gpu_worker.passes.loaders as rank
+    import gpu_worker.passes.loader_pool as rank
 
     monkeypatch.setattr(rank, "cpu_count", lambda: cpus)  # the machine's size, not our logic
     assert rank.plan_loaders(cfg, device, world) == expected

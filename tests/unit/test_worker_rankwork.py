@@ -11,8 +11,8 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.output import intervals
 from gpu_worker.output.commits import MAIN, RETRY, Marker, ShardState
 from gpu_worker.passes.work import RankContext, RankSpec, RankWork
-from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
+from sluice.aws.store import ObjectStore
 from sluice.contracts.plan import RunPlan
 from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
@@ -49,7 +49,7 @@ def test_ranks_walk_every_owed_key_once(tmp_path_factory, n, world, block, cover
     walked = []
     for r in range(world):
         spec = RankSpec(0, 0, 2, r, world, "cpu", ["builtin:reference-cnn"], [str(root / "state.json")], n, "")
-        ctx = RankContext(spec, WorkerConfig(), plan, RunStore(), Stats())
+        ctx = RankContext(spec, WorkerConfig(), plan, ObjectStore(), Stats())
         walked += list(RankWork.of(ctx).keys())
     owed_main = set(range(n)) - set(intervals.positions(state.claimed))
     main = [(pos, key) for pos, _, key, phase in walked if phase == MAIN]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from sluice.aws.s3io import read_uri
+from sluice.aws.store import ObjectStore
 from sluice.contracts.events import RunFailed, RunSucceeded
 from sluice.contracts.plan import RunPlan, load_plan
 from sluice.contracts.status import RunStatus
@@ -61,7 +61,7 @@ def conclude_run(ctx: Context, run_id: str, *, now: float | None = None) -> str 
 
 
 def _conclude(ctx: Context, run: RunItem) -> str | None:
-    plan = load_plan(lambda uri: read_uri(ctx.clients.s3, uri), str(run.plan_uri))
+    plan = load_plan(ObjectStore(ctx.clients.s3).get, str(run.plan_uri))
     # A RUN item written before passes were recorded has had the first one only.
     passes = run.passes or [PassItem(first_shard=0, n_shards=plan.n_shards)]
     n_total = sum(p.n_shards for p in passes)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from sluice.aws.s3io import put_object, read_if_exists
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.aws.store import ObjectStore
 from sluice.contracts.events import RunProgress
 from sluice.contracts.plan import JobLayout, RunPlan
 from sluice.contracts.results import FailureLine
@@ -54,7 +54,7 @@ def start_pass(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, passes:
 
 def read_failures(s3: S3Client, paths: RunPaths, shard: int) -> list[FailureLine]:
     """The lines of failures/<i>.jsonl (empty when the file is missing); unreadable lines are logged and skipped."""
-    raw = read_if_exists(s3, paths.failures(shard))
+    raw = ObjectStore(s3).get_if_exists(paths.failures(shard))
     out = []
     for line in (raw or b"").splitlines():
         if line.strip():
@@ -82,11 +82,12 @@ def transient_keys(s3: S3Client, paths: RunPaths, shards: list[int]) -> dict[str
 def _write_shards(s3: S3Client, plan: RunPlan, keys: dict[str, list[str]], first: int, n: int) -> None:
     """The transient failures, cut into n shards numbered from `first`."""
     flat = [(b, k) for b, ks in sorted(keys.items()) for k in ks]
+    store = ObjectStore(s3)
     for j in range(n):
         groups: dict[str, list[str]] = {}
         for b, k in flat[j * len(flat) // n : (j + 1) * len(flat) // n]:
             groups.setdefault(b, []).append(k)
-        put_object(s3, plan.shard_uri(first + j), encode_shard(sorted(groups.items())), tagging=SCRATCH_TAG)
+        store.put(plan.shard_uri(first + j), encode_shard(sorted(groups.items())), tagging=SCRATCH_TAG)
 
 
 def _submit_pass(ctx: Context, run: RunItem, plan: RunPlan, keys: dict[str, list[str]], passes: list[PassItem]) -> None:
@@ -101,7 +102,7 @@ def _submit_pass(ctx: Context, run: RunItem, plan: RunPlan, keys: dict[str, list
         update={"n_shards": first + n, "jobs": [layout], "mode": "array", "spot_allowed": True}
     )
     plan_uri = run_paths(run).retry_plan(pass_no)
-    put_object(ctx.clients.s3, plan_uri, retry_plan.model_dump_json(indent=2).encode(), "application/json")
+    ObjectStore(ctx.clients.s3).put(plan_uri, retry_plan.model_dump_json(indent=2).encode(), "application/json")
     # Job names continue the run's numbering (sluice-<run>-<n>) so events map back to the run,
     # and a resubmission after a crash finds the job it already submitted.
     jobs = run.jobs or []

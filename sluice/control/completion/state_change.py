@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from sluice.aws.clients import Clients
-from sluice.aws.s3io import read_if_exists
+from sluice.aws.store import ObjectStore
 from sluice.contracts.events import RunProgress, RunSucceeded
 from sluice.contracts.results import ShardResult
 from sluice.contracts.status import JobStatus, RunStatus
@@ -240,7 +240,7 @@ def _record_shard(
 
 def read_result(s3: S3Client, paths: RunPaths, shard: int) -> ShardResult | None:
     """The worker's result.json for a shard; None if it is missing or unreadable (the shard then fails)."""
-    raw = read_if_exists(s3, paths.result(shard))
+    raw = ObjectStore(s3).get_if_exists(paths.result(shard))
     if raw is None:
         return None
     try:

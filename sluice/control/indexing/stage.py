@@ -27,7 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
 from sluice.aws.errors import AwsFatalError, translate
-from sluice.aws.s3io import read_if_exists
+from sluice.aws.store import ObjectStore
 from sluice.contracts.events import IndexFailed, RunIndexed
 from sluice.contracts.plan import RunPlan
 from sluice.contracts.status import JobStatus
@@ -227,7 +227,7 @@ def rerun(ctx: Context, run_id: str, timeout_s: int | None = None) -> str:
 
 
 def _read_outcome(ctx: Context, uri: str) -> Outcome | None:
-    raw = read_if_exists(ctx.clients.s3, uri)
+    raw = ObjectStore(ctx.clients.s3).get_if_exists(uri)
     for model in (RunIndexed, IndexFailed):
         try:
             return model.model_validate_json(raw) if raw is not None else None

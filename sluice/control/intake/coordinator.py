@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sluice import modelid
 from sluice.aws.clients import Clients
 from sluice.aws.errors import AwsFatalError, classify, translate
+from sluice.aws.s3uri import s3_uri
 from sluice.contracts.events import ManifestRejected, RunFailed
 from sluice.control import outbox, submit
 from sluice.control.context import Context, RunRequest
@@ -88,7 +89,7 @@ def handle_upload(upload: UploadItem, *, settings: Settings | None = None, clien
     upload = upload.model_copy(update={"key": _existing_key(ctx.clients.s3, bucket, key)})
     vid = upload.version_id
     run_id = run_id_for(bucket, upload.key, vid if vid and vid != "null" else f"{upload.etag}:{upload.sequencer or ''}")
-    manifest_uri = f"s3://{bucket}/{upload.key}"
+    manifest_uri = s3_uri(bucket, upload.key)
     logger.append_keys(run_id=run_id)
     claimed = ctx.ledger.claim(run_id, manifest_uri, upload=upload)
     outcome = _claimed(ctx, upload, run_id, manifest_uri) if claimed else Outcome("duplicate", run_id)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from sluice.aws.errors import AwsFatalError, Kind
-from sluice.aws.s3io import read_if_exists
+from sluice.aws.store import ObjectStore
 from sluice.contracts.manifest import Manifest
 from sluice.contracts.plan import RunPlan
 from sluice.contracts.prepare import EarlierOutput
@@ -97,7 +97,7 @@ class Lineage:
 def _read_plan(s3: S3Client, uri: str, why: str) -> RunPlan | str:
     """The plan at `uri`, or the reason it cannot be used (`why` says whose plan it is)."""
     try:
-        raw = read_if_exists(s3, uri)
+        raw = ObjectStore(s3).get_if_exists(uri)
     except AwsFatalError as exc:
         if exc.kind is Kind.DENIED:
             # S3 answers 403 for a missing object too when the reader may not list its prefix.
@@ -151,7 +151,7 @@ def _shards(s3: S3Client, root: RunPaths, plan: RunPlan, row: RunItem | None) ->
         return row.total_shards
     shards = plan.n_shards
     for k in range(1, MAX_RETRY_PASSES + 1):
-        raw = read_if_exists(s3, root.retry_plan(k))
+        raw = ObjectStore(s3).get_if_exists(root.retry_plan(k))
         if raw is None:
             break
         shards = max(shards, RunPlan.model_validate_json(raw).n_shards)

@@ -14,7 +14,6 @@ decision writes its event to the outbox; the caller publishes it (sluice.control
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from sluice.aws.s3io import put_object, read_uri
+from sluice.aws.store import ObjectStore
 from sluice.contracts.events import ManifestRejected, RunFailed, RunPreparing, RunSubmitted
 from sluice.contracts.manifest import IndexTarget, Manifest
 from sluice.contracts.plan import RunPlan
@@ -37,9 +36,9 @@ from sluice.errors import Rejection
 from sluice.log import logger
 from sluice.paths import RunPaths
 from sluice.plan.layout import Layout, PlanInputs, build_plan, job_layouts
+from sluice.prepare import prepare_store
 from sluice.prepare.collect import Collected, collect
 from sluice.prepare.reducer.versions import place_shards
-from sluice.prepare.store import PrepareStore
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,8 @@ class JobEnd:
 def start(ctx: Context, req: RunRequest, routed: ToPrepare) -> Started:
     """Write the spec (and the manifest it came from), submit the prepare jobs, record PREPARING."""
     spec, paths, s3 = routed.spec, req.paths, ctx.clients.s3
-    put_object(s3, paths.prepare_manifest, req.manifest.model_dump_json().encode(), "application/json")
-    put_object(s3, paths.prepare_spec, spec.model_dump_json().encode(), "application/json")
+    ObjectStore(s3).put(paths.prepare_manifest, req.manifest.model_dump_json().encode(), "application/json")
+    ObjectStore(s3).put(paths.prepare_spec, spec.model_dump_json().encode(), "application/json")
     ids = ctx.batch.submit_prepare(req.run_id, paths.prepare_spec, spec.workers, spec.partitions, ctx.settings)
     preparing = RunPreparing(
         run_id=req.run_id,
@@ -143,11 +142,11 @@ def submit_step(ctx: Context, run: RunItem, prep: PrepareItem) -> str | None:
 
 
 def _submit(ctx: Context, run: RunItem, prep: PrepareItem) -> str | None:
-    read = functools.partial(read_uri, ctx.clients.s3)
+    read = ObjectStore(ctx.clients.s3).get
     spec = PrepareSpec.model_validate_json(read(prep.spec_uri))
     manifest = Manifest.model_validate_json(read(run_paths(run).prepare_manifest))
     req = RunRequest.of(run.run_id, run.manifest_uri, manifest, control_bucket(run), spec.model_ids)
-    got = collect(spec, PrepareStore(ctx.clients.s3))
+    got = collect(spec, prepare_store(ctx.clients.s3))
     if got.rejected is not None:
         return _reject(ctx, req, got.rejected, "manifest rejected by the prepare stage")
     plan = _plan(ctx, req, spec, got)
@@ -167,7 +166,7 @@ def _submit(ctx: Context, run: RunItem, prep: PrepareItem) -> str | None:
 def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> RunPlan:
     """plan.json from the reducers' results (an incremental array run's shards numbered and placed first)."""
     if got.pieces:  # an incremental array run: its reducers' shards, numbered now (sluice.incremental)
-        place_shards(spec, got.pieces, PrepareStore(ctx.clients.s3))
+        place_shards(spec, got.pieces, prepare_store(ctx.clients.s3))
     mode = req.manifest.job.mode
     kps = spec.keys_per_shard if mode == "array" else max(1, math.ceil(got.unique_keys / spec.nodes))
     lay = Layout(got.n_shards, kps, job_layouts(got.n_shards, mode, ctx.settings.max_array_size))
@@ -189,7 +188,7 @@ def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> R
     )
     # The buckets the workers read from: a key list's or an inventory's keys name them, not the manifest.
     plan = plan.model_copy(update={"input_buckets": got.buckets})
-    put_object(ctx.clients.s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
+    ObjectStore(ctx.clients.s3).put(req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
     return plan
 
 
@@ -198,7 +197,7 @@ def _earlier_index(ctx: Context, req: RunRequest, spec: PrepareSpec) -> IndexTar
     if not spec.lineage:
         return None
     earlier = RunPaths.in_bucket(req.control_bucket, spec.lineage[0]).plan
-    return RunPlan.model_validate_json(read_uri(ctx.clients.s3, earlier)).index
+    return RunPlan.model_validate_json(ObjectStore(ctx.clients.s3).get(earlier)).index
 
 
 def _reject(ctx: Context, req: RunRequest, reasons: list[str], message: str) -> str:

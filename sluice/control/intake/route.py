@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sluice.aws.errors import AwsFatalError
-from sluice.aws.s3io import put_object
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.aws.store import ObjectStore
 from sluice.contracts.manifest import Manifest
 from sluice.contracts.plan import RunPlan
 from sluice.contracts.prepare import PrepareSpec, PrepareTask
@@ -33,9 +33,8 @@ from sluice.log import logger
 from sluice.paths import SCRATCH_TAG
 from sluice.plan.layout import PlanInputs, build_plan, layout, shard_size
 from sluice.plan.scan import scan, write_shards
-from sluice.prepare import split
+from sluice.prepare import prepare_store, split
 from sluice.prepare.split import PARTITION_FACTOR
-from sluice.prepare.store import PrepareStore
 from sluice.settings import Settings
 
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ def route(ctx: Context, req: RunRequest) -> RunPlan | ToPrepare:
 def size_input(manifest: Manifest, s3: S3Client, settings: Settings) -> Sized | None:
     """Sized input, or None for inline keys and input names the Lambda path rejects with its own reasons."""
     spec, over = manifest.input, settings.prepare_over_keys
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     try:
         if spec.key_list is not None:
             uri = spec.key_list
@@ -227,8 +226,9 @@ def plan_here(ctx: Context, req: RunRequest) -> RunPlan:
                 model_ids=list(req.model_ids),
             )
         )
-        write_shards(sc, lay, lambda i, data: put_object(s3, plan.shard_uri(i), data, tagging=SCRATCH_TAG))
-    put_object(s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
+        store = ObjectStore(s3)
+        write_shards(sc, lay, lambda i, data: store.put(plan.shard_uri(i), data, tagging=SCRATCH_TAG))
+    ObjectStore(s3).put(req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
     return plan
 
 

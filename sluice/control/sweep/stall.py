@@ -28,13 +28,12 @@ skipped when the ledger already shows a newer or terminal state of the shard.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.aws.s3io import read_uri
+from sluice.aws.store import ObjectStore
 from sluice.contracts.events import RunProgress, StallCause, StalledAttempt
 from sluice.contracts.plan import JobLayout, RunPlan, load_plan
 from sluice.contracts.status import JobStatus, RunStatus
@@ -139,7 +138,7 @@ def _silent(ctx: Context, run: RunItem, beats: list[Beat], now: float) -> list[B
     ]
     if not quiet:
         return []
-    plan = load_plan(functools.partial(read_uri, ctx.clients.s3), str(run.plan_uri))
+    plan = load_plan(ObjectStore(ctx.clients.s3).get, str(run.plan_uri))
     found = silent(quiet, beats, float(plan.load_grace_s or LEGACY_LOAD_GRACE_S), now)
     # Only what Batch says is RUNNING: a shard whose terminal event was lost is not hung (the
     # sweep settles it from Batch), and must not be ended and run again.
@@ -245,7 +244,7 @@ def _layout_of(run: RunItem, job_id: str) -> JobLayoutItem | None:
 def _resubmit(ctx: Context, run: RunItem, job: JobLayoutItem, beat: Beat) -> str | None:
     """The shard (or the MNP job's shards) again, after `beat.attempt` attempts; None when none are left."""
     plan_uri = _plan_uri(run, beat.shard)
-    plan = load_plan(functools.partial(read_uri, ctx.clients.s3), plan_uri)
+    plan = load_plan(ObjectStore(ctx.clients.s3).get, plan_uri)
     left = plan.attempts - beat.attempt
     if left <= 0:
         return None  # stalled on every attempt: the terminated attempt's FAILED fails the shard ("sluice: stalled")

@@ -28,7 +28,6 @@ environment of a multi-node job come from its run (ledger row and plan), found b
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -178,13 +177,13 @@ def definition_strategy(batch: Any, cache: dict[str, dict[str, Any] | None], arn
 def plan_attempts(plan_uri: str | None) -> int:
     """The plan's attempts (what Sluice's SubmitJob puts in retryStrategy); the default if unreadable."""
     from sluice.aws.clients import client
-    from sluice.aws.s3io import read_uri
+    from sluice.aws.store import ObjectStore
     from sluice.contracts.plan import load_plan
 
     if not plan_uri:
         return DEFAULT_ATTEMPTS
     try:
-        return load_plan(functools.partial(read_uri, client("s3")), plan_uri).attempts
+        return load_plan(ObjectStore(client("s3")).get, plan_uri).attempts
     except Exception:
         return DEFAULT_ATTEMPTS
 

@@ -9,13 +9,13 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from sluice.aws.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name
+from sluice.aws.store import CHUNK, ObjectStore
 from sluice.contracts.prepare import KeyListRange
 from sluice.errors import Rejection
 from sluice.input.lines import LineTooLong, decode_lines
 from sluice.input.sources import entry_to_pair, keylist_entries
 from sluice.prepare.mapper.parts import WHERE, TaskProblems
 from sluice.prepare.mapper.router import KeyRouter
-from sluice.prepare.store import CHUNK, PrepareStore
 
 TAIL_CHUNK = 64 * 2**10  # the line that crosses a range's end is read in small GETs
 BATCH = 8192  # lines checked, and pairs routed, at a time
@@ -26,7 +26,7 @@ _OFFSET = re.compile(r"invalid byte at offset (\d+)")
 class OwnedLines:
     """The bytes of the lines whose first byte is in [start, end) of a key list, and what they held."""
 
-    def __init__(self, store: PrepareStore, task: KeyListRange, chunk: int = CHUNK) -> None:
+    def __init__(self, store: ObjectStore, task: KeyListRange, chunk: int = CHUNK) -> None:
         self._store, self._task, self._chunk = store, task, chunk
         self.first = task.start  # offset of the first owned line (set once found)
         self.lines = 0
@@ -83,7 +83,7 @@ def _header_line(header: list[str]) -> str:
     return buf.getvalue()
 
 
-def map_keylist(task: KeyListRange, store: PrepareStore, default_bucket: str | None, sink: KeyRouter) -> int:
+def map_keylist(task: KeyListRange, store: ObjectStore, default_bucket: str | None, sink: KeyRouter) -> int:
     """Validate and route the entries of one byte range; returns the lines it holds."""
     problems = sink.problems
     owned = OwnedLines(store, task)

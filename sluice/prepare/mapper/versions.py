@@ -18,16 +18,19 @@ S3 limits designed for: 5,500 GET/HEAD requests per second per partitioned prefi
 guide, "Best practices design patterns: optimizing Amazon S3 performance"); one worker's
 HEAD_CONCURRENCY x ~50 HEAD/s a connection stays below it, and the input keys of many
 workers spread over the bucket's prefixes. Beyond it S3 answers 503 SlowDown, which the
-PrepareStore retries with backoff (boto3's standard retries, then RETRIES more), like every read.
+prepare store retries with backoff (boto3's standard retries, then RETRIES more), like every read.
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from sluice.aws.errors import AwsFatalError, Kind
+from sluice.aws.ranged import RangedObject, RangeFile
+from sluice.aws.s3uri import s3_uri
+from sluice.aws.store import ObjectStore
 from sluice.contracts.prepare import EarlierOutput, PrepareSpec, VersionCounts
 from sluice.contracts.results import FailureLine
 from sluice.contracts.status import BYTES_FAILURE_REASONS
@@ -37,16 +40,15 @@ from sluice.paths import COMMITS_DIR, RunPaths, shard_output_dir
 from sluice.prepare import prefetched
 from sluice.prepare.mapper.parts import Parts, TaskProblems, Version, partitions_of
 from sluice.prepare.reducer.skip import CURRENT, FAILED, distinct, record
-from sluice.prepare.store import PrepareStore
 
-HEAD_CONCURRENCY = 32  # HEADs in flight per map worker (the PrepareStore's pool holds 32 connections)
+HEAD_CONCURRENCY = 32  # HEADs in flight per map worker (the prepare store's pool holds 32 connections)
 READ_THREADS = 8  # earlier chunks read at once per worker: GET latency, not bandwidth, bounds them
 
 
 class VersionRouter:
     """What a map worker of an incremental run learns about versions: the records, the HEADs, the counts."""
 
-    def __init__(self, directory: str, spec: PrepareSpec, store: PrepareStore) -> None:
+    def __init__(self, directory: str, spec: PrepareSpec, store: ObjectStore) -> None:
         os.makedirs(directory, exist_ok=True)
         self._r = spec.partitions
         self.parts = Parts(directory, 2 * spec.partitions)
@@ -120,7 +122,7 @@ class VersionRouter:
     def _head_one(self, pair: tuple[str, str]) -> tuple[Version | None, str]:
         """(version, outcome); a missing or unreadable key is not skipped: the GPU worker records its failure."""
         try:
-            head = self._store.head(f"s3://{pair[0]}/{pair[1]}")
+            head = self._store.head(s3_uri(*pair))
         except AwsFatalError as exc:  # transient errors that outlived the retries raise: Batch retries the worker
             kind = exc.kind
             return None, "missing" if kind is Kind.NOT_FOUND else "denied" if kind is Kind.DENIED else "error"
@@ -142,9 +144,9 @@ class VersionRouter:
         self.parts.abort()
 
 
-def committed_chunks(store: PrepareStore, shard_dir: str) -> list[tuple[str, int]]:
+def committed_chunks(store: ObjectStore, shard_dir: str) -> list[tuple[str, int]]:
     """(URI, size) of the shard folder's Parquet chunks that have a commit marker, in name order."""
-    objects = store.list_objects(shard_dir)
+    objects = store.list(shard_dir).items()
     base = shard_dir if shard_dir.endswith("/") else shard_dir + "/"
     names = {uri[len(base) :]: size for uri, size in objects if uri.startswith(base)}
     marked = {n[len(COMMITS_DIR) : -len(".json")] for n in names if n.startswith(COMMITS_DIR) and n.endswith(".json")}
@@ -155,14 +157,14 @@ def committed_chunks(store: PrepareStore, shard_dir: str) -> list[tuple[str, int
     ]
 
 
-def read_versions(store: PrepareStore, uri: str, size: int) -> list[list[Any]] | None:
+def read_versions(store: ObjectStore, uri: str, size: int) -> list[list[Any]] | None:
     """The VERSION_COLUMNS of one output chunk as lists, or None for a file written without them.
 
     A damaged chunk is None too (logged): its keys are embedded again, which is always safe.
     """
     import pyarrow.parquet as pq
 
-    with store.open_ranges(uri, size) as fh:
+    with cast(BinaryIO, RangeFile(RangedObject(store, uri, size=size))) as fh:
         try:
             pf = pq.ParquetFile(fh, pre_buffer=True)  # pre_buffer: adjacent columns in one GET
             if not set(VERSION_COLUMNS) <= set(pf.schema_arrow.names):
@@ -181,7 +183,7 @@ def read_versions(store: PrepareStore, uri: str, size: int) -> list[list[Any]] |
     return cols if len(first) == len(keys) else [[c[i] for i in first] for c in cols]
 
 
-def map_earlier(task: EarlierOutput, store: PrepareStore, sink: VersionRouter, problems: TaskProblems) -> int:
+def map_earlier(task: EarlierOutput, store: ObjectStore, sink: VersionRouter, problems: TaskProblems) -> int:
     """Every committed row of the task's shards; returns the rows of this run's models."""
     rows = 0
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="sluice-earlier") as pool:
@@ -203,7 +205,7 @@ def map_earlier(task: EarlierOutput, store: PrepareStore, sink: VersionRouter, p
     return rows
 
 
-def _map_failures(task: EarlierOutput, shard: int, store: PrepareStore, sink: VersionRouter) -> None:
+def _map_failures(task: EarlierOutput, shard: int, store: ObjectStore, sink: VersionRouter) -> None:
     """The shard's failures/<i>.jsonl of that run (absent: none recorded, or the shard never ended)."""
     uri = sink.failures_uri(task.run_id, shard)
     if uri is None:

@@ -22,16 +22,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sluice.aws.errors import AwsFatalError, Kind
+from sluice.aws.s3uri import s3_uri
+from sluice.aws.store import ObjectStore
 from sluice.contracts.prepare import InlineKeys, InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
 from sluice.errors import Rejection
 from sluice.input.inventory import csv_keys, csv_versions, parquet_keys, parquet_versions
-from sluice.paths import RunPaths
+from sluice.paths import SCRATCH_TAG, RunPaths
 from sluice.prepare import peak_rss_mb
 from sluice.prepare.mapper.keylist import map_keylist
 from sluice.prepare.mapper.parts import Parts, TaskProblems, spill_error
 from sluice.prepare.mapper.router import KeyRouter
 from sluice.prepare.mapper.versions import VersionRouter, map_earlier
-from sluice.prepare.store import PrepareStore
 
 UPLOAD_THREADS = 8
 
@@ -48,7 +49,7 @@ def _input_problem(exc: AwsFatalError, what: str) -> str:
 
 def map_inventory(
     task: InventoryFiles,
-    store: PrepareStore,
+    store: ObjectStore,
     problems: TaskProblems,
     emit_batch: Callable[..., None],
     *,
@@ -62,7 +63,7 @@ def map_inventory(
     """
     rows = 0
     for key in task.keys:
-        uri = f"s3://{task.bucket}/{key}"
+        uri = s3_uri(task.bucket, key)
         what = f"inventory file {uri}"
         try:
             data = store.get(uri)
@@ -112,7 +113,7 @@ def _parsed(
 
 def map_prefix(
     task: PrefixRange,
-    store: PrepareStore,
+    store: ObjectStore,
     problems: TaskProblems,
     emit_batch: Callable[..., None],
     *,
@@ -150,7 +151,7 @@ def map_prefix(
         token = page.token
 
 
-def run_map(spec: PrepareSpec, worker: int, store: PrepareStore, *, spill_dir: str | None = None) -> MapResult:
+def run_map(spec: PrepareSpec, worker: int, store: ObjectStore, *, spill_dir: str | None = None) -> MapResult:
     """Map worker `worker`: its parts, then its MapResult (last)."""
     t0 = time.monotonic()
     if not 0 <= worker < spec.workers:
@@ -206,7 +207,7 @@ def _spill_dir(parent: str | None) -> tempfile.TemporaryDirectory[str]:
         raise spill_error(parent or tempfile.gettempdir(), exc) from exc
 
 
-def _map_task(spec: PrepareSpec, t: int, store: PrepareStore, sink: KeyRouter) -> int:
+def _map_task(spec: PrepareSpec, t: int, store: ObjectStore, sink: KeyRouter) -> int:
     """Task `t` of the input: its lines, rows or keys, routed to the sink."""
     task = spec.tasks[t]
     problems = sink.problems
@@ -222,13 +223,13 @@ def _map_task(spec: PrepareSpec, t: int, store: PrepareStore, sink: KeyRouter) -
     return map_prefix(task, store, problems, sink.batch, versions=versions)
 
 
-def _upload(store: PrepareStore, items: list[tuple[str, str]]) -> None:
+def _upload(store: ObjectStore, items: list[tuple[str, str]]) -> None:
     """PUT each local part file to its URI (threads: S3 PUT latency, not bandwidth, bounds this)."""
 
     def put(item: tuple[str, str]) -> None:
         uri, path = item
         with open(path, "rb") as fh:
-            store.put(uri, fh.read(), scratch=True)
+            store.put(uri, fh.read(), tagging=SCRATCH_TAG)
 
     with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         list(pool.map(put, items))

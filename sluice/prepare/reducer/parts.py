@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sluice.aws.errors import AwsFatalError, Kind
+from sluice.aws.store import ObjectStore
 from sluice.contracts.prepare import MapResult, PrepareSpec, ReduceResult
 from sluice.errors import SluiceError
-from sluice.paths import RunPaths
+from sluice.paths import SCRATCH_TAG, RunPaths
 from sluice.prepare import peak_rss_mb
-from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader, encode_shard, rank_slice
 
 IO_THREADS = 8
@@ -25,7 +25,7 @@ class PrepareError(SluiceError):
     """The prepare stage's own files are missing or inconsistent: the job fails (exit 1)."""
 
 
-def read_result(store: PrepareStore, uri: str, what: str) -> bytes:
+def read_result(store: ObjectStore, uri: str, what: str) -> bytes:
     """A result object's bytes; PrepareError when the worker that writes it has not finished."""
     try:
         return store.get(uri)
@@ -37,7 +37,7 @@ def read_result(store: PrepareStore, uri: str, what: str) -> bytes:
     raise PrepareError(f"{what} left no result ({uri}): its job did not finish; rerun it")
 
 
-def load_map_results(spec: PrepareSpec, store: PrepareStore) -> list[MapResult]:
+def load_map_results(spec: PrepareSpec, store: ObjectStore) -> list[MapResult]:
     """Every map worker's result (read in parallel); a missing one means the map job did not finish."""
     paths = RunPaths(spec.root)
 
@@ -85,7 +85,7 @@ class ReduceJob:
 
     spec: PrepareSpec
     partition: int
-    store: PrepareStore
+    store: ObjectStore
     t0: float  # time.monotonic() at its start: the result's seconds
 
     @property
@@ -138,11 +138,11 @@ def read_partition(job: ReduceJob, results: list[MapResult]) -> tuple[Groups, in
     return groups, keys_in
 
 
-def write_pieces(store: PrepareStore, uris: list[str], pieces: list[Groups]) -> None:
+def write_pieces(store: ObjectStore, uris: list[str], pieces: list[Groups]) -> None:
     """Each piece as a sorted shard at its URI (in parallel)."""
 
     def write(j: int) -> None:
-        store.put(uris[j], encode_shard(pieces[j], sort=True), scratch=True)
+        store.put(uris[j], encode_shard(pieces[j], sort=True), tagging=SCRATCH_TAG)
 
     with ThreadPoolExecutor(IO_THREADS) as pool:
         list(pool.map(write, range(len(pieces))))

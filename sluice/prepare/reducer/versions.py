@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+from sluice.aws.store import ObjectStore
 from sluice.contracts.prepare import MapResult, PrepareSpec, ReduceResult
-from sluice.paths import RunPaths
+from sluice.paths import SCRATCH_TAG, RunPaths
 from sluice.prepare import prefetched
 from sluice.prepare.reducer.parts import IO_THREADS, Groups, PrepareError, ReduceJob, cut, write_partition
 from sluice.prepare.reducer.skip import Skipper, distinct
-from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
 
 # S3 takes 3,500 PUT/COPY/POST/DELETE requests per second per partitioned prefix (S3 user guide,
@@ -80,11 +80,11 @@ def reduce_incremental(job: ReduceJob, results: list[MapResult], groups: Groups,
     return write_partition(job, uris, pieces, counted)
 
 
-def place_shards(spec: PrepareSpec, pieces: list[int], store: PrepareStore) -> None:
+def place_shards(spec: PrepareSpec, pieces: list[int], store: ObjectStore) -> None:
     """Copy each partition's staged shards to shards/<i>.shard, numbered in partition order (idempotent)."""
     paths = RunPaths(spec.root)
     copies: list[tuple[str, str]] = []
     for r, count in enumerate(pieces):
         copies += [(paths.staged_shard(r, j), paths.shard(len(copies) + j)) for j in range(count)]
     with ThreadPoolExecutor(COPY_THREADS) as pool:
-        list(pool.map(lambda c: store.copy(c[0], c[1], scratch=True), copies))
+        list(pool.map(lambda c: store.copy(c[0], c[1], tagging=SCRATCH_TAG), copies))

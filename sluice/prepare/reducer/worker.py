@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 
+from sluice.aws.store import ObjectStore
 from sluice.contracts.prepare import PrepareSpec, ReduceResult
 from sluice.prepare.reducer.parts import ReduceJob, cut, load_map_results, read_partition, shard_slots, write_partition
-from sluice.prepare.store import PrepareStore
 
 
-def run_reduce(spec: PrepareSpec, partition: int, store: PrepareStore) -> ReduceResult:
+def run_reduce(spec: PrepareSpec, partition: int, store: ObjectStore) -> ReduceResult:
     """Reduce worker `partition`: its shards, then its ReduceResult (last)."""
     job = ReduceJob(spec, partition, store, time.monotonic())
     if not 0 <= partition < spec.partitions:

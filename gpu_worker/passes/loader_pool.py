@@ -1,7 +1,7 @@
-"""The image pass's loaders for one rank: how many, their batch buffers and queues, and the feeder that fills them.
+"""The image pass's loader pool for one rank: how many loaders, their batch buffers and queues, the feeder.
 
 Module-level imports stay torch-free: loader processes are spawned from the rank and import
-gpu_worker.passes.loader, and they must not pay for (or hold memory of) torch.
+gpu_worker.passes.loader_loop, and they must not pay for (or hold memory of) torch.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.decode.nvjpeg import rank_decode_cfg
 from gpu_worker.passes.buffers import BufferSet, BufferSpec
 from gpu_worker.passes.keys import Item
-from gpu_worker.passes.loader import Loader, LoaderLink, process_main
+from gpu_worker.passes.loader_loop import Loader, LoaderLink, process_main
 from gpu_worker.passes.work import RankContext
 from gpu_worker.procs import cpu_count, shm_prefix
-from gpu_worker.sources.fetch import FetcherLike
 
 TASK_KEYS = 32  # keys per task message to the loaders
 
@@ -71,7 +70,7 @@ class LoaderShape:
 class RankLoaders:
     """The rank's loaders (threads or processes) and their queues and buffers."""
 
-    def __init__(self, ctx: RankContext, shape: LoaderShape, fetcher: FetcherLike | None = None) -> None:
+    def __init__(self, ctx: RankContext, shape: LoaderShape) -> None:
         spec, n = ctx.spec, shape.threads.loaders
         cfg = ctx.cfg.replace(decode_threads=shape.threads.decode_threads)
         cfg = rank_decode_cfg(cfg, ctx.plan, spec.torch_device, ctx.stats)  # JPEGs on the GPU: decode.nvjpeg
@@ -90,12 +89,12 @@ class RankLoaders:
         prefix = shm_prefix(ctx.plan.run_id, spec.shard)
         for i in range(self.n):
             name = f"{prefix}-r{spec.global_rank}-l{i}" if self.processes else None
-            self._start(i, BufferSpec(name, count, shape.batch, shape.size), cfg, fetcher)
+            self._start(i, BufferSpec(name, count, shape.batch, shape.size), cfg)
 
     def _queue(self, maxsize: int = 0) -> Any:
         return self._ctx.Queue(maxsize) if self.processes else queue.Queue(maxsize)
 
-    def _start(self, i: int, bspec: BufferSpec, cfg: WorkerConfig, fetcher: FetcherLike | None) -> None:
+    def _start(self, i: int, bspec: BufferSpec, cfg: WorkerConfig) -> None:
         """Loader i: its buffers (every one free), then its process or thread."""
         self.buffers.append(BufferSet(bspec, create=True))
         free_q = self._queue()
@@ -109,7 +108,7 @@ class RankLoaders:
             p.start()
             self.procs.append(p)
             return
-        loader = Loader(link, self.buffers[i], cfg, fetcher=fetcher, alive=lambda: not self._stop.is_set())
+        loader = Loader(link, self.buffers[i], cfg, alive=lambda: not self._stop.is_set())
         t = threading.Thread(target=loader.run, name=f"loader-{i}", daemon=True)
         t.start()
         self.threads.append(t)

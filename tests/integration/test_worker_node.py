@@ -1,48 +1,39 @@
-"""A whole node in-process: local plan/shard/output files, a fake image fetcher, crash and resume."""
+"""A whole node in-process: local plan/shard/output files, the images on moto's S3, crash and resume."""
 
 from __future__ import annotations
 
 import os
-import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import ObjectFailure, RankFailed, WorkerError
+from gpu_worker.errors import RankFailed, WorkerError
 from gpu_worker.main import run_node
 from gpu_worker.output.commits import Paths, load_state
-from gpu_worker.sources.store import RunStore
+from sluice.aws.store import ObjectStore
 from sluice.contracts.plan import RunPlan
 from sluice.contracts.results import ShardResult
 from sluice.contracts.sections import ModelSpec
-from sluice.contracts.status import FailureReason
 from sluice.shards import encode_shard
+from tests.worker_gets import Gets, moto_objects
 from tests.worker_images import make_demo_images
 
 IMAGES = dict(make_demo_images(60, seed=21))
 KEYS = [*sorted(IMAGES), "gone.jpg"]
 
 
-class Fetcher:
-    def __init__(self, crash_after: int | None = None) -> None:
-        self.crash_after = crash_after
-        self.calls = 0
-        self._lock = threading.Lock()
-
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
-        with self._lock:
-            self.calls += 1
-            if self.crash_after is not None and self.calls > self.crash_after:
-                raise WorkerError("simulated crash")
-        if key not in IMAGES:
-            raise ObjectFailure(FailureReason.MISSING, "NoSuchKey")
-        return IMAGES[key]
+@pytest.fixture
+def images() -> Iterator[Any]:
+    """IMAGES in the bucket "bkt" of moto's S3 ("gone.jpg" is not there)."""
+    yield from moto_objects("bkt", IMAGES)
 
 
 @pytest.fixture
-def run(tmp_path: Path):
+def run(tmp_path: Path, images):
     base = f"{tmp_path}/runs/r/"
     plan = RunPlan.standalone(
         "r",
@@ -74,31 +65,32 @@ def rows(plan: RunPlan) -> list[str]:
 
 def test_node_processes_the_shard(run):
     plan, env = run
-    result = run_node(CFG, env, store=RunStore(), fetcher=Fetcher())
+    result = run_node(CFG, env, store=ObjectStore())
     assert (result.processed, result.failed, result.ok) == (60, 1, True)
     assert ShardResult.model_validate_json(Path(plan.result_uri(0)).read_text()) == result
     assert sorted(rows(plan)) == sorted(f"s3://bkt/{k}" for k in IMAGES)
     assert result.chunks == 9  # ceil(61 / 7)
     assert Path(plan.failures_prefix, "0.jsonl").read_text().count("\n") == 1
     # A second run of a finished shard does nothing but rewrite the summary.
-    again = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=RunStore(), fetcher=Fetcher(crash_after=0))
-    assert (again.processed, again.resumed_chunks, again.stats) == (60, 9, {})
+    with Gets(CFG, crash_after=0) as gets:
+        again = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=ObjectStore())
+    assert (again.processed, again.resumed_chunks, again.stats, gets.calls) == (60, 9, {}, 0)
 
 
 def test_crash_then_resume_redoes_only_uncommitted_work(run):
     plan, env = run
-    with pytest.raises((RankFailed, WorkerError), match="simulated crash"):
-        run_node(CFG, env, store=RunStore(), fetcher=Fetcher(crash_after=30))
+    with pytest.raises((RankFailed, WorkerError), match="simulated crash"), Gets(CFG, crash_after=30):
+        run_node(CFG, env, store=ObjectStore())
     paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, 0)
-    before = load_state(RunStore(), paths)
+    before = load_state(ObjectStore(), paths)
     assert 0 < len(before.markers) < 9
     stamps = {m.name: os.stat(paths.parquet(m.name)).st_mtime_ns for m in before.markers if m.file}
     Path(paths.parquet("part-0000-000000056")).write_bytes(b"orphan from the killed attempt")
-    fetcher = Fetcher()
-    result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=RunStore(), fetcher=fetcher)
+    with Gets(CFG) as gets:
+        result = run_node(CFG, {**env, "AWS_BATCH_JOB_ATTEMPT": "2"}, store=ObjectStore())
     assert result.ok and result.processed == 60 and result.resumed_chunks == len(before.markers)
     done_before = sum(b - a for m in before.markers for a, b in m.covers)
-    assert fetcher.calls == len(KEYS) - done_before  # nothing fetched twice
+    assert gets.calls == len(KEYS) - done_before  # nothing fetched twice
     keys = rows(plan)
     assert len(keys) == len(set(keys)) == 60
     assert stamps, "attempt 1 committed no chunk"
@@ -110,6 +102,7 @@ def test_empty_shard(run, tmp_path):
     """An MNP run with fewer keys than nodes gives some nodes an empty shard: done at once, ok."""
     plan, env = run
     Path(plan.shards_prefix, "0.shard").write_bytes(encode_shard([]))
-    result = run_node(CFG, env, store=RunStore(), fetcher=Fetcher(crash_after=0))
-    assert (result.n_keys, result.processed, result.failed, result.ok) == (0, 0, 0, True)
+    with Gets(CFG, crash_after=0) as gets:
+        result = run_node(CFG, env, store=ObjectStore())
+    assert (result.n_keys, result.processed, result.failed, result.ok, gets.calls) == (0, 0, 0, True, 0)
     assert Path(plan.failures_prefix, "0.jsonl").read_text() == ""

@@ -1,11 +1,15 @@
-"""A text or video rank's parts pass: a key's parts land in one chunk, settle once; failures go as images' do."""
+"""A text or video rank's parts pass: a key's parts land in one chunk, settle once; failures go as images' do
+(the objects on moto's S3)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure
@@ -15,10 +19,21 @@ from gpu_worker.output.commits import Paths, load_state
 from gpu_worker.output.parquet import RecordLabel
 from gpu_worker.output.sink import ChunkSink, SinkSpec
 from gpu_worker.passes.base import KeySinks
+from gpu_worker.passes.keys import Item
 from gpu_worker.passes.parts import PartsStream
-from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
+from sluice.aws.store import ObjectStore
 from sluice.contracts.status import FailureReason
+from tests.worker_gets import Gets, moto_objects
+
+OBJECTS = {"one": b"a bb ccc", "flaky": b"dddd eeeee", "bad": b"\x00\x01", "two": b"ffffff", "three": b"g hh"}
+WORDS = {f"k{i}": b"w " * 3 for i in range(10)}  # 3 parts a key, 30 in all
+
+
+@pytest.fixture(autouse=True)
+def objects() -> Iterator[Any]:
+    """OBJECTS and WORDS in the bucket "bkt" of moto's S3."""
+    yield from moto_objects("bkt", {**OBJECTS, **WORDS})
 
 
 class WordsEmbedder:
@@ -44,21 +59,8 @@ class WordsEmbedder:
         return out
 
 
-class FlakyFetcher:
-    """Object bytes by key; "flaky" is a transient failure until the final pass."""
-
-    def __init__(self, objects: dict[str, bytes]) -> None:
-        self.objects = objects
-
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
-        if key == "flaky" and not final:
-            raise ObjectFailure(FailureReason.S3_ERROR_TRANSIENT, "503 SlowDown")
-        return self.objects[key]
-
-
 def test_parts_of_a_key_settle_once_and_a_deferred_key_comes_back_in_the_final_pass(tmp_path):
-    objects = {"one": b"a bb ccc", "flaky": b"dddd eeeee", "bad": b"\x00\x01", "two": b"ffffff", "three": b"g hh"}
-    keys = list(objects)
+    keys = list(OBJECTS)
     paths = Paths.for_shard(f"{tmp_path}/out/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 0)
     spec = SinkSpec(
         rank=0,
@@ -69,14 +71,13 @@ def test_parts_of_a_key_settle_once_and_a_deferred_key_comes_back_in_the_final_p
         metadata={"model": "words"},
         label=RecordLabel("words", "", "test@1", "r"),
     )
-    cfg = WorkerConfig.model_validate({}).replace(final_backoff_base_s=0.0, fetch_concurrency=3)
-    outputs = KeySinks([ChunkSink(RunStore(), paths, spec)], Stats())
-    PartsStream(cfg, [WordsEmbedder()], outputs, batch=3).run(
-        [(i, "b", k, 0) for i, k in enumerate(keys)], FlakyFetcher(objects)
-    )
+    cfg = WorkerConfig.model_validate({}).replace(final_backoff_base_s=0.0, fetch_concurrency=3, retries=0)
+    outputs = KeySinks([ChunkSink(ObjectStore(), paths, spec)], Stats())
+    with Gets(cfg, slow_down=lambda key, n: key == "flaky" and n == 1):  # "flaky" throttled until the final pass
+        PartsStream(cfg, [WordsEmbedder()], outputs, batch=3).run([Item(i, "bkt", k, 0) for i, k in enumerate(keys)])
     outputs.finish(ok=True)
 
-    state = load_state(RunStore(), paths)
+    state = load_state(ObjectStore(), paths)
     assert intervals.count(state.covered) == len(keys) and not state.overlaps()
     assert dict(outputs.reasons) == {"not_text": 1} and outputs.stats.get("failed") == 1
     rows = []
@@ -99,7 +100,7 @@ def test_parts_of_a_key_settle_once_and_a_deferred_key_comes_back_in_the_final_p
     retry = [m for m in state.markers if m.kind == "retry"]
     assert len(retry) == 1 and retry[0].rows == 1  # the flaky key: one key, two rows, in the final pass
     failed = [f for m in state.markers for f in m.failed]
-    assert [(f["key"], f["reason"]) for f in failed] == [("s3://b/bad", "not_text")]
+    assert [(f["key"], f["reason"]) for f in failed] == [("s3://bkt/bad", "not_text")]
     marker_rows = sum(m.rows for m in state.markers)
     assert marker_rows == 4, json.dumps([m.rows for m in state.markers])  # keys embedded, not parts
     assert sum(m.extra["parts"] for m in state.markers) == len(rows) == 8  # parts: the Parquet rows
@@ -119,14 +120,11 @@ class Grouped(WordsEmbedder):
 
 
 def test_a_model_that_sorts_gets_its_batches_gathered_into_one_call(tmp_path):
-    objects = {f"k{i}": b"w " * 3 for i in range(10)}  # 3 parts a key, 30 in all
     paths = Paths.for_shard(f"{tmp_path}/out/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 0)
     spec = SinkSpec(0, 1, intervals.cut([(0, 10)], 10), 10, "float32", {"model": "w"}, RecordLabel("w", "", "t@1", "r"))
     embedder = Grouped()
     cfg = WorkerConfig.model_validate({}).replace(fetch_concurrency=1)
-    outputs = KeySinks([ChunkSink(RunStore(), paths, spec)], Stats())
-    PartsStream(cfg, [embedder], outputs, batch=4).run(
-        [(i, "b", k, 0) for i, k in enumerate(objects)], FlakyFetcher(objects)
-    )
+    outputs = KeySinks([ChunkSink(ObjectStore(), paths, spec)], Stats())
+    PartsStream(cfg, [embedder], outputs, batch=4).run([Item(i, "bkt", k, 0) for i, k in enumerate(WORDS)])
     outputs.finish(ok=True)
     assert sum(embedder.calls) == 30 and all(n >= 8 for n in embedder.calls[:-1]), embedder.calls

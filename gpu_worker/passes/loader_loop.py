@@ -1,6 +1,6 @@
 """A loader: fetch pool + decode threads + batch assembly, feeding one rank.
 
-A loader pulls tasks (lists of (position, bucket, key, phase)) from the rank's task queue,
+A loader pulls tasks (lists of Items: position, bucket, key, phase) from the rank's task queue,
 keeps up to `fetch_concurrency` GETs in flight (fewer while `max_inflight_bytes` of fetched
 bytes wait for decoding), decodes with at most `decode_threads` concurrent Pillow decodes,
 and writes each image into the next free slot of its current batch buffer, in COMPLETION
@@ -32,7 +32,7 @@ from gpu_worker.errors import WorkerError
 from gpu_worker.passes.buffers import BufferSet, BufferSpec
 from gpu_worker.passes.keys import Got, Item, KeyFailure, final_backoff, take
 from gpu_worker.procs import die_with_parent
-from gpu_worker.sources.fetch import Fetcher, FetcherLike, ObjMeta
+from gpu_worker.sources.fetch import Fetcher, ObjMeta
 from gpu_worker.telemetry.observe import MetricsObserver
 from gpu_worker.telemetry.stats import Stats
 
@@ -107,7 +107,7 @@ class LoaderLink:
 class Loader:
     """Fills one loader's batch buffers from its task queue (see the module docstring).
 
-    `fetcher` defaults to the data-plane Fetcher, observed into this loader's own counters
+    Its GETs go through its own Fetcher (the data-plane client), observed into its own counters
     (shipped to the rank with each message). `alive` says whether the rank is still there.
     """
 
@@ -117,7 +117,6 @@ class Loader:
         buffers: BufferSet,
         cfg: WorkerConfig,
         *,
-        fetcher: FetcherLike | None = None,
         alive: Callable[[], bool] | None = None,
         own_process: bool = False,
     ) -> None:
@@ -127,7 +126,7 @@ class Loader:
         self._buffers = buffers
         self._task_q, self._free_q, self._out_q = link.task_q, link.free_q, link.out_q
         self._stats = Stats()
-        self._fetcher = fetcher or Fetcher(cfg, observer=MetricsObserver(self._stats))
+        self._fetcher = Fetcher(cfg, observer=MetricsObserver(self._stats))
         self._alive = alive or _always
         self._size = buffers.spec.image_size
         self._decode = loader_decode(cfg, self._size)  # Pillow, or batches on the GPU (gpu_worker.decode.nvjpeg)
@@ -162,9 +161,7 @@ class Loader:
     def run(self) -> None:
         """Process tasks until the stream ends; always ends with a DoneMsg or an ErrorMsg."""
         try:
-            warm = getattr(self._fetcher, "warm", None)
-            if warm is not None:
-                warm()  # build the S3 client before the first task, not on the critical path
+            self._fetcher.warm()  # build the S3 client before the first task, not on the critical path
             with ThreadPoolExecutor(self._cfg.fetch_concurrency, thread_name_prefix=f"fetch{self.id}") as pool:
                 try:
                     self._stream(pool)
@@ -255,7 +252,7 @@ class Loader:
 
     # -- batch assembly ------------------------------------------------------------------
     def _place(self, got: Got[Any]) -> None:
-        pos, bucket, key, phase = got.item
+        item = got.item
         with self._asm:
             while self._cur is None:
                 if self._getting:
@@ -274,9 +271,9 @@ class Loader:
                 self._asm.notify_all()
             self._buffers.array(self._cur)[self._fill] = got.value
             self._fill += 1
-            self._meta[0].append(pos)
-            self._meta[1].append(f"s3://{bucket}/{key}")
-            self._meta[2].append(phase)
+            self._meta[0].append(item.pos)
+            self._meta[1].append(item.uri)
+            self._meta[2].append(item.phase)
             self._meta[3].append(got.obj)
             if self._fill == self._buffers.spec.batch_size:
                 self._emit()
