@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 
 class Item(NamedTuple):
-    """One key of a rank's work (a tuple: as cheap to make and to pickle to a loader process)."""
+    """One key of a rank's work; pickled to a loader process in a task (microseconds a key, beside a GET's ms)."""
 
     pos: int  # its position in the shard
     bucket: str

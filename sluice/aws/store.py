@@ -12,6 +12,7 @@ temporary files (names starting with ".").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -209,7 +210,7 @@ class ObjectStore:
     def delete(self, uri: str) -> None:
         """Delete the object (gone already: nothing to do)."""
         if not is_s3(uri):
-            if os.path.exists(uri):
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(uri)
             return
         bucket, key = parse_s3_uri(uri)
