@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from sluice.contracts.plan import RunPlan
 from sluice.contracts.status import JobStatus
 from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
 from sluice.control.table.ledger import Ledger
 from sluice.local.emulator.executor import EXITED, ExecutorConfig, LocalExecutor, LocalJob, Task
+from tests.plans import run_plan
 
 RUN = "run-executor"
 
@@ -23,7 +23,7 @@ RUN = "run-executor"
 def submitted(aws, stack, tmp_path):
     """An executor that has discovered one 2-child array job of a plan with attempts=5."""
     control = stack.names["ControlBucket"]
-    plan = RunPlan.standalone(RUN, f"s3://{control}/runs/{RUN}/", n_shards=2, total_keys=2, attempts=5)
+    plan = run_plan(RUN, f"s3://{control}/runs/{RUN}/", n_shards=2, total_keys=2, job={"attempts": 5})
     aws.s3.put_object(Bucket=control, Key=f"runs/{RUN}/plan.json", Body=plan.model_dump_json().encode())
     aws.batch.submit_job(
         jobName="sluice-test",

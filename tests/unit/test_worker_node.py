@@ -19,6 +19,7 @@ from sluice.contracts.results import ShardResult
 from sluice.contracts.sections import ModelSpec
 from sluice.contracts.status import FailureReason
 from sluice.shards import encode_shard
+from tests.plans import run_plan
 from tests.worker_images import make_demo_images
 
 IMAGES = dict(make_demo_images(60, seed=21))
@@ -44,16 +45,12 @@ class Fetcher:
 @pytest.fixture
 def run(tmp_path: Path):
     base = f"{tmp_path}/runs/r/"
-    plan = RunPlan.standalone(
+    plan = run_plan(
         "r",
         base,
-        n_shards=1,
         total_keys=len(KEYS),
         model=ModelSpec(batch_size=4, image_size=32),
-        manifest_uri="m",
-        control_bucket="c",
-        attempts=2,
-        created_at="now",
+        job={"attempts": 2},
     )
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", KEYS)], sort=False, block_keys=8))

@@ -12,6 +12,7 @@ FINALIZING -> RETRYING with a "Run Progress" naming the pass. The outcome waits 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from sluice.control.context import Context, run_paths
 from sluice.control.table.items import JobLayoutItem, PassItem, RunItem
 from sluice.log import logger
 from sluice.paths import SCRATCH_TAG, RunPaths
+from sluice.plan.layout import write_plan
 from sluice.shards import encode_shard
 
 if TYPE_CHECKING:
@@ -101,7 +103,7 @@ def _submit_pass(ctx: Context, run: RunItem, plan: RunPlan, keys: dict[str, list
         update={"n_shards": first + n, "jobs": [layout], "mode": "array", "spot_allowed": True}
     )
     plan_uri = run_paths(run).retry_plan(pass_no)
-    put_object(ctx.clients.s3, plan_uri, retry_plan.model_dump_json(indent=2).encode(), "application/json")
+    write_plan(functools.partial(put_object, ctx.clients.s3), plan_uri, retry_plan)
     # Job names continue the run's numbering (sluice-<run>-<n>) so events map back to the run,
     # and a resubmission after a crash finds the job it already submitted.
     jobs = run.jobs or []

@@ -13,6 +13,7 @@ first) is routed to the prepare stage after all, with the keys the scan met as i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from sluice.input.checks import guarded, reading_input
 from sluice.input.keys import iter_keys
 from sluice.log import logger
 from sluice.paths import SCRATCH_TAG
-from sluice.plan.layout import PlanInputs, build_plan, layout, shard_size
+from sluice.plan.layout import PlanInputs, build_plan, layout, shard_size, write_plan
 from sluice.plan.scan import scan, write_shards
 from sluice.prepare import split
 from sluice.prepare.split import PARTITION_FACTOR
@@ -228,7 +229,7 @@ def plan_here(ctx: Context, req: RunRequest) -> RunPlan:
             )
         )
         write_shards(sc, lay, lambda i, data: put_object(s3, plan.shard_uri(i), data, tagging=SCRATCH_TAG))
-    put_object(s3, req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
+    write_plan(functools.partial(put_object, s3), req.paths.plan, plan)
     return plan
 
 
