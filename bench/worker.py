@@ -186,9 +186,10 @@ def plain_decode(data: bytes, size: int) -> np.ndarray:
 
 
 def our_decode(data: bytes, size: int) -> np.ndarray:
+    from gpu_worker.config import MAX_IMAGE_PIXELS
     from gpu_worker.decode.image import decode_image
 
-    return decode_image(data, size, 89_478_485).copy()
+    return decode_image(data, size, MAX_IMAGE_PIXELS).copy()
 
 
 def bench_naive(keys: list[str], model_uri: str, size: int) -> float:

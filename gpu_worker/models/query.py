@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpu_worker.config import WorkerConfig
+from gpu_worker.config import MAX_IMAGE_PIXELS
 from gpu_worker.decode.image import decode_image
 from gpu_worker.errors import ConfigError, ObjectFailure
 
@@ -22,11 +22,10 @@ def embed_images(model_path: str, image_size: int, images: list[tuple[str, bytes
     from gpu_worker.models.load import load_model
 
     model, info = load_model(model_path, image_size)
-    max_pixels = WorkerConfig.model_fields["max_image_pixels"].default
     arrays = []
     for name, data in images:
         try:
-            arrays.append(decode_image(data, info.image_size, max_pixels))
+            arrays.append(decode_image(data, info.image_size, MAX_IMAGE_PIXELS))
         except ObjectFailure as exc:
             raise ConfigError(f"{name}: cannot be embedded ({exc.reason.value}: {exc.detail})") from None
     engine = Engine(model, info, "cpu", len(arrays))

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from gpu_worker.config import WorkerConfig
+from gpu_worker.config import MAX_IMAGE_PIXELS, WorkerConfig
 from gpu_worker.decode.image import decode_image
 from gpu_worker.main import run_node
 from gpu_worker.models.engine import Engine
@@ -78,7 +78,7 @@ def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys)
     got = dict(zip(table.column("key").to_pylist(), np.array(table.column("embedding").to_pylist())))
     model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), RunStore()), 224)
     engine = Engine(model, info, "cpu", len(keys))
-    batch = np.stack([decode_image(IMAGES[k], 32, 89_478_485) for k in keys])
+    batch = np.stack([decode_image(IMAGES[k], 32, MAX_IMAGE_PIXELS) for k in keys])
     [(_, want)] = engine.submit(torch.from_numpy(batch), None)
     assert sorted(got) == [f"s3://bkt/{k}" for k in keys]
     for key, emb in zip(keys, want):
