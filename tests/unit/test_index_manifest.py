@@ -65,8 +65,8 @@ def test_bad_index_fields_are_named(index, reason):
 
 
 def test_a_plan_carries_its_index_and_reads_plans_without_one():
-    plan = run_plan("r", "/tmp/r/", total_keys=1, output={"index": {"uri": "s3://c/i/", "name": "i"}})
-    assert plan.index == IndexTarget(uri="s3://c/i/", name="i")
+    plan = run_plan("r", "/tmp/r/", total_keys=1, output={"index": {"uri": "s3://ctl/i/", "name": "i"}})
+    assert plan.index == IndexTarget(uri="s3://ctl/i/", name="i")
     assert RunPlan.model_validate_json(plan.model_dump_json()).index == plan.index
     old = json.loads(plan.model_dump_json())
     del old["index"]
