@@ -14,7 +14,8 @@ from sluice.contracts.plan import RunPlan
 from sluice.contracts.status import JobStatus
 from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
 from sluice.control.table.ledger import Ledger
-from sluice.local.emulator.executor import EXITED, ExecutorConfig, LocalExecutor, LocalJob, Task
+from sluice.local.emulator.executor import EXITED, ExecutorConfig, LocalExecutor
+from sluice.local.emulator.jobs import LocalJob, Task
 
 RUN = "run-executor"
 
@@ -122,7 +123,7 @@ def test_reaping_a_killed_worker_requeues_it_then_fails_it_on_the_last_attempt(s
 
 
 def test_a_job_waits_for_its_dependencies_and_fails_when_one_fails():
-    from sluice.local.emulator.executor import LocalJob, Task, dependencies, fail_all
+    from sluice.local.emulator.jobs import LocalJob, Task, dependencies, fail_all
 
     def job(jid: str, deps: tuple[str, ...] = ()) -> LocalJob:
         j = LocalJob(jid, f"n-{jid}", "q", "array", 2, {}, "run", 3, depends_on=deps)
