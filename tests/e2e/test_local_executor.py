@@ -16,6 +16,7 @@ from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_stra
 from sluice.control.table.ledger import Ledger
 from sluice.local.emulator.executor import EXITED, ExecutorConfig, LocalExecutor
 from sluice.local.emulator.jobs import LocalJob, Task
+from sluice.local.emulator.retry import strategy_of
 
 RUN = "run-executor"
 
@@ -91,10 +92,9 @@ def test_job_strategy_without_rules_retries_any_failure() -> None:
     assert job.action(task, status_reason=EXITED, exit_code=1) == "EXIT"
 
 
-def test_own_retry_strategy_wins_over_the_fallbacks(submitted):
-    executor, _, _ = submitted
+def test_own_retry_strategy_wins_over_the_fallbacks(aws):
     own = {"attempts": 7, "evaluateOnExit": [{"onExitCode": "9", "action": "RETRY"}]}
-    assert executor._retry_strategy({"retryStrategy": own, "jobDefinition": "x"}, None) == own
+    assert strategy_of(aws.batch, {}, {"retryStrategy": own, "jobDefinition": "x"}, None) == own
 
 
 def _killed(sig: int) -> subprocess.Popen[bytes]:
