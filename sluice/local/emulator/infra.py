@@ -50,7 +50,7 @@ LOCAL_TYPES = frozenset(
         "AWS::IAM::InstanceProfile",
     }
 )
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE = ROOT / "template.yaml"
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sluice.local.emulator.server import free_port, wait_until_ready
 
-RULES = Path(__file__).resolve().parents[2] / "observability" / "rules.yml"
+RULES = Path(__file__).resolve().parents[3] / "observability" / "rules.yml"
 
 
 class LocalPrometheus:
