@@ -3,13 +3,16 @@
 
 Every `import` and `from ... import` in sluice/, functions/ and gpu_worker/ counts, deferred
 ones (inside a function) and TYPE_CHECKING ones too: a circle hidden in a function body is
-still a circle. Two checks:
+still a circle. Three checks:
 
 - circles: between modules, and between rooms (a package or a top-level module of sluice/ or
   gpu_worker/, functions);
 - floors: a room imports only rooms on its own floor or below (FLOORS, lowest first). The worker's
   rooms have floors of their own (WORKER_FLOORS), all on FLOORS' worker floor: sluice's rooms on
-  that floor or below never import the worker, and the worker imports only sluice's foundation.
+  that floor or below never import the worker, and the worker imports only sluice's foundation;
+- the door: outside the worker, only DOOR_ROOMS import it, only WORKER_DOOR, and only where the
+  import does not run with the module (inside a function, or under `if TYPE_CHECKING:`), so
+  `sluice --help` and the Lambdas never load the worker's torch.
 
 Exit 1 and list every offending import.
 """
@@ -53,12 +56,15 @@ WORKER_FLOORS: list[set[str]] = [
     {"gpu_worker.config", "gpu_worker.env"},  # settings and the container's environment
     {"gpu_worker.sources"},  # S3 GETs, the run's files, ranged shard reads
     {"gpu_worker.decode", "gpu_worker.output"},  # bytes -> pixels; chunks, markers, the shard's result
-    {"gpu_worker.models"},  # builtins, specs, loading, the engine, the text tower, queries
+    {"gpu_worker.models"},  # builtins, specs, loading, the engine, the text tower
     {"gpu_worker.kinds", "gpu_worker.watchdog"},  # text and video embedders; progress beats
     {"gpu_worker.passes", "gpu_worker.export"},  # a rank's pass over its keys; `sluice model export`
-    {"gpu_worker.rank", "gpu_worker.autotune"},  # the rank process; the batch-size probe
+    {"gpu_worker.rank", "gpu_worker.autotune", "gpu_worker.door"},  # a rank; the batch-size probe; the CLI's door
     {"gpu_worker.main", "gpu_worker.__main__"},  # the node: `python -m gpu_worker`
 ]
+# The worker's one door (docs/worker.md): what sluice's CLI may use of it, imported only from DOOR_ROOMS.
+WORKER_DOOR = "gpu_worker.door"
+DOOR_ROOMS = {"sluice.commands"}
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -70,10 +76,13 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
     return out
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int, str]]:
-    """(line, module) for every import of one of ours in the file, resolved to the module it loads."""
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int, str, bool]]:
+    """(line, module, deferred) for every import of one of ours in the file, resolved to the module it loads;
+    deferred: the import does not run with the module (it is in a function or under `if TYPE_CHECKING:`)."""
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    deferred = {id(n) for body in _deferred_bodies(tree) for stmt in body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -87,7 +96,16 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int
             while t and t not in known:
                 t = t.rpartition(".")[0]
             if t and t != name:
-                yield node.lineno, t
+                yield node.lineno, t, id(node) in deferred
+
+
+def _deferred_bodies(tree: ast.AST) -> Iterator[list[ast.stmt]]:
+    """The statement lists that do not run when the module is imported: function bodies, `if TYPE_CHECKING:`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.body
+        elif isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield node.body
 
 
 def room(module: str) -> str:
@@ -119,6 +137,13 @@ def crossing(a: str, b: str) -> bool:
     if floor_of(b) > floor_of(a):
         return True
     return a.startswith("gpu_worker") and not b.startswith("gpu_worker") and b not in FLOORS[0]
+
+
+def through_door(a: str, target: str, deferred: bool) -> bool:
+    """False when room `a` reaches into the worker other than by a deferred import of the door from DOOR_ROOMS."""
+    if a.partition(".")[0] == "gpu_worker" or target.partition(".")[0] != "gpu_worker":
+        return True
+    return target == WORKER_DOOR and a in DOOR_ROOMS and deferred
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -172,15 +197,20 @@ def problems(root: Path = ROOT) -> list[str]:
     mod_graph: dict[str, set[str]] = {m: set() for m in known}
     room_graph: dict[str, set[str]] = {}
     for name, path in known.items():
-        for line, target in imports(name, path, known):
+        for line, target, deferred in imports(name, path, known):
             mod_graph[name].add(target)
             a, b = room(name), room(target)
             if a == b:
                 continue
             room_graph.setdefault(a, set()).add(b)
+            where = path.relative_to(root)
             if crossing(a, b):
-                where = path.relative_to(root)
                 out.append(f"{where}:{line}: {name} imports {target}: {a} ({floor_text(a)}) may not import {b} ({floor_text(b)})")
+            if not through_door(a, target, deferred):
+                out.append(
+                    f"{where}:{line}: {name} imports {target}: outside the worker only {', '.join(sorted(DOOR_ROOMS))} "
+                    f"may import it, through {WORKER_DOOR}, inside a function"
+                )
     out += [f"import circle between modules: {' <-> '.join(c)}" for c in circles(mod_graph)]
     out += [f"import circle between rooms: {' <-> '.join(c)}" for c in circles(room_graph)]
     return out
@@ -190,7 +220,11 @@ def main() -> int:
     bad = problems()
     for line in bad:
         print(line)
-    print(f"check_imports: {len(bad)} problem(s)" if bad else "check_imports: no circle, no import runs back up")
+    print(
+        f"check_imports: {len(bad)} problem(s)"
+        if bad
+        else "check_imports: no circle, no import runs back up, none into the worker but by its door"
+    )
     return 1 if bad else 0
 
 
