@@ -3,13 +3,16 @@
 
 Every `import` and `from ... import` in sluice/, functions/ and gpu_worker/ counts, deferred
 ones (inside a function) and TYPE_CHECKING ones too: a circle hidden in a function body is
-still a circle. Two checks:
+still a circle. Three checks:
 
 - circles: between modules, and between rooms (a package or a top-level module of sluice/ or
   gpu_worker/, functions);
 - floors: a room imports only rooms on its own floor or below (FLOORS, lowest first). The worker's
   rooms have floors of their own (WORKER_FLOORS), all on FLOORS' worker floor: sluice's rooms on
-  that floor or below never import the worker, and the worker imports only sluice's foundation.
+  that floor or below never import the worker, and the worker imports only sluice's foundation;
+- the door: outside the worker, only DOOR_ROOMS import it, only WORKER_DOOR, and only where the
+  import does not run with the module (inside a function, or under `if TYPE_CHECKING:`), so
+  `sluice --help` and the Lambdas never load the worker's torch.
 
 This file is the floor plan's one source: the docs' floor tables (docs/architecture.md, "Modules";
 docs/worker.md, "Floor plan") are made from FLOORS and WORKER_FLOORS between <!-- floors:NAME -->
@@ -108,7 +111,7 @@ WORKER_FLOORS: list[Floor] = [
     ),
     Floor(
         ("gpu_worker.models",),
-        "builtins, a model file's spec, loading, the inference engine, the text tower, query embeddings",
+        "builtins, a model file's spec, loading, the inference engine, the text tower",
     ),
     Floor(
         ("gpu_worker.kinds", "gpu_worker.watchdog"),
@@ -119,10 +122,15 @@ WORKER_FLOORS: list[Floor] = [
         "a rank's pass over its keys (the image pass and its loaders, the parts pass, their shared base); "
         "`sluice model export`",
     ),
-    Floor(("gpu_worker.rank", "gpu_worker.autotune"), "one rank (the process entry), the batch-size probe"),
+    Floor(
+        ("gpu_worker.rank", "gpu_worker.autotune", "gpu_worker.door"),
+        "one rank (the process entry), the batch-size probe; the CLI's one door into the worker",
+    ),
     Floor(("gpu_worker.main", "gpu_worker.__main__"), "the node: `python -m gpu_worker`"),
 ]
-MAX_TOP_MODULES = 12  # sluice/*.py and gpu_worker/*.py besides __init__.py (and the worker's __main__.py)
+# The worker's one door (docs/worker.md): what sluice's CLI may use of it, imported only from DOOR_ROOMS.
+WORKER_DOOR = "gpu_worker.door"
+DOOR_ROOMS = {"sluice.commands"}
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -134,10 +142,13 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
     return out
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int, str]]:
-    """(line, module) for every import of one of ours in the file, resolved to the module it loads."""
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int, str, bool]]:
+    """(line, module, deferred) for every import of one of ours in the file, resolved to the module it loads;
+    deferred: the import does not run with the module (it is in a function or under `if TYPE_CHECKING:`)."""
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    deferred = {id(n) for body in _deferred_bodies(tree) for stmt in body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -151,7 +162,16 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[int
             while t and t not in known:
                 t = t.rpartition(".")[0]
             if t and t != name:
-                yield node.lineno, t
+                yield node.lineno, t, id(node) in deferred
+
+
+def _deferred_bodies(tree: ast.AST) -> Iterator[list[ast.stmt]]:
+    """The statement lists that do not run when the module is imported: function bodies, `if TYPE_CHECKING:`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.body
+        elif isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield node.body
 
 
 def room(module: str) -> str:
@@ -191,6 +211,13 @@ def crossing(a: str, b: str) -> bool:
     if floor_of(b) > floor_of(a):
         return True
     return a.startswith("gpu_worker") and not b.startswith("gpu_worker") and b not in FLOORS[0].rooms
+
+
+def through_door(a: str, target: str, deferred: bool) -> bool:
+    """False when room `a` reaches into the worker other than by a deferred import of the door from DOOR_ROOMS."""
+    if a.partition(".")[0] == "gpu_worker" or target.partition(".")[0] != "gpu_worker":
+        return True
+    return target == WORKER_DOOR and a in DOOR_ROOMS and deferred
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -240,17 +267,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def problems(root: Path = ROOT) -> list[str]:
     known = modules(root)
-    out: list[str] = []
-    for pkg in ("sluice", "gpu_worker"):
-        tops = [
-            m
-            for m in known
-            if m.count(".") == 1 and m.startswith(pkg + ".") and known[m].name not in ("__init__.py", "__main__.py")
-        ]
-        if len(tops) > MAX_TOP_MODULES:
-            out.append(
-                f"{pkg}/ has {len(tops)} top-level modules (at most {MAX_TOP_MODULES}): {', '.join(sorted(tops))}"
-            )
+    out: list[str] = []  # how many modules a folder holds: .ci/check_sizes.py
     for house in (FLOORS, WORKER_FLOORS):  # gpu_worker is on both: the worker's house, and its __init__ room
         placed = [r for floor in house for r in floor.rooms]
         out += [f"{r} is on a floor in .ci/check_imports.py but is no module" for r in placed if r not in known]
@@ -258,16 +275,21 @@ def problems(root: Path = ROOT) -> list[str]:
     mod_graph: dict[str, set[str]] = {m: set() for m in known}
     room_graph: dict[str, set[str]] = {}
     for name, path in known.items():
-        for line, target in imports(name, path, known):
+        for line, target, deferred in imports(name, path, known):
             mod_graph[name].add(target)
             a, b = room(name), room(target)
             if a == b:
                 continue
             room_graph.setdefault(a, set()).add(b)
+            where = path.relative_to(root)
             if crossing(a, b):
-                where = path.relative_to(root)
                 out.append(
                     f"{where}:{line}: {name} imports {target}: {a} ({floor_text(a)}) may not import {b} ({floor_text(b)})"
+                )
+            if not through_door(a, target, deferred):
+                out.append(
+                    f"{where}:{line}: {name} imports {target}: outside the worker only {', '.join(sorted(DOOR_ROOMS))} "
+                    f"may import it, through {WORKER_DOOR}, inside a function"
                 )
     out += [f"import circle between modules: {' <-> '.join(c)}" for c in circles(mod_graph)]
     out += [f"import circle between rooms: {' <-> '.join(c)}" for c in circles(room_graph)]
@@ -347,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = problems() + stale_docs()
     for line in bad:
         print(line)
-    print(f"check_imports: {len(bad)} problem(s)" if bad else "check_imports: no circle, no import runs back up")
+    print(
+        f"check_imports: {len(bad)} problem(s)"
+        if bad
+        else "check_imports: no circle, no import runs back up, none into the worker but by its door"
+    )
     return 1 if bad else 0
 
 
