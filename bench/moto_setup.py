@@ -34,7 +34,8 @@ def one(n: int, shared: bool) -> dict[str, float]:
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
-    from sluice.local.emulator.infra import create_local, load_template
+    from sluice.local.emulator.infra import create_local
+    from sluice.local.emulator.template import load_template
     from tests.conftest import AwsClients
     from tests.integration.helpers import keys_manifest, put_manifest
 

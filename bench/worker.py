@@ -118,25 +118,23 @@ def bench_pipeline(
 
     `model_uri` may be a list of ModelSpecs: one run with several models in one pass."""
     from sluice.aws.s3uri import parse_s3_uri
-    from sluice.contracts.plan import RunPlan
     from sluice.contracts.results import ShardResult
     from sluice.contracts.sections import ModelSpec
     from sluice.paths import RunPaths
     from sluice.shards import encode_shard
+    from tests.plans import run_plan
 
     run = f"{RUN}-{len(extra_env)}-{time.time_ns()}"
     files = RunPaths.in_bucket(CONTROL, run)
-    plan = RunPlan.standalone(
+    plan = run_plan(
         run,
         files.root,
-        n_shards=1,
         total_keys=len(keys),
         model=model_uri if isinstance(model_uri, list) else ModelSpec(uri=model_uri, batch_size=batch, image_size=size),
         manifest_uri=f"s3://{CONTROL}/m.json",
-        attempts=1,
+        job={"attempts": 1},
         max_failed_fraction=0.0,
         retry_failed=0,
-        created_at="bench",
     )
     s3 = s3_client()
     s3.put_object(Bucket=CONTROL, Key=parse_s3_uri(files.shard(0))[1], Body=encode_shard([(BUCKET, keys)]))
@@ -188,9 +186,10 @@ def plain_decode(data: bytes, size: int) -> np.ndarray:
 
 
 def our_decode(data: bytes, size: int) -> np.ndarray:
+    from gpu_worker.config import MAX_IMAGE_PIXELS
     from gpu_worker.decode.image import decode_image
 
-    return decode_image(data, size, 89_478_485).copy()
+    return decode_image(data, size, MAX_IMAGE_PIXELS).copy()
 
 
 def bench_naive(keys: list[str], model_uri: str, size: int) -> float:

@@ -28,6 +28,10 @@ class Stalled(WorkerError):
     """A rank made no progress for stall_after_s (gpu_worker.watchdog); the retry strategy retries it."""
 
 
+class ExportError(Exception):
+    """A model spec that cannot be exported (unknown name, unsupported shape, a failed check): `sluice model export`."""
+
+
 class ObjectFailure(Exception):
     """One object failed; `transient` ones are retried, then deferred to the final pass.
 

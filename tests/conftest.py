@@ -53,7 +53,7 @@ def _leak_check(session_tmp: Path, request: pytest.FixtureRequest) -> Iterator[N
 
 @functools.cache
 def _template() -> dict[str, Any]:
-    from sluice.local.emulator.infra import load_template
+    from sluice.local.emulator.template import load_template
 
     return load_template()
 

@@ -23,7 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_worker.export.sources import ExportError, Source
+from gpu_worker.errors import ExportError
+from gpu_worker.export.sources import Source
 
 __all__ = ["ExportError", "ExportResult", "export", "load_source"]
 

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gpu_worker.decode.video import VideoFailure, VideoLimits, open_video
+from gpu_worker.decode.video import open_video
+from gpu_worker.decode.videolimits import VideoFailure, VideoLimits
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.kinds.base import Loading, Part, PartsInfo
 from gpu_worker.models.engine import Engine, EngineOptions

@@ -15,7 +15,6 @@ from sluice import paths
 from sluice.contracts.manifest import Decode, IndexTarget
 from sluice.contracts.sections import MAX_MODELS, ContentSpec, ModelSpec, Strict
 from sluice.errors import PlanError
-from sluice.paths import RunPaths
 
 
 def pass_batch(models: Sequence[ModelSpec] | Sequence[PlannedModel]) -> int:
@@ -119,58 +118,6 @@ class RunPlan(Strict):
     def multi_model(self) -> bool:
         """Several models: output goes to output/model_name=<name>/shard=<i>/."""
         return len(self.models) > 1
-
-    @classmethod
-    def standalone(
-        cls,
-        run_id: str,
-        base: str,
-        *,
-        n_shards: int,
-        total_keys: int,
-        model: ModelSpec | list[ModelSpec] | None = None,
-        **overrides: Any,
-    ) -> RunPlan:
-        """A plan for running workers without the coordinator (benchmarks, tests, by hand).
-
-        `base` is the run's root (`s3://bucket/runs/<run>/` or a local directory ending in
-        "/"); shards, output and failures live under it as the coordinator lays them out.
-        Any other field can be given in `overrides`; `mode` (default "array") also decides
-        `nodes` (one per shard for "multinode") and `spot_allowed`, unless those are given too.
-        """
-        from sluice.contracts.identity import static_identity
-
-        mode = overrides.get("mode", "array")
-        bucket = base[5:].split("/", 1)[0] if base.startswith("s3://") else "local"
-        root = RunPaths(base)
-        values: dict[str, Any] = {
-            "run_id": run_id,
-            "manifest_uri": base + "manifest.json",
-            "control_bucket": bucket,
-            "shards_prefix": root.shards_prefix,
-            "output_prefix": root.output_prefix,
-            "failures_prefix": root.failures_prefix,
-            "total_keys": total_keys,
-            "duplicates": 0,
-            "n_shards": n_shards,
-            "keys_per_shard": max(1, -(-total_keys // max(1, n_shards))),
-            "mode": mode,
-            "nodes": n_shards if mode == "multinode" else 1,
-            "gpus_per_node": 0,
-            "spot_allowed": mode == "array",
-            "models": [
-                PlannedModel.of(m, static_identity(m, ContentSpec.model_validate(overrides.get("content") or {})))
-                for m in (model if isinstance(model, list) else [model or ModelSpec()])
-            ],
-            "output_dtype": "float16",
-            "attempts": 3,
-            "timeout_s": 3600,
-            "max_failed_fraction": 0.05,
-            "retry_failed": 1,
-            "jobs": [],
-            "created_at": "standalone",
-        }
-        return cls(**{**values, **overrides})
 
     def shard_uri(self, index: int) -> str:
         """URI of shard `index`."""

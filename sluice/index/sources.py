@@ -52,7 +52,7 @@ class RunOutput:
 
 
 def _iso(text: str, default: str) -> str:
-    """`text` when it is an ISO timestamp (a plan's created_at; standalone plans write "standalone")."""
+    """`text` when it is an ISO timestamp (a plan's created_at: not one written by hand, nor "standalone")."""
     try:
         datetime.fromisoformat(text)
     except ValueError:

@@ -14,7 +14,7 @@ from sluice.aws.errors import AwsFatalError
 from sluice.contracts.manifest import Manifest
 from sluice.contracts.prepare import InlineKeys, InventoryFiles, PrepareTask
 from sluice.errors import Rejection
-from sluice.input.inventory import no_etag_reason, version_fields
+from sluice.input.inventory_files import no_etag_reason, version_fields
 from sluice.input.keys import iter_keys
 from sluice.settings import Settings
 

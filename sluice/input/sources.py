@@ -3,7 +3,8 @@
 Each source streams (bucket, [keys]) batches and validates as it goes: every problem becomes a
 reason naming the line or key and why (Problems); a problem a caller acts on also keeps its
 structured form (Problem: a code, where, the key), so no caller parses a reason's text. S3
-Inventory reports are sluice.input.inventory; sluice.input.keys chooses the source a manifest names.
+Inventory reports are sluice.input.inventory (their data files' rows sluice.input.inventory_files);
+sluice.input.keys chooses the source a manifest names.
 """
 
 from __future__ import annotations

@@ -19,13 +19,21 @@ from multiprocessing import get_context
 from typing import Any
 
 from sluice.contracts.manifest import Manifest
-from sluice.contracts.plan import RunPlan
 from sluice.contracts.prepare import PrepareSpec
 from sluice.contracts.sections import MAX_ARRAY_SIZE
 from sluice.errors import Rejection
 from sluice.paths import RunPaths
 from sluice.plan.dedup import MAX_POSITIONS
-from sluice.plan.layout import job_layouts, keylist_manifest, run_times, shard_size
+from sluice.plan.layout import (
+    NO_STACK,
+    Layout,
+    PlanInputs,
+    build_plan,
+    job_layouts,
+    keylist_manifest,
+    shard_size,
+    write_plan,
+)
 from sluice.preflight.facts import Capacity
 from sluice.prepare import prepare_store
 from sluice.prepare.collect import collect
@@ -86,9 +94,12 @@ class OfflineJob:
 
 
 def offline_layout(job: OfflineJob, keys_estimate: int) -> tuple[Manifest, Capacity, int]:
-    """(manifest, capacity, keys_per_shard) as `sluice plan` makes them of this key list: one rule for both."""
+    """(manifest, capacity, keys_per_shard) as `sluice plan` makes them of this key list: one rule for both.
+
+    No index: the folder is outside any stack, so no index stage follows (`sluice index build DIR --out INDEX`).
+    """
     settings = job.settings or Settings.from_env()
-    manifest = keylist_manifest(settings, job.keys_per_shard)
+    manifest = keylist_manifest(settings, job.keys_per_shard, index=False)
     cap = Capacity.build(settings)
     return manifest, cap, shard_size(keys_estimate, manifest, cap)[0]
 
@@ -122,20 +133,19 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
         shutil.rmtree(root + "prepare/map", ignore_errors=True)
     if got.rejected:
         raise Rejection(got.rejected)
-    timeout_s, stall_after_s = run_times(manifest, kps, cap)
-    plan = RunPlan.standalone(
-        run_id,
-        root,
-        n_shards=got.n_shards,
-        total_keys=got.unique_keys,
+    lay = Layout(got.n_shards, kps, job_layouts(got.n_shards, manifest.job.mode, MAX_ARRAY_SIZE))
+    facts = PlanInputs(
+        run_id=run_id,
+        manifest=manifest,
         manifest_uri=path,
+        control_bucket=NO_STACK,
+        total_keys=got.unique_keys,
         duplicates=got.duplicates,
-        keys_per_shard=kps,
-        timeout_s=timeout_s,
-        stall_after_s=stall_after_s,
-        jobs=job_layouts(got.n_shards, "array", MAX_ARRAY_SIZE),
+        lay=lay,
+        capacity=cap,
+        root=root,
     )
-    store.put(paths.plan, plan.model_dump_json(indent=2).encode())
+    write_plan(store.put, paths.plan, build_plan(facts))
     return {
         **got.summary(spec),
         "seconds": round(time.monotonic() - t0, 3),  # wall time here, not the critical path of the workers

@@ -6,7 +6,7 @@ executor) with SLUICE_INDEX_TIMEOUT_S short; the index process SIGSTOPped as soo
 the executor ends it at its timeout with Batch's reason and the job-state handler records
 "Index Failed". Then `sluice.control.indexing.stage.rerun` with a longer timeout submits a job of its
 own name, which a local executor (as sluice/local/run.py wires it: the template's handlers
-through the Router) runs to "Run Indexed", and the index finds the run's rows.
+through sluice/local/router.py) runs to "Run Indexed", and the index finds the run's rows.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _rerun(c: Any, stack: Any, ledger: Any, run_id: str, tmp_path: Path) -> Any:
     from sluice.local.emulator.bus import BusTap
     from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor
     from sluice.local.emulator.sweep import JOB_STATE_FUNCTION
-    from sluice.local.run import Router
+    from sluice.local.router import Router
     from sluice.settings import Settings
 
     tap = BusTap.open(c, stack)

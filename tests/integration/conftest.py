@@ -131,21 +131,21 @@ def make_run(
     output_dtype: str = "float16",
 ) -> Any:
     """Upload shards (lists of keys in IMAGES_BUCKET) and plan.json; returns the RunPlan."""
-    from sluice.contracts.plan import RunPlan
     from sluice.contracts.sections import ModelSpec
     from sluice.shards import encode_shard
+    from tests.plans import run_plan
 
     base = f"s3://{CONTROL_BUCKET}/runs/{run_id}/"
-    plan = RunPlan.standalone(
+    plan = run_plan(
         run_id,
         base,
         n_shards=len(shards),
         total_keys=sum(map(len, shards)),
-        model=ModelSpec(uri=model, batch_size=batch_size, image_size=image_size),
-        mode=mode,  # type: ignore[arg-type]
-        manifest_uri=f"s3://{CONTROL_BUCKET}/manifests/{run_id}.json",
         keys_per_shard=max(map(len, shards)),
-        output_dtype=output_dtype,
+        model=ModelSpec(uri=model, batch_size=batch_size, image_size=image_size),
+        job={"mode": mode, "nodes": len(shards)} if mode == "multinode" else {},
+        manifest_uri=f"s3://{CONTROL_BUCKET}/manifests/{run_id}.json",
+        output={"dtype": output_dtype},
         max_failed_fraction=max_failed_fraction,
         created_at="2024-01-01T00:00:00+00:00",
     )
@@ -253,6 +253,7 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
     import numpy as np
     import torch
 
+    from gpu_worker.config import MAX_IMAGE_PIXELS
     from gpu_worker.decode.image import decode_image
     from gpu_worker.models.engine import Engine, EngineOptions
     from gpu_worker.models.load import load_model
@@ -263,7 +264,7 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
     out: dict[str, Any] = {}
     for i in range(0, len(names), 8):
         chunk = names[i : i + 8]
-        arrs = [decode_image(dataset.images[n.split("/", 3)[3]], image_size, 89_478_485) for n in chunk]
+        arrs = [decode_image(dataset.images[n.split("/", 3)[3]], image_size, MAX_IMAGE_PIXELS) for n in chunk]
         arrs += [np.zeros_like(arrs[0])] * (8 - len(arrs))
         ((_, emb),) = engine.submit(torch.from_numpy(np.stack(arrs)), None)
         out.update(zip(chunk, emb))

@@ -10,7 +10,6 @@ import hashlib
 import io
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sluice.aws.store import ObjectStore
-from sluice.contracts.plan import PlannedModel, RunPlan
+from sluice.contracts.plan import RunPlan
 from sluice.contracts.prepare import PrepareSpec
 from sluice.contracts.sections import ModelSpec
 from sluice.contracts.status import JobStatus, RunStatus
@@ -29,6 +28,7 @@ from sluice.paths import shard_output_dir
 from sluice.prepare import prepare_store
 from sluice.prepare.mapper.worker import run_map
 from sluice.prepare.reducer.worker import run_reduce
+from tests.plans import run_plan
 
 DIM = 4
 Row = tuple[str, str, str | None]  # (s3://bucket/key, etag, version id)
@@ -93,19 +93,18 @@ def earlier_plan(
     n_shards: int,
     total_keys: int,
     lineage: Sequence[str] = (),
-    **overrides: Any,
+    **sections: Any,
 ) -> RunPlan:
-    """A finished run's plan: its models with their artifact ids."""
-    planned = [PlannedModel.of(spec, mid) for spec, mid in models]
-    return RunPlan.standalone(
+    """A finished run's plan: its models with their artifact ids (`sections`: its manifest's others, as run_plan's)."""
+    return run_plan(
         run_id,
         base,
         n_shards=n_shards,
         total_keys=total_keys,
-        models=planned,
-        lineage=list(lineage),
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        **overrides,
+        model=[spec for spec, _ in models],
+        model_ids=[model_id for _, model_id in models],
+        lineage=lineage,
+        **sections,
     )
 
 

@@ -11,12 +11,13 @@ import pytest
 from sluice.cli import main
 from sluice.contracts.plan import RunPlan
 from tests.conftest import moto_s3
+from tests.plans import run_plan
 
 CTL = "ctl-bucket"
 
 
 def _plan(s3: Any, run_id: str, lineage: list[str], **kw: Any) -> RunPlan:
-    plan = RunPlan.standalone(run_id, f"s3://{CTL}/runs/{run_id}/", n_shards=1, total_keys=3, lineage=lineage, **kw)
+    plan = run_plan(run_id, f"s3://{CTL}/runs/{run_id}/", total_keys=3, lineage=lineage, **kw)
     s3.put_object(Bucket=CTL, Key=f"runs/{run_id}/plan.json", Body=plan.model_dump_json().encode())
     s3.put_object(Bucket=CTL, Key=f"runs/{run_id}/output/shard=0/part-0000-000000000.parquet", Body=b"x")
     return plan

@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 from sluice.aws.clients import Clients
 from sluice.contracts.events import IndexedTable, IndexFailed, RunIndexed
-from sluice.contracts.manifest import IndexTarget
 from sluice.contracts.sections import ModelSpec
 from sluice.contracts.status import JobStatus
 from sluice.control.context import Context
@@ -58,9 +57,9 @@ def _settings(stack: Any, monkeypatch: Any) -> Settings:
 def _claimed(aws: Any, stack: Any, settings: Settings, run_id: str) -> IndexItem:
     """A SUCCEEDED run whose index stage is claimed, as "Run Succeeded" leaves it (claim's own fields)."""
     ctl = stack.names["ControlBucket"]
-    target = IndexTarget(uri=f"s3://{ctl}/indexes/{run_id}/", name=run_id)
     root = RunPaths.in_bucket(ctl, run_id).root
-    plan = earlier_plan(run_id, root, [(ModelSpec(), "builtin:reference-cnn@1")], 1, ROWS, index=target)
+    index = {"uri": f"s3://{ctl}/indexes/{run_id}/", "name": run_id}
+    plan = earlier_plan(run_id, root, [(ModelSpec(), "builtin:reference-cnn@1")], 1, ROWS, output={"index": index})
     record_run(aws, stack, plan)
     claim = indexing.claim(plan, ROWS, settings)["index"]
     aws.dynamodb.update_item(

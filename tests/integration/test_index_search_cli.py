@@ -156,7 +156,7 @@ def clip_artifact(tmp_path_factory) -> str:
 
 
 def test_text_and_image_queries_use_the_index_own_model(tmp_path, clip_artifact, capsys):
-    from gpu_worker.models.query import embed_images
+    from gpu_worker.door import embed_images
     from gpu_worker.models.texttower import encode_texts
     from sluice.local.demo import demo_images
 

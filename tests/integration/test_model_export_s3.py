@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from gpu_worker.config import WorkerConfig
+from gpu_worker.config import MAX_IMAGE_PIXELS, WorkerConfig
 from gpu_worker.decode.image import decode_image
 from gpu_worker.main import run_node
 from gpu_worker.models.engine import Engine
@@ -18,10 +18,10 @@ from gpu_worker.models.load import load_model
 from gpu_worker.models.spec import resolve_uri
 from sluice.aws.store import ObjectStore
 from sluice.cli import main
-from sluice.contracts.plan import RunPlan
 from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
 from tests.conftest import moto_s3
+from tests.plans import run_plan
 from tests.worker_images import make_demo_images
 
 MODEL_URI = "s3://models/encoders/mnv3.pt"
@@ -51,16 +51,12 @@ def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys)
     # A node whose plan names the artifact: it downloads it once and embeds every image with it.
     base = f"{tmp_path}/runs/r/"
     keys = sorted(IMAGES)
-    plan = RunPlan.standalone(
+    plan = run_plan(
         "r",
         base,
-        n_shards=1,
         total_keys=len(keys),
         model=ModelSpec(uri=MODEL_URI, batch_size=4, image_size=224),  # the spec's 32 px wins
-        manifest_uri="m",
-        control_bucket="c",
-        attempts=1,
-        created_at="now",
+        job={"attempts": 1},
     )
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", keys)]))
@@ -76,7 +72,7 @@ def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys)
     got = dict(zip(table.column("key").to_pylist(), np.array(table.column("embedding").to_pylist())))
     model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), ObjectStore()), 224)
     engine = Engine(model, info, "cpu", len(keys))
-    batch = np.stack([decode_image(IMAGES[k], 32, 89_478_485) for k in keys])
+    batch = np.stack([decode_image(IMAGES[k], 32, MAX_IMAGE_PIXELS) for k in keys])
     [(_, want)] = engine.submit(torch.from_numpy(batch), None)
     assert sorted(got) == [f"s3://bkt/{k}" for k in keys]
     for key, emb in zip(keys, want):

@@ -14,9 +14,9 @@ import pytest
 from gpu_worker.config import WorkerConfig
 from gpu_worker.main import run_node
 from sluice.aws.store import ObjectStore
-from sluice.contracts.plan import RunPlan
 from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
+from tests.plans import run_plan
 from tests.worker_gets import moto_objects
 from tests.worker_images import corrupt_images, make_demo_images, png_image
 
@@ -36,15 +36,13 @@ def images() -> Iterator[Any]:
 
 def _run(tmp_path: Path, name: str, decode: str, cfg: WorkerConfig) -> tuple[object, dict[str, np.ndarray]]:
     base = f"{tmp_path}/{name}/runs/r/"
-    plan = RunPlan.standalone(
+    plan = run_plan(
         "r",
         base,
-        n_shards=1,
         total_keys=len(IMAGES),
         model=ModelSpec(uri="builtin:reference-cnn", batch_size=8, image_size=64),
-        attempts=1,
+        job={"attempts": 1, "decode": decode},
         max_failed_fraction=0.5,  # the five corrupt images
-        decode=decode,
     )
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", sorted(IMAGES))]))

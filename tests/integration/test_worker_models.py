@@ -21,6 +21,7 @@ from sluice.contracts.plan import RunPlan
 from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
 from tests.integration.test_worker_node import CFG, IMAGES, KEYS
+from tests.plans import run_plan
 from tests.worker_gets import Gets, moto_objects
 
 SMALL = ModelSpec(uri="builtin:reference-cnn", batch_size=4, image_size=32, name="small")
@@ -35,7 +36,7 @@ def images() -> Iterator[Any]:
 
 def _plan(tmp_path: Path, name: str, models: list[ModelSpec]) -> tuple[RunPlan, dict[str, str]]:
     base = f"{tmp_path}/{name}/"
-    plan = RunPlan.standalone(name, base, n_shards=1, total_keys=len(KEYS), model=models, attempts=2)
+    plan = run_plan(name, base, total_keys=len(KEYS), model=models, job={"attempts": 2})
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", KEYS)], sort=False, block_keys=8))
     Path(base + "plan.json").write_text(plan.model_dump_json())

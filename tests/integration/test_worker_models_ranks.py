@@ -6,10 +6,10 @@ import io
 
 import pyarrow.parquet as pq
 
-from sluice.contracts.plan import RunPlan
 from sluice.contracts.results import ShardResult
 from sluice.contracts.sections import ModelSpec
 from tests.integration.conftest import CONTROL_BUCKET, finish, make_run, start_worker, worker_env
+from tests.plans import run_plan
 
 
 def test_two_models_two_ranks_loader_processes(moto_server, dataset):
@@ -19,7 +19,7 @@ def test_two_models_two_ranks_loader_processes(moto_server, dataset):
         ModelSpec(uri="builtin:reference-cnn", batch_size=8, image_size=64, name="a"),
         ModelSpec(uri="builtin:reference-cnn", batch_size=8, image_size=32, name="b"),
     ]
-    planned = RunPlan.standalone("x", "s3://x/", n_shards=1, total_keys=1, model=models).models
+    planned = run_plan("x", "s3://x/", total_keys=1, model=models).models
     plan = plan.model_copy(update={"models": planned})
     s3 = moto_server.client()
     s3.put_object(Bucket=CONTROL_BUCKET, Key=f"runs/{plan.run_id}/plan.json", Body=plan.model_dump_json())

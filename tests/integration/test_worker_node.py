@@ -19,6 +19,7 @@ from sluice.contracts.plan import RunPlan
 from sluice.contracts.results import ShardResult
 from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
+from tests.plans import run_plan
 from tests.worker_gets import Gets, moto_objects
 from tests.worker_images import make_demo_images
 
@@ -35,16 +36,12 @@ def images() -> Iterator[Any]:
 @pytest.fixture
 def run(tmp_path: Path, images):
     base = f"{tmp_path}/runs/r/"
-    plan = RunPlan.standalone(
+    plan = run_plan(
         "r",
         base,
-        n_shards=1,
         total_keys=len(KEYS),
         model=ModelSpec(batch_size=4, image_size=32),
-        manifest_uri="m",
-        control_bucket="c",
-        attempts=2,
-        created_at="now",
+        job={"attempts": 2},
     )
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", KEYS)], sort=False, block_keys=8))

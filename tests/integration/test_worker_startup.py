@@ -20,9 +20,9 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ConfigError
 from gpu_worker.main import run_node
 from sluice.aws.store import ObjectStore
-from sluice.contracts.plan import RunPlan
 from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
+from tests.plans import run_plan
 from tests.worker_gets import Gets, moto_objects
 from tests.worker_images import make_demo_images
 
@@ -38,16 +38,12 @@ def images() -> Iterator[Any]:
 
 def _node(tmp_path: Path, model_uri: str) -> dict[str, str]:
     base = f"{tmp_path}/runs/r/"
-    plan = RunPlan.standalone(
+    plan = run_plan(
         "r",
         base,
-        n_shards=1,
         total_keys=len(IMAGES),
         model=ModelSpec(uri=model_uri, batch_size=4, image_size=64),
-        manifest_uri="m",
-        control_bucket="c",
-        attempts=1,
-        created_at="now",
+        job={"attempts": 1},
     )
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", sorted(IMAGES))]))

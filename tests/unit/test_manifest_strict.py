@@ -14,7 +14,7 @@ from sluice.contracts.manifest import Manifest
 from sluice.contracts.sections import BUILTIN_MODELS
 from sluice.errors import Rejection, RetriableError
 from sluice.input.checks import check_manifest, guarded, input_error
-from sluice.input.inventory import csv_keys, inflate
+from sluice.input.inventory_files import csv_keys, inflate
 from sluice.input.lines import MAX_LINE_BYTES, LineTooLong, decode_lines
 from sluice.input.manifest import ManifestSource, parse_manifest
 from sluice.input.sources import Problems, iter_keylist

@@ -17,6 +17,7 @@ from sluice.ops.plan_report import facts_for
 from sluice.plan.layout import PlanInputs, build_plan, layout
 from sluice.preflight import Capacity, preflight
 from sluice.settings import Settings
+from tests.plans import run_plan
 
 INPUT = {"keys": ["s3://images/a.jpg"]}
 
@@ -97,7 +98,7 @@ def test_the_plan_holds_each_model_with_its_identity():
 
 
 def test_a_plan_written_before_model_lists_still_reads():
-    plan = RunPlan.standalone("r", "s3://ctl/runs/r/", n_shards=1, total_keys=1)
+    plan = run_plan("r", "s3://ctl/runs/r/", total_keys=1)
     old = json.loads(plan.model_dump_json())
     old.pop("models")
     old["model"] = {"uri": "builtin:reference-cnn-large", "batch_size": 32, "image_size": 160}

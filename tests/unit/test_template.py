@@ -20,7 +20,7 @@ from sluice.control.batch import prepare_request
 from sluice.control.indexing import stage as indexing
 from sluice.control.policy import EVALUATE_ON_EXIT, PREPARE_ATTEMPTS, PREPARE_TIMEOUT_S
 from sluice.control.table.ledger import Ledger
-from sluice.local.emulator.infra import load_template
+from sluice.local.emulator.template import load_template
 from sluice.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

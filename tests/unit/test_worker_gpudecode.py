@@ -19,6 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
+from gpu_worker.config import MAX_IMAGE_PIXELS
 from gpu_worker.decode.image import decode_image
 from gpu_worker.decode.nvjpeg import (
     DeviceBatcher,
@@ -43,7 +44,7 @@ from tests.worker_images import (
     png_image,
 )
 
-LIMIT = 89_478_485  # PIL.Image's own default MAX_IMAGE_PIXELS
+LIMIT = MAX_IMAGE_PIXELS
 
 
 class Recording:

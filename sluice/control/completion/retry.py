@@ -28,6 +28,7 @@ from sluice.control.context import Context, run_paths
 from sluice.control.table.items import JobLayoutItem, PassItem, RunItem
 from sluice.log import logger
 from sluice.paths import SCRATCH_TAG, RunPaths
+from sluice.plan.layout import write_plan
 from sluice.shards import encode_shard
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def _submit_pass(ctx: Context, run: RunItem, plan: RunPlan, keys: dict[str, list
         update={"n_shards": first + n, "jobs": [layout], "mode": "array", "spot_allowed": True}
     )
     plan_uri = run_paths(run).retry_plan(pass_no)
-    ObjectStore(ctx.clients.s3).put(plan_uri, retry_plan.model_dump_json(indent=2).encode(), "application/json")
+    write_plan(ObjectStore(ctx.clients.s3).put, plan_uri, retry_plan)
     # Job names continue the run's numbering (sluice-<run>-<n>) so events map back to the run,
     # and a resubmission after a crash finds the job it already submitted.
     jobs = run.jobs or []

@@ -142,7 +142,7 @@ def _epoch(iso: str) -> float | None:
     try:
         return datetime.fromisoformat(iso).timestamp()
     except ValueError:
-        return None  # "standalone" plans written by hand
+        return None  # a created_at written by hand (older offline plans wrote "standalone")
 
 
 def _shards(s3: S3Client, root: RunPaths, plan: RunPlan, row: RunItem | None) -> int:

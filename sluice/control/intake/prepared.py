@@ -35,7 +35,7 @@ from sluice.control.table.items import PrepareItem, RunItem
 from sluice.errors import Rejection
 from sluice.log import logger
 from sluice.paths import RunPaths
-from sluice.plan.layout import Layout, PlanInputs, build_plan, job_layouts
+from sluice.plan.layout import Layout, PlanInputs, build_plan, job_layouts, write_plan
 from sluice.prepare import prepare_store
 from sluice.prepare.collect import Collected, collect
 from sluice.prepare.reducer.versions import place_shards
@@ -184,11 +184,11 @@ def _plan(ctx: Context, req: RunRequest, spec: PrepareSpec, got: Collected) -> R
             lineage=spec.lineage,
             skipped=got.skipped,
             earlier_index=_earlier_index(ctx, req, spec),
+            # The buckets the workers read from: a key list's or an inventory's keys name them, not the manifest.
+            input_buckets=got.buckets,
         )
     )
-    # The buckets the workers read from: a key list's or an inventory's keys name them, not the manifest.
-    plan = plan.model_copy(update={"input_buckets": got.buckets})
-    ObjectStore(ctx.clients.s3).put(req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
+    write_plan(ObjectStore(ctx.clients.s3).put, req.paths.plan, plan)
     return plan
 
 

@@ -31,7 +31,7 @@ from sluice.input.checks import guarded, reading_input
 from sluice.input.keys import iter_keys
 from sluice.log import logger
 from sluice.paths import SCRATCH_TAG
-from sluice.plan.layout import PlanInputs, build_plan, layout, shard_size
+from sluice.plan.layout import PlanInputs, build_plan, layout, shard_size, write_plan
 from sluice.plan.scan import scan, write_shards
 from sluice.prepare import prepare_store, split
 from sluice.prepare.split import PARTITION_FACTOR
@@ -211,6 +211,7 @@ def plan_here(ctx: Context, req: RunRequest) -> RunPlan:
     # the routing threshold, so a low estimate cannot push the Lambda past its memory or time.
     cap = None if manifest.input.keys is not None else settings.prepare_over_keys * LAMBDA_CAP_FACTOR
     keys = guarded(iter_keys(manifest, s3, settings))
+    store = ObjectStore(s3)
     with scan(keys, max_keys=settings.max_keys, spill_dir=settings.spill_dir, lambda_cap=cap) as sc:
         lay = layout(sc.unique_keys, manifest, settings.max_array_size, ctx.capacity)
         plan = build_plan(
@@ -226,9 +227,8 @@ def plan_here(ctx: Context, req: RunRequest) -> RunPlan:
                 model_ids=list(req.model_ids),
             )
         )
-        store = ObjectStore(s3)
         write_shards(sc, lay, lambda i, data: store.put(plan.shard_uri(i), data, tagging=SCRATCH_TAG))
-    ObjectStore(s3).put(req.paths.plan, plan.model_dump_json(indent=2).encode(), "application/json")
+    write_plan(store.put, req.paths.plan, plan)
     return plan
 
 

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.local.emulator.infra import ACCOUNT
+from sluice.local.emulator.template import ACCOUNT
 
 SOURCE_PATTERN = json.dumps({"source": ["sluice"]})
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sluice.contracts.status import JobStatus
 from sluice.control.policy import retry_strategy
-from sluice.local.emulator.infra import ACCOUNT
+from sluice.local.emulator.template import ACCOUNT
 
 REGION = "us-east-1"  # the local stack's region (sluice.local.emulator.server.FAKE_CREDENTIALS)
 

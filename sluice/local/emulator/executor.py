@@ -2,190 +2,41 @@
 
 moto accepts the jobs but runs none (it marks them SUCCEEDED at once and emits no events).
 This executor reads each new job of its run (tag sluice:run-id; an emulator kept running
-holds earlier runs' jobs too, which it never runs) back from the Batch API, runs its array children or MNP
+holds earlier runs' jobs too, which it never runs) back from the Batch API (sluice.local.emulator.jobs),
+runs its array children or MNP
 nodes as `python -m gpu_worker` processes (a job whose command is `python -m MODULE ARGS` as
 that: a prepare job's `sluice.prepare STAGE`, the index stage's `sluice.index build` or its
 fleet stages' `sluice.index stage ...`, each after the jobs it depends on: an array job when
 every child ended; a job whose dependency failed fails unrun, "Dependent Job failed")
-with the AWS_BATCH_* variables Batch would set,
-applies the job's retry strategy to each failed attempt as Batch does
+with the AWS_BATCH_* variables Batch would set (sluice.local.emulator.workers),
+applies the job's retry strategy (sluice.local.emulator.retry) to each failed attempt as Batch does
 (sluice.control.policy.evaluate_on_exit: RETRY puts the child back in the queue while attempts
 remain, EXIT fails it), honours a concurrency limit, and emits the same "Batch Job State
 Change" events Batch would to `deliver`.
-
-The retry strategy is the job's own `retryStrategy` from DescribeJobs. moto (5.2.5) does not
-echo the one SubmitJob sent, so then: the rules (`evaluateOnExit`) are the job definition's
-(DescribeJobDefinitions; moto lower-cases their actions, which Batch matches without regard
-to case), or sluice.control.policy's when the definition has none; and `attempts` is the plan's
-for a GPU job, which is what Sluice's SubmitJob sets (sluice.control.policy.retry_strategy(plan.attempts))
-and which overrides the definition's, and the definition's for a CPU job (prepare, index), as
-Sluice's SubmitJob passes the definition's own there.
-
-moto keeps array jobs' environment but drops MNP `nodeOverrides`, so node count and
-environment of a multi-node job come from its run (ledger row and plan), found by the run tag.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from sluice.contracts.status import JobStatus
-from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, TIMEOUT_REASON, evaluate_on_exit
-from sluice.control.table.items import RunItem
+from sluice.control.policy import HOST_LOST_REASON
 from sluice.control.table.ledger import Ledger
 from sluice.local.emulator.events import JobChange, batch_job_state_change
 from sluice.local.emulator.events import attempt as attempt_entry
+from sluice.local.emulator.jobs import LocalJob, Task, dependencies, fail_all, read_job
+from sluice.local.emulator.retry import strategy_of
+from sluice.local.emulator.workers import end_if_timed_out, launch, signal_group, stop_all
 
 Deliver = Callable[[dict[str, Any]], object]
-Rules = Sequence[Mapping[str, str]]
 EXITED = "Essential container in task exited"
 STATUSES = tuple(JobStatus)
-DEFAULT_ATTEMPTS = 3  # the manifest's default (sluice.contracts.manifest), when the plan cannot be read
-
-
-@dataclass
-class Task:
-    """One array child, plain job or MNP node: one worker process per attempt."""
-
-    job: LocalJob
-    index: int | None  # array index / node index; None for a plain job
-    attempt: int = 0
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
-    started_ms: int = 0
-    status: JobStatus = JobStatus.PENDING
-    log_path: str = ""
-    terminated: str | None = None  # TerminateJob's reason: the attempt fails with it, and is not retried
-
-    @property
-    def job_id(self) -> str:
-        if self.index is None:
-            return self.job.job_id
-        return f"{self.job.job_id}#{self.index}" if self.job.kind == "multinode" else f"{self.job.job_id}:{self.index}"
-
-    def event_target(self) -> tuple[str, dict[str, int | None]]:
-        """The job id an event about this task names, and its array/node index field."""
-        if self.job.kind == "single":
-            return self.job.job_id, {}
-        return self.job_id, {"array_index" if self.job.kind == "array" else "node_index": self.index}
-
-
-@dataclass
-class LocalJob:
-    """A submitted job as read back from the Batch API (plus its run's plan)."""
-
-    job_id: str
-    name: str
-    queue: str
-    kind: str  # array | single | multinode
-    size: int  # children or nodes (1 for a plain job)
-    env: dict[str, str]
-    run_id: str
-    max_attempts: int
-    rules: Rules = EVALUATE_ON_EXIT  # the retry strategy's evaluateOnExit
-    tasks: list[Task] = field(default_factory=list)
-    done: bool = False
-    module: tuple[str, ...] = ("gpu_worker",)  # what `python -m` runs: the GPU worker, or sluice.prepare's stage
-    depends_on: tuple[str, ...] = ()  # job ids that must succeed first (dependsOn)
-    failed: bool = False
-    timeout_s: int | None = None  # timeout.attemptDurationSeconds: an attempt past it is ended, not retried
-
-    def event_target(self) -> tuple[str, dict[str, int | None]]:
-        """The job id an event about the whole job names, and its size field."""
-        if self.kind == "array":
-            return self.job_id, {"array_size": self.size}
-        if self.kind == "multinode":
-            return self.job_id, {"num_nodes": self.size}
-        return self.job_id, {}
-
-    def action(self, task: Task, *, status_reason: str, exit_code: int | None) -> str:
-        """RETRY or EXIT for the task's failed attempt: the retry strategy, then the attempts left."""
-        action = evaluate_on_exit(self.rules, status_reason=status_reason, reason=None, exit_code=exit_code)
-        return action if task.attempt < self.max_attempts else "EXIT"
-
-
-def read_job(j: dict[str, Any], row: RunItem | None, strategy: dict[str, Any]) -> LocalJob | None:
-    """A LocalJob from DescribeJobs' view of a parent job, its run's RUN item and its retry strategy."""
-    run_id = (j.get("tags") or {}).get("sluice:run-id")
-    if not run_id:
-        return None
-    layout = next((x for x in (row.jobs or []) if x.id == j["jobId"]), None) if row else None
-    env = {e["name"]: e["value"] for e in (j.get("container") or {}).get("environment", [])}
-    env.pop("AWS_BATCH_JOB_ID", None)
-    if "nodeProperties" in j or (layout and layout.kind == "multinode"):
-        if layout is None or row is None:
-            return None
-        env = {
-            "SLUICE_PLAN_URI": str(row.plan_uri),
-            "SLUICE_RUN_ID": run_id,
-            "SLUICE_SHARD_OFFSET": str(layout.shard_offset),
-            # A stalled MNP job re-submitted by Sluice (sluice.control.sweep.stall): its attempts follow the ended ones.
-            **({"SLUICE_ATTEMPT_BASE": str(layout.attempt_base)} if layout.attempt_base else {}),
-        }
-        kind, size = "multinode", int(layout.shard_count)
-    elif (j.get("arrayProperties") or {}).get("size"):
-        kind, size = "array", int(j["arrayProperties"]["size"])
-    else:
-        kind, size = "single", 1
-    attempts = int(strategy.get("attempts") or 0) or DEFAULT_ATTEMPTS
-    rules = tuple(strategy.get("evaluateOnExit") or ())
-    job = LocalJob(j["jobId"], j["jobName"], j["jobQueue"], kind, size, env, run_id, attempts, rules)
-    command = [str(c) for c in (j.get("container") or {}).get("command") or []]
-    if command[:2] == ["python", "-m"] and len(command) > 2:
-        job.module = tuple(command[2:])  # a prepare job, an index job or stage (sluice.control.indexing.jobs)
-    job.depends_on = tuple(d["jobId"] for d in j.get("dependsOn") or [] if d.get("jobId"))
-    job.timeout_s = (j.get("timeout") or {}).get("attemptDurationSeconds")
-    job.tasks = [Task(job, None)] if kind == "single" else [Task(job, i) for i in range(size)]
-    return job
-
-
-def dependencies(job: LocalJob, jobs: Mapping[str, LocalJob]) -> str:
-    """ "met" once every job it depends on (dependsOn) succeeded, "failed" when one failed, else "waiting"."""
-    deps = [jobs.get(d) for d in job.depends_on]
-    if any(d is not None and d.done and d.failed for d in deps):
-        return "failed"
-    return "met" if all(d is not None and d.done for d in deps) else "waiting"
-
-
-def fail_all(job: LocalJob) -> None:
-    """Mark every task of the job, and the job, FAILED without running them."""
-    for t in job.tasks:
-        t.status = JobStatus.FAILED
-    job.done = job.failed = True
-
-
-def definition_strategy(batch: Any, cache: dict[str, dict[str, Any] | None], arn: str | None) -> dict[str, Any] | None:
-    """The job definition's retryStrategy, None when it has none (cached per ARN in `cache`)."""
-    if not arn:
-        return None
-    if arn not in cache:
-        defs = batch.describe_job_definitions(jobDefinitions=[arn])["jobDefinitions"]
-        strategy = defs[0].get("retryStrategy") if defs else None
-        cache[arn] = dict(strategy) if strategy else None
-    return cache[arn]
-
-
-def plan_attempts(plan_uri: str | None) -> int:
-    """The plan's attempts (what Sluice's SubmitJob puts in retryStrategy); the default if unreadable."""
-    from sluice.aws.clients import client
-    from sluice.aws.store import ObjectStore
-    from sluice.contracts.plan import load_plan
-
-    if not plan_uri:
-        return DEFAULT_ATTEMPTS
-    try:
-        return load_plan(ObjectStore(client("s3")).get, plan_uri).attempts
-    except Exception:
-        return DEFAULT_ATTEMPTS
 
 
 @dataclass(frozen=True)
@@ -242,7 +93,7 @@ class LocalExecutor:
                     self._foreign.add(j["jobId"])  # not Sluice's, another run's, or an earlier executor's
                     continue
                 row = self._ledger.get(run_id)
-                job = read_job(j, row, self._retry_strategy(j, row))
+                job = read_job(j, row, strategy_of(self._batch, self._definition_strategies, j, row))
                 if job is not None:
                     self.jobs[job.job_id] = job
                     new.append(job)
@@ -270,24 +121,6 @@ class LocalExecutor:
             if not token:
                 return ids
 
-    def _retry_strategy(self, j: dict[str, Any], row: RunItem | None) -> dict[str, Any]:
-        """The job's retryStrategy, or what Batch would apply when moto does not echo it (module docstring).
-
-        A CPU job (no SLUICE_PLAN_URI: a prepare or index job) gets its definition's attempts too:
-        Sluice's SubmitJob passes the definition's own (a unit test compares them).
-        """
-        own = j.get("retryStrategy")
-        if own:
-            return dict(own)
-        env = {e["name"]: e["value"] for e in (j.get("container") or {}).get("environment", [])}
-        defined = definition_strategy(self._batch, self._definition_strategies, j.get("jobDefinition"))
-        rules = tuple(defined.get("evaluateOnExit") or ()) if defined is not None else None
-        if "SLUICE_PLAN_URI" not in env and defined is not None and defined.get("attempts"):
-            attempts = int(defined["attempts"])
-        else:
-            attempts = plan_attempts(env.get("SLUICE_PLAN_URI") or (row.plan_uri if row else None))
-        return {"attempts": attempts, "evaluateOnExit": list(rules if rules is not None else EVALUATE_ON_EXIT)}
-
     # ---- running ---------------------------------------------------------------------------
 
     @property
@@ -300,7 +133,7 @@ class LocalExecutor:
     def step(self) -> None:
         """Reap finished workers, start queued ones, finish jobs; emits events as Batch would."""
         for task in (t for job in list(self.jobs.values()) if not job.done for t in job.tasks):
-            _end_if_timed_out(task)
+            end_if_timed_out(task)
             if task.proc is not None and task.proc.poll() is not None:
                 self._reap(task)
         free = self._slots - self.running()
@@ -335,32 +168,7 @@ class LocalExecutor:
         for status in (JobStatus.RUNNABLE, JobStatus.STARTING):
             task.status = status
             self._emit(job, task, status)
-        env = {
-            **os.environ,
-            **self._cfg.worker_env,
-            **job.env,
-            "AWS_BATCH_JOB_ID": task.job_id,
-            "AWS_BATCH_JOB_ATTEMPT": str(task.attempt),
-            "AWS_BATCH_JQ_NAME": job.queue.rsplit("/", 1)[-1],
-        }
-        if job.kind == "array":
-            env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(task.index)
-        elif job.kind == "multinode":
-            env.update(
-                AWS_BATCH_JOB_NODE_INDEX=str(task.index),
-                AWS_BATCH_JOB_NUM_NODES=str(job.size),
-                AWS_BATCH_JOB_MAIN_NODE_INDEX="0",
-            )
-        name = task.job_id.replace(":", "_").replace("#", "_")
-        task.log_path = str(self._log_dir / f"{name}-attempt{task.attempt}.log")
-        with open(task.log_path, "wb") as log:
-            task.proc = subprocess.Popen(
-                [sys.executable, "-m", *job.module],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches us only; we stop the workers ourselves
-            )
+        task.proc = launch(task, self._cfg.worker_env, self._log_dir)
         self._on_pid(task.proc.pid)
         task.started_ms = int(time.time() * 1000)
         task.attempts.append(attempt_entry(task.started_ms, None, None, "Task is running"))
@@ -440,16 +248,7 @@ class LocalExecutor:
         """Stop every worker (SIGTERM, then SIGKILL after grace_s). Returns how many were running."""
         self._stopping = True
         procs = [t.proc for j in self.jobs.values() for t in j.tasks if t.proc is not None]
-        for p in procs:
-            _signal_group(p, signal.SIGTERM)
-            _signal_group(p, signal.SIGCONT)  # a stopped worker gets its SIGTERM only once continued
-        deadline = time.monotonic() + grace_s
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
+        stop_all(procs, grace_s)
         return len(procs)
 
 
@@ -469,7 +268,7 @@ def terminate(jobs: Mapping[str, LocalJob], job_id: str, reason: str, emit: Call
             continue
         t.terminated = reason
         if t.proc is not None:
-            _signal_group(t.proc, signal.SIGKILL)  # SIGKILL ends a SIGSTOPped process too
+            signal_group(t.proc, signal.SIGKILL)  # SIGKILL ends a SIGSTOPped process too
             killed += 1
         else:
             t.status = JobStatus.FAILED
@@ -503,22 +302,3 @@ def abandon(ex: LocalExecutor, reason: str) -> int:
             ex._emit(job, task, JobStatus.FAILED, reason=reason)
         ex._finish(job)
     return running
-
-
-def _end_if_timed_out(task: Task) -> None:
-    """An attempt past its job's timeout (from its start, as Batch's startedAt) is killed; reaped FAILED.
-
-    As Batch does ("Job timeouts"): the attempt ends with TIMEOUT_REASON and is not retried.
-    """
-    limit = task.job.timeout_s
-    if task.proc is None or task.proc.poll() is not None or not limit:
-        return
-    if time.time() * 1000 - task.started_ms > int(limit) * 1000:
-        task.terminated = TIMEOUT_REASON
-        _signal_group(task.proc, signal.SIGKILL)
-        task.proc.wait()
-
-
-def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(p.pid, sig)

@@ -26,7 +26,7 @@ from sluice.aws.s3uri import s3_uri
 from sluice.aws.store import ObjectStore
 from sluice.contracts.prepare import InlineKeys, InventoryFiles, KeyListRange, MapResult, PrefixRange, PrepareSpec
 from sluice.errors import Rejection
-from sluice.input.inventory import csv_keys, csv_versions, parquet_keys, parquet_versions
+from sluice.input.inventory_files import csv_keys, csv_versions, parquet_keys, parquet_versions
 from sluice.paths import SCRATCH_TAG, RunPaths
 from sluice.prepare import peak_rss_mb
 from sluice.prepare.mapper.keylist import map_keylist
@@ -55,7 +55,7 @@ def map_inventory(
     *,
     versions: bool = False,
 ) -> int:
-    """Read each data file (gzip CSV or Parquet, via sluice.input.inventory); returns the keys it held.
+    """Read each data file (gzip CSV or Parquet, via sluice.input.inventory_files); returns the keys it held.
 
     `versions`: batches carry each key's object version too (an incremental run). A file that
     cannot be parsed is a problem (the run is rejected); what `emit_batch` raises (a spill

@@ -203,7 +203,7 @@ def _fail_once(op: str, code: str, status: int, match: str):
     fired = []
 
     def hook(params, **_: object) -> None:
-        # Ranged GETs are the input sizing's (sluice.prepare.store retries those in process).
+        # Ranged GETs are the input sizing's (sluice.prepare.prepare_store retries those in process).
         if not fired and match in params.get("url_path", "") and "Range" not in params.get("headers", {}):
             fired.append(op)
             raise ClientError(
