@@ -19,10 +19,9 @@ from gpu_worker.log import logger
 from gpu_worker.models.spec import input_size
 from gpu_worker.output.sink import ChunkSink
 from gpu_worker.passes.base import RankPass, open_sinks, torch_setup
-from gpu_worker.passes.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg
-from gpu_worker.passes.loaders import LoaderShape, RankLoaders, feed, plan_loaders
+from gpu_worker.passes.loader_loop import BatchMsg, DoneMsg, ErrorMsg, FailMsg
+from gpu_worker.passes.loader_pool import LoaderShape, RankLoaders, feed, plan_loaders
 from gpu_worker.passes.work import RankContext, RankWork
-from gpu_worker.sources.fetch import FetcherLike
 from gpu_worker.telemetry.observe import MetricsObserver
 
 
@@ -39,8 +38,8 @@ def embed_rows(sink: ChunkSink, msg: BatchMsg, emb: Any) -> None:
 class ImagePass(RankPass):
     """One rank of an image run: its loaders, its models (one Engine each) and their sinks."""
 
-    def __init__(self, ctx: RankContext, work: RankWork, fetcher: FetcherLike | None) -> None:
-        super().__init__(ctx, work, fetcher)
+    def __init__(self, ctx: RankContext, work: RankWork) -> None:
+        super().__init__(ctx, work)
         self.engines: list[Any] = []
         self.loaders: RankLoaders | None = None
         self._feeder: threading.Thread | None = None
@@ -51,7 +50,7 @@ class ImagePass(RankPass):
         ctx = self.ctx
         threads = plan_loaders(ctx.cfg, ctx.spec.device, ctx.spec.world)
         sizes = [input_size(path, m.image_size) for path, m in zip(ctx.spec.model_paths, ctx.plan.models)]
-        self.loaders = loaders = RankLoaders(ctx, LoaderShape(threads, ctx.batch, max(sizes)), self.fetcher)
+        self.loaders = loaders = RankLoaders(ctx, LoaderShape(threads, ctx.batch, max(sizes)))
         args = (loaders, self.work.keys(), self._feed_errors)
         self._feeder = threading.Thread(target=feed, args=args, name="feeder", daemon=True)
         self._feeder.start()

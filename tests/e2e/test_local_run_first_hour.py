@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from sluice.local.server import MotoServer
+from sluice.local.emulator.server import MotoServer
 from tests.e2e.test_local_run import _alive, _jpeg
 
 CLI = [sys.executable, "-m", "sluice.cli", "local", "run"]

@@ -10,9 +10,10 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from gpu_worker.procs import cpu_count
-from sluice.contracts import ShardResult
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.results import ShardResult
+from sluice.contracts.sections import ModelSpec
 from tests.integration.conftest import CONTROL_BUCKET, FaultServer, finish, make_run, start_worker, worker_env
+from tests.plans import run_plan
 from tests.properties import examples
 
 
@@ -23,7 +24,7 @@ def two_models_two_ranks(moto_server: FaultServer, run_id: str, keys: list[str])
         ModelSpec(uri="builtin:reference-cnn", batch_size=8, image_size=64, name="a"),
         ModelSpec(uri="builtin:reference-cnn", batch_size=8, image_size=32, name="b"),
     ]
-    planned = RunPlan.standalone("x", "s3://x/", n_shards=1, total_keys=1, model=models).models
+    planned = run_plan("x", "s3://x/", total_keys=1, model=models).models
     plan = plan.model_copy(update={"models": planned})
     s3 = moto_server.client()
     s3.put_object(Bucket=CONTROL_BUCKET, Key=f"runs/{plan.run_id}/plan.json", Body=plan.model_dump_json())
