@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Size goals CI enforces in sluice/, functions/, gpu_worker/: functions of at most 60 lines and 6 parameters,
-classes of at most 250 lines.
+"""Size goals CI enforces in sluice/, functions/, gpu_worker/: modules of at most 400 lines, folders of at
+most 12 modules, functions of at most 60 lines and 6 parameters, classes of at most 250 lines.
 
-A function's size counts from its `def` line to its last line, docstring included. No name is
-exempt: a long argparse builder is split into one function a group of arguments.
+A module's size is its line count, docstring, comments and blank lines included. A folder's is the
+modules directly in it, __init__.py and __main__.py not counted (a subfolder counts on its own). A
+function's size counts from its `def` line to its last line, docstring included. No name is
+exempt: a long module is split by concept into modules of its folder, a crowded folder into
+subfolders, a long argparse builder into one function a group of arguments.
 Exit 1 and list the offenders, largest first.
 """
 
@@ -16,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sluice", "functions", "gpu_worker")
 MAX_FUNCTION, MAX_CLASS, MAX_PARAMS = 60, 250, 6  # more parameters: pass a request, a context or a dataclass
+MAX_MODULE, MAX_FOLDER = 400, 12  # lines a module; modules a folder, flat
+NOT_COUNTED = ("__init__.py", "__main__.py")  # a package's own files: not modules of its folder
 
 
 def params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -47,11 +52,29 @@ def sizes(path: Path) -> list[tuple[int, str, str]]:
     return out
 
 
-def offenders(root: Path = ROOT) -> list[str]:
+def layout(files: list[Path], root: Path) -> list[tuple[int, str]]:
+    """(size, line) for every module over MAX_MODULE lines and every folder over MAX_FOLDER modules."""
     bad: list[tuple[int, str]] = []
+    folders: dict[Path, list[str]] = {}
+    for path in files:
+        n = len(path.read_text().splitlines())
+        if n > MAX_MODULE:
+            bad.append((n, f"{path.relative_to(root)}: module: {n} lines (limit {MAX_MODULE})"))
+        if path.name not in NOT_COUNTED:
+            folders.setdefault(path.parent, []).append(path.name)
+    for folder, names in folders.items():
+        if len(names) > MAX_FOLDER:
+            where = f"{folder.relative_to(root)}/"
+            text = f"{where}: folder: {len(names)} modules (limit {MAX_FOLDER}): {', '.join(sorted(names))}"
+            bad.append((len(names), text))
+    return bad
+
+
+def offenders(root: Path = ROOT) -> list[str]:
     files = [p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))]
     if not files:
         raise SystemExit(f"no Python files under {root} for {PACKAGES}")
+    bad = layout(files, root)
     for path in files:
         for n, kind, name in sizes(path):
             limit = {"class": MAX_CLASS, "function": MAX_FUNCTION}.get(kind, MAX_PARAMS)
@@ -65,7 +88,11 @@ def main() -> int:
     bad = offenders()
     for line in bad:
         print(line)
-    print(f"check_sizes: {len(bad)} over the limits" if bad else "check_sizes: every function and class is in size")
+    print(
+        f"check_sizes: {len(bad)} over the limits"
+        if bad
+        else "check_sizes: every module, folder, function and class is in size"
+    )
     return 1 if bad else 0
 
 

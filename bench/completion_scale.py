@@ -7,7 +7,7 @@ For each size: a run submitted through the real manifest handler (keys_per_shard
 30,000 shards are 3 array jobs of 10,000), every shard's result.json written as a worker
 would, then every event Batch sends (each child RUNNABLE, STARTING, RUNNING, SUCCEEDED; each
 parent PENDING, RUNNING, SUCCEEDED) in a random order from several threads to
-sluice.control.completion.handle_job_event, against in-process moto (each DynamoDB request atomic,
+sluice.control.completion.state_change.handle_job_event, against in-process moto (each DynamoDB request atomic,
 as DynamoDB is). It prints events/s, DynamoDB and S3 calls per event, transactions retried,
 and the seconds the concluding invocation took, against two earlier designs' finalize timed on
 the same emulator in the same run: the tally from every SHARD item (a paginated Query of all
@@ -77,8 +77,8 @@ def cheap_transaction_snapshots() -> None:
 
 
 def _events(run_id: str, jobs: list[Any], queue: str) -> list[dict[str, Any]]:
-    from sluice.contracts import JobStatus
-    from sluice.local.events import JobChange, attempt, batch_job_state_change
+    from sluice.contracts.status import JobStatus
+    from sluice.local.emulator.events import JobChange, attempt, batch_job_state_change
 
     out = []
     for n, job in enumerate(jobs):
@@ -116,7 +116,7 @@ def _results(s3: Any, run_id: str, control: str, n: int, failing: set[int]) -> N
     from concurrent.futures import ThreadPoolExecutor
 
     from sluice.aws.s3uri import parse_s3_uri
-    from sluice.contracts import ShardResult
+    from sluice.contracts.results import ShardResult
     from sluice.paths import RunPaths
 
     paths = RunPaths.in_bucket(control, run_id)
@@ -171,8 +171,8 @@ def _baseline_finalize(s3: Any, run_id: str, control: str, n: int) -> float:
 
 def _items_finalize(dynamodb: Any, table: str, run_id: str, n: int) -> tuple[float, int]:
     """The finalize before the counters decided: every SHARD (and JOB) item read and tallied; (seconds, processed)."""
-    from sluice.control.records import ShardRecords
-    from sluice.control.verdict import figures_from_items
+    from sluice.control.completion.verdict import figures_from_items
+    from sluice.control.table.records import ShardRecords
 
     records = ShardRecords(dynamodb, table)
     t = time.perf_counter()
@@ -187,9 +187,10 @@ def _settle_in_bulk(dynamodb: Any, table: str, run_id: str, jobs: list[Any], fai
     the COUNT items hold their sums, a failing shard has its FAIL# mark, every job but the last
     is counted terminal.
     """
-    from sluice.contracts import CounterItem, JobItem, JobStatus, MarkItem, ShardItem
-    from sluice.control.ddb import item
-    from sluice.control.records import COUNTER_SHARDS, FAIL, counter_sk, job_sk, shard_sk
+    from sluice.contracts.status import JobStatus
+    from sluice.control.table.ddb import item
+    from sluice.control.table.items import CounterItem, JobItem, MarkItem, ShardItem
+    from sluice.control.table.records import COUNTER_SHARDS, FAIL, counter_sk, job_sk, shard_sk
 
     now = int(time.time())
     rows: list[dict[str, Any]] = []
@@ -255,13 +256,13 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False, fail: i
 
     from sluice.aws import clients as sluice_aws
     from sluice.aws.clients import Clients
-    from sluice.control import ddb
-    from sluice.control.batch_events import BatchJobStateChangeEvent
-    from sluice.control.completion import handle_job_event
-    from sluice.control.ledger import Ledger
-    from sluice.local.infra import create_local
-    from sluice.local.lambda_context import LocalContext
-    from sluice.local.server import FAKE_CREDENTIALS
+    from sluice.control.completion.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion.state_change import handle_job_event
+    from sluice.control.table import ddb
+    from sluice.control.table.ledger import Ledger
+    from sluice.local.emulator.infra import create_local
+    from sluice.local.emulator.lambda_context import LocalContext
+    from sluice.local.emulator.server import FAKE_CREDENTIALS
     from sluice.settings import Settings
 
     os.environ.update({k: v for k, v in FAKE_CREDENTIALS.items() if k not in os.environ})
@@ -288,7 +289,7 @@ def run_size(n_shards: int, threads: int, seed: int, bulk: bool = False, fail: i
         )
         put = base.s3.put_object(Bucket=control, Key="manifests/scale.json", Body=body)
         from functions.handle_manifest_upload import handler as manifest_handler
-        from sluice.local.events import s3_object_created
+        from sluice.local.emulator.events import s3_object_created
 
         t0 = time.perf_counter()
         out = manifest_handler(

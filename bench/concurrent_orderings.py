@@ -8,7 +8,7 @@ concurrency behaviours: TransactionConflict, and BatchGetItem read item by item
 (read-committed). Each ordering is compared with one sequential delivery in Batch's order.
 
 Two readers of the run's counters, in the same run on the same orderings:
-  ours      one TransactGetItems (serializable), as sluice.control.records reads them;
+  ours      one TransactGetItems (serializable), as sluice.control.table.records reads them;
   baseline  one BatchGetItem, as they were read before (each item at its own moment).
 
     .venv/bin/python bench/concurrent_orderings.py --orderings 96 --baseline-orderings 24
@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 def _batch_counts(self: Any, run_id: str) -> Any:
     """The counters summed from one BatchGetItem (the baseline reader)."""
-    from sluice.contracts import Counts
-    from sluice.control import records
-    from sluice.control.ddb import item, values
+    from sluice.control.table import records
+    from sluice.control.table.ddb import item, values
+    from sluice.control.table.items import Counts
 
     keys = [item({"pk": run_id, "sk": records.counter_sk(k)}) for k in range(records.COUNTER_SHARDS)]
     resp = self.client.batch_get_item(RequestItems={self.table: {"Keys": keys, "ConsistentRead": True}})
@@ -67,7 +67,7 @@ def main() -> None:
 
     logging.disable(logging.INFO)  # the handlers' INFO lines, thousands of them
 
-    from sluice.control.records import ShardRecords
+    from sluice.control.table.records import ShardRecords
     from tests.integration import test_completion_concurrent as cc
 
     rng = random.Random(args.seed)

@@ -56,9 +56,9 @@ def inventory_manifest(bucket: str, keys: int) -> bytes:
 
 def run_case(name: str, aws: Any, stack: Any, manifest: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     from functions.handle_manifest_upload import handler
-    from sluice.control.ledger import Ledger
-    from sluice.local.events import s3_object_created
-    from sluice.local.lambda_context import LocalContext
+    from sluice.control.table.ledger import Ledger
+    from sluice.local.emulator.events import s3_object_created
+    from sluice.local.emulator.lambda_context import LocalContext
 
     control = stack.names["ControlBucket"]
     body = json.dumps(manifest).encode()
@@ -101,8 +101,8 @@ def main() -> None:
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local
-    from sluice.local.server import FAKE_CREDENTIALS
+    from sluice.local.emulator.infra import create_local
+    from sluice.local.emulator.server import FAKE_CREDENTIALS
     from tests.conftest import AwsClients
 
     os.environ.update({k: v for k, v in FAKE_CREDENTIALS.items() if k not in os.environ})

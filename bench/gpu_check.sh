@@ -94,10 +94,11 @@ plan_run() {
 "$PY" - "$KEYS" "$3" "$BATCH" "$SIZE" "$IMG_PORT" "gpu-check-$1-$2" "$2" <<'EOF'
 import sys, time, urllib.request
 import boto3
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.paths import RunPaths
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.shards import encode_shard
+from tests.plans import run_plan
 keys, model, batch, size, img_port, run_id, decode = sys.argv[1:8]
 keys, batch, size = int(keys), int(batch), int(size)
 for _ in range(600):  # servers up (the image server generates its JPEGs first)
@@ -111,9 +112,8 @@ s3 = boto3.client("s3")
 if "check-control" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
     s3.create_bucket(Bucket="check-control")
 files = RunPaths.in_bucket("check-control", run_id)
-plan = RunPlan.standalone(run_id, files.root, n_shards=1, total_keys=keys,
-                          model=ModelSpec(uri=model, batch_size=batch, image_size=size), gpus_per_node=1,
-                          attempts=1, max_failed_fraction=0.0, retry_failed=0, created_at="gpu-check", decode=decode)
+plan = run_plan(run_id, files.root, total_keys=keys, model=ModelSpec(uri=model, batch_size=batch, image_size=size),
+                job={"attempts": 1, "decode": decode}, max_failed_fraction=0.0, retry_failed=0)
 names = [f"img-{i:07d}.jpg" for i in range(keys)]
 s3.put_object(Bucket="check-control", Key=parse_s3_uri(files.shard(0))[1],
               Body=encode_shard([("check-images", names)], sort=False))

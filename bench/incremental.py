@@ -5,7 +5,7 @@
 
 An earlier run ("full-a") embedded all N keys with one model: its output is written as the GPU
 worker writes it (sluice.outputs.arrow_schema, 512-d float16 by default, 2,048 rows a Parquet
-chunk, a commit marker after each) to a moto S3 server (sluice.local.server.MotoServer, a
+chunk, a commit marker after each) to a moto S3 server (sluice.local.emulator.server.MotoServer, a
 subprocess, as the integration tests use). The current input is an S3 Inventory report (gzip
 CSV with Bucket, Key, ETag; one data file per map worker) naming the N keys, a fraction
 --changed of them with another ETag, plus a fraction --new of new keys.
@@ -17,12 +17,12 @@ HEAD either way (docs/incremental.md). A key list would cost one HEAD per key.
 
 Ours: the incremental prepare (map: the inventory's versions plus the earlier output's version
 columns by ranged GETs; reduce: the anti-join, shards of only the keys to embed; then the
-submit step's placement of the staged shards, sluice.prepare.versions_reduce.place_shards).
+submit step's placement of the staged shards, sluice.prepare.reducer.versions.place_shards).
 Baseline: the same input prepared without since_run, which sends every key to the GPUs. Both
 run the real run_map / run_reduce, one fresh process per worker (its peak RSS is its own), at
 most one per CPU at a time, against the same server. The spec is built here as the manifest
-Lambda builds it (sluice.control.route._incremental: workers, partitions, the earlier output
-as tasks via sluice.control.lineage.Lineage); the Lambda's checks of the earlier run
+Lambda builds it (sluice.control.intake.route._incremental: workers, partitions, the earlier output
+as tasks via sluice.control.intake.lineage.Lineage); the Lambda's checks of the earlier run
 (ledger, plan) are not run. The bench checks the result (the skipped count and the exact set
 of keys in the shards) and prints FAIL and exits 1 when it is wrong.
 """
@@ -52,18 +52,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.contracts import InventoryFiles, PrepareSpec
-from sluice.control.lineage import EarlierRun, Lineage
-from sluice.local.server import MotoServer
-from sluice.models import ModelSpec
+from sluice.aws.store import ObjectStore
+from sluice.contracts.prepare import InventoryFiles, PrepareSpec
+from sluice.contracts.sections import ModelSpec
+from sluice.control.intake.lineage import EarlierRun, Lineage
+from sluice.local.emulator.server import MotoServer
 from sluice.outputs import arrow_schema
 from sluice.paths import RunPaths, shard_output_dir
 from sluice.plan.dedup import MAX_POSITIONS
 from sluice.preflight import Capacity
+from sluice.prepare import prepare_store
 from sluice.prepare.collect import Collected, collect
+from sluice.prepare.reducer.versions import place_shards
 from sluice.prepare.split import PARTITION_FACTOR, choose_partitions
-from sluice.prepare.store import PrepareStore
-from sluice.prepare.versions_reduce import place_shards
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import earlier_plan, md5
 
@@ -86,14 +87,14 @@ class Requests:
         self.counts[model.name] += 1
 
 
-def _counted_store() -> tuple[PrepareStore, Requests]:
-    store = PrepareStore()  # sluice.aws.clients.client: AWS_ENDPOINT_URL (the moto server) from the environment
+def _counted_store() -> tuple[ObjectStore, Requests]:
+    store = prepare_store()  # sluice.aws.clients.client: AWS_ENDPOINT_URL (the moto server) from the environment
     return store, Requests(store.s3)
 
 
 def _map_child(spec_uri: str, worker: int) -> tuple[float, dict[str, int]]:
     from sluice.prepare.__main__ import load_spec
-    from sluice.prepare.mapper import run_map
+    from sluice.prepare.mapper.worker import run_map
 
     cpu, (store, req) = time.process_time(), _counted_store()
     run_map(load_spec(store, spec_uri), worker, store)
@@ -102,7 +103,7 @@ def _map_child(spec_uri: str, worker: int) -> tuple[float, dict[str, int]]:
 
 def _reduce_child(spec_uri: str, partition: int) -> tuple[float, dict[str, int]]:
     from sluice.prepare.__main__ import load_spec
-    from sluice.prepare.reducer import run_reduce
+    from sluice.prepare.reducer.worker import run_reduce
 
     cpu, (store, req) = time.process_time(), _counted_store()
     run_reduce(load_spec(store, spec_uri), partition, store)
@@ -112,7 +113,7 @@ def _reduce_child(spec_uri: str, partition: int) -> tuple[float, dict[str, int]]
 def _run_all(fn: Any, spec_uri: str, n: int) -> list[tuple[float, dict[str, int]]]:
     """As sluice.prepare.offline._run_all: a fresh process per worker, at most one per CPU at once."""
     ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(["sluice.prepare.mapper", "sluice.prepare.reducer"])
+    ctx.set_forkserver_preload(["sluice.prepare.mapper.worker", "sluice.prepare.reducer.worker"])
     with ProcessPoolExecutor(max(1, min(n, os.cpu_count() or 1)), mp_context=ctx, max_tasks_per_child=1) as pool:
         return list(pool.map(fn, [spec_uri] * n, range(n)))
 
@@ -231,7 +232,7 @@ def run_prepare(spec: PrepareSpec) -> dict[str, Any]:
 
 def shard_keys(spec: PrepareSpec, n_shards: int) -> list[str]:
     """Every key in the run's shards/ (read after the clock, through an uncounted client)."""
-    store, paths, out = PrepareStore(), RunPaths(spec.root), []
+    store, paths, out = prepare_store(), RunPaths(spec.root), []
     for i in range(n_shards):
         for _, keys in ShardReader(store.get(paths.shard(i))).groups():
             out += keys
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     server = MotoServer().start()
     os.environ.update(server.env)  # the forkserver and its workers inherit it
     try:
-        s3 = PrepareStore().s3
+        s3 = prepare_store().s3
         for b in (IMAGES, CONTROL):
             s3.create_bucket(Bucket=b)
         t = time.monotonic()
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         def spec(run_id: str, incremental: bool) -> PrepareSpec:
             load = max(len(current), n) if incremental else len(current)
             extra: dict[str, Any] = {}
-            if incremental:  # as sluice.control.route._incremental builds it
+            if incremental:  # as sluice.control.intake.route._incremental builds it
                 extra = {
                     "since_run": "full-a",
                     "lineage": ["full-a"],

@@ -18,7 +18,7 @@ is one query at a time; batched is --batch queries in one call (ours: sluice.ind
 pool; FAISS: one search call), reported per query.
 
 --workers N compares, in one run on the same vectors, the single build and the distributed
-build's three steps on this machine (sluice.index.fleet: train in the parent, N spawned
+build's three steps on this machine (sluice.index.fleet.build: train in the parent, N spawned
 segment processes, commit in the parent), each side in a fresh process: build time (and each
 step's), peak RSS of the single build's process, of the distributed build's parent and of
 each segment worker (VmHWM, read by each process itself), recall@10 of both against the
@@ -97,9 +97,9 @@ def ours(run: str, index: str, queries: np.ndarray, k: int, batch: int) -> dict[
 
 def fleet(run: str, index: str, queries: np.ndarray, k: int, batch: int, workers: int) -> dict[str, Any]:
     """The distributed build's steps as `sluice index build --workers N` runs them, each timed."""
-    from sluice.index.fleet import commit, train
+    from sluice.index.fleet.build import commit, train
+    from sluice.index.fleet.workers import run_children
     from sluice.index.search import Searcher
-    from sluice.index.workers import run_children
 
     t = time.perf_counter()
     plan = train([run], index, "bench", workers)

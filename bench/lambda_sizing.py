@@ -61,7 +61,7 @@ def child(spec: dict[str, Any]) -> None:
     """Run the handler once in this (fresh) process and print what it cost."""
     os.environ.update(spec["env"])
     from functions.handle_manifest_upload import handler
-    from sluice.local.lambda_context import LocalContext
+    from sluice.local.emulator.lambda_context import LocalContext
 
     base_rss = vm_hwm_mb()
     spill, peak = Path(spec["env"]["SLUICE_SPILL_DIR"]), [0]
@@ -149,8 +149,8 @@ def main() -> None:
 
     import boto3
 
-    from sluice.local.infra import create_local
-    from sluice.local.server import FAKE_CREDENTIALS, MotoServer
+    from sluice.local.emulator.infra import create_local
+    from sluice.local.emulator.server import FAKE_CREDENTIALS, MotoServer
 
     for k, v in FAKE_CREDENTIALS.items():
         os.environ.setdefault(k, v)

@@ -18,7 +18,7 @@ from gpu_worker.telemetry.observe import count_retry, observe
 from gpu_worker.telemetry.remote_write import RemoteWriter
 from gpu_worker.telemetry.stats import Stats
 from gpu_worker.telemetry.write_request import encode_write_request, registry_series, snappy_block
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 from sluice.preflight.limits import AMP_ACTIVE_SERIES, AMP_INGEST_SAMPLES_S  # the quotas, cited once
 
 LABELS = {

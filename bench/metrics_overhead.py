@@ -26,11 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sluice.aws.s3uri import parse_s3_uri  # noqa: E402
+from sluice.contracts.sections import ModelSpec  # noqa: E402
 from sluice.local.demo import demo_images  # noqa: E402
-from sluice.local.server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
-from sluice.models import ModelSpec, RunPlan  # noqa: E402
+from sluice.local.emulator.server import FAKE_CREDENTIALS, MotoServer  # noqa: E402
 from sluice.paths import RunPaths  # noqa: E402
 from sluice.shards import encode_shard  # noqa: E402
+from tests.plans import run_plan  # noqa: E402
 
 BUCKET = "bench-metrics"
 
@@ -71,7 +72,7 @@ def main() -> None:
         write_url, sink = _sink()
         prom = None
         try:
-            from sluice.local.prometheus import LocalPrometheus
+            from sluice.local.emulator.prometheus import LocalPrometheus
 
             if LocalPrometheus.available():
                 prom = LocalPrometheus().start()
@@ -81,16 +82,14 @@ def main() -> None:
                 for arm in ("off", "on"):
                     run_id = f"bench-{arm}-{i}"
                     files = RunPaths.in_bucket(BUCKET, run_id)
-                    plan = RunPlan.standalone(
+                    plan = run_plan(
                         run_id,
                         files.root,
-                        n_shards=1,
                         total_keys=len(keys),
                         model=ModelSpec(batch_size=32, image_size=96),
                         manifest_uri=files.root + "m.json",
-                        attempts=1,
+                        job={"attempts": 1},
                         retry_failed=0,
-                        created_at="2026-01-01T00:00:00+00:00",
                     )
                     s3.put_object(
                         Bucket=BUCKET,

@@ -1,7 +1,7 @@
 """What one moto test's setup costs, with botocore data loaded per session (before) or shared (tests/botodata.py).
 
 Each moto test starts mock_aws, makes its own clients (tests.conftest.AwsClients: a fresh boto3
-session), creates the template's resources (sluice.local.infra.create_local) and runs a real
+session), creates the template's resources (sluice.local.emulator.infra.create_local) and runs a real
 handler, whose clients (sluice.aws.clients) come from fresh sessions too. Every new session
 re-reads botocore's service models and endpoint data. This times N such setups plus one
 manifest delivery in a fresh child process per variant (CPU seconds: resource.getrusage) and
@@ -34,7 +34,8 @@ def one(n: int, shared: bool) -> dict[str, float]:
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local, load_template
+    from sluice.local.emulator.infra import create_local
+    from sluice.local.emulator.template import load_template
     from tests.conftest import AwsClients
     from tests.integration.helpers import keys_manifest, put_manifest
 

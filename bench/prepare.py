@@ -29,9 +29,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sluice.aws.store import CHUNK
 from sluice.prepare.offline import OfflineJob, prepare_offline
 from sluice.prepare.split import KEYS_PER_PARTITION, choose_partitions
-from sluice.prepare.store import CHUNK
 
 BUCKETS = ["media-prod-assets", "media-prod-stock", "archive-2023", "partner-uploads"]
 VARIANTS = ["orig", "thumb", "small", "medium", "large"]
@@ -80,8 +80,9 @@ def write_keylist(path: Path, n: int, seed: int = 42) -> None:
 def _baseline_child(path: str, out: str) -> dict[str, float]:
     """Today's in-Lambda path on the key list: plan.scan (validate, digest, spill), then write_shards."""
     from sluice.commands.shards import read_chunks
+    from sluice.contracts.manifest import JobSpec, Manifest
+    from sluice.contracts.sections import InputSpec
     from sluice.input.sources import Problems, iter_keylist
-    from sluice.models import InputSpec, JobSpec, Manifest
     from sluice.plan.layout import layout
     from sluice.plan.scan import scan, write_shards
     from sluice.prepare import peak_rss_mb

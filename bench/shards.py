@@ -122,8 +122,8 @@ def memory_child(mode: str, path: str) -> None:
     """Shard a key-list file like the coordinator does; print peak RSS (MiB) and seconds."""
     t0 = time.perf_counter()
     if mode == "sluice":
+        from sluice.contracts.manifest import Manifest
         from sluice.input.sources import Problems, iter_keylist
-        from sluice.models import Manifest
         from sluice.plan.layout import layout
         from sluice.plan.scan import scan, write_shards
 

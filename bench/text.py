@@ -12,7 +12,7 @@ chunks' text (its batch size, its padding), and the ratio printed is end to end 
 Ours, end to end: gpu_worker.passes.parts.PartsStream as a rank runs it, from object bytes to
 committed Parquet chunks: decode, tokenize and chunk in the fetch threads, embed in batches of
 --batch chunks, sink a key's rows together, commit chunks with their markers (to a local
-folder; the bytes come from memory, so S3 is not measured). Baseline, model-only: the same
+folder; the GETs are answered from memory inside the S3 client, so S3 is not measured). Baseline, model-only: the same
 chunks, already tokenized, through the same model in the same sorted groups of batches: the
 ceiling the pipeline could reach. Torch runs --threads threads (per core = / threads). Best of --repeat.
 Printed: chunks, tokens, seconds, chunks/s and tokens/s per core for each, and end to end /
@@ -22,16 +22,22 @@ model-only (1.00: the pipeline costs nothing on top of the model).
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from botocore.awsrequest import AWSResponse
+from botocore.response import StreamingBody
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # the data client's; no request leaves (MemoryS3)
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.kinds.base import Loading
@@ -41,21 +47,36 @@ from gpu_worker.output.commits import Paths
 from gpu_worker.output.parquet import RecordLabel
 from gpu_worker.output.sink import ChunkSink, SinkSpec
 from gpu_worker.passes.base import KeySinks
+from gpu_worker.passes.keys import Item
 from gpu_worker.passes.parts import PartsStream
-from gpu_worker.sources.store import RunStore
+from gpu_worker.sources.clients import data_client
 from gpu_worker.telemetry.stats import Stats
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import PlannedModel
+from sluice.contracts.sections import ContentSpec, ModelSpec
 from sluice.local.demo import demo_texts
-from sluice.models import ContentSpec, ModelSpec, PlannedModel
 
 
-class MemoryFetcher:
-    """Object bytes from a dict: the pipeline without S3."""
+class MemoryS3:
+    """The pass's GETs answered from a dict inside its data client (botocore's events): the pipeline without S3.
 
-    def __init__(self, objects: dict[str, bytes]) -> None:
+    The client's own work (parameters, the response) is measured; no request leaves the process.
+    """
+
+    def __init__(self, cfg: WorkerConfig, objects: dict[str, bytes]) -> None:
         self.objects = objects
+        events = data_client(cfg).meta.events
+        events.register("before-parameter-build.s3.GetObject", self._key)
+        events.register("before-call.s3.GetObject", self._answer)
 
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
-        return self.objects[key]
+    def _key(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["bench_key"] = params["Key"]
+
+    def _answer(self, context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]]:
+        data = self.objects[context["bench_key"]]
+        body = StreamingBody(io.BytesIO(data), len(data))
+        meta = {"HTTPStatusCode": 200, "RetryAttempts": 0}
+        return AWSResponse("", 200, {}, None), {"Body": body, "ContentLength": len(data), "ResponseMetadata": meta}
 
 
 def _loading(args: argparse.Namespace) -> Loading:
@@ -113,7 +134,7 @@ def _sink(root: str, n: int, dim: int) -> ChunkSink:
         metadata={"model": "builtin:reference-text", "dim": str(dim)},
         label=RecordLabel("reference-text", "", "builtin:reference-text@1", "bench"),
     )
-    return ChunkSink(RunStore(), Paths.for_shard(root + "/output/", root + "/failures/", root + "/shards/", 0), spec)
+    return ChunkSink(ObjectStore(), Paths.for_shard(root + "/output/", root + "/failures/", root + "/shards/", 0), spec)
 
 
 def end_to_end(args: argparse.Namespace, objects: dict[str, bytes]) -> tuple[float, int, int]:
@@ -124,9 +145,10 @@ def end_to_end(args: argparse.Namespace, objects: dict[str, bytes]) -> tuple[flo
         stats = Stats()
         cfg = WorkerConfig.model_validate({}).replace(fetch_concurrency=args.fetch_threads)
         outputs = KeySinks([_sink(root, len(objects), embedder.output_dim)], stats)
-        items = [(i, "bench", key, 0) for i, key in enumerate(objects)]
+        items = [Item(i, "bench", key, 0) for i, key in enumerate(objects)]
+        MemoryS3(cfg, objects)
         t0 = time.perf_counter()
-        PartsStream(cfg, [embedder], outputs, args.batch).run(items, MemoryFetcher(objects))
+        PartsStream(cfg, [embedder], outputs, args.batch).run(items)
         outputs.finish(ok=True)
         took = time.perf_counter() - t0
     finally:

@@ -1,4 +1,4 @@
-"""Benchmark video frame sampling: keyframe seeks (gpu_worker/decode/video.py) vs decoding every frame.
+"""Benchmark video frame sampling: keyframe seeks (gpu_worker/decode/videosampler.py) vs decoding every frame.
 
     .venv/bin/python bench/video.py                                  # 120 s of 640x360 at 25 fps
     .venv/bin/python bench/video.py --seconds 600 --size 1280x720 --gops 2 10
@@ -27,7 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_worker.decode.video import VideoLimits, open_video, plan_targets
+from gpu_worker.decode.video import open_video
+from gpu_worker.decode.videolimits import VideoLimits
+from gpu_worker.decode.videosampler import plan_targets
 
 
 def encode(path: Path, seconds: int, size: tuple[int, int], fps: int, gop_s: int) -> None:

@@ -64,7 +64,7 @@ def start_s3(latency_ms: float) -> tuple[Any, dict[str, str]]:
     """The fault-injecting moto wrapper (tests/worker_s3server.py) with `latency_ms` per image GET."""
     import urllib.request
 
-    from sluice.local.server import MotoServer
+    from sluice.local.emulator.server import MotoServer
 
     server = MotoServer(module="tests.worker_s3server", cwd=ROOT).start()
     body = json.dumps({"latency_ms": latency_ms, "latency_prefix": f"/{BUCKET}/"}).encode()
@@ -118,24 +118,23 @@ def bench_pipeline(
 
     `model_uri` may be a list of ModelSpecs: one run with several models in one pass."""
     from sluice.aws.s3uri import parse_s3_uri
-    from sluice.contracts import ShardResult
-    from sluice.models import ModelSpec, RunPlan
+    from sluice.contracts.results import ShardResult
+    from sluice.contracts.sections import ModelSpec
     from sluice.paths import RunPaths
     from sluice.shards import encode_shard
+    from tests.plans import run_plan
 
     run = f"{RUN}-{len(extra_env)}-{time.time_ns()}"
     files = RunPaths.in_bucket(CONTROL, run)
-    plan = RunPlan.standalone(
+    plan = run_plan(
         run,
         files.root,
-        n_shards=1,
         total_keys=len(keys),
         model=model_uri if isinstance(model_uri, list) else ModelSpec(uri=model_uri, batch_size=batch, image_size=size),
         manifest_uri=f"s3://{CONTROL}/m.json",
-        attempts=1,
+        job={"attempts": 1},
         max_failed_fraction=0.0,
         retry_failed=0,
-        created_at="bench",
     )
     s3 = s3_client()
     s3.put_object(Bucket=CONTROL, Key=parse_s3_uri(files.shard(0))[1], Body=encode_shard([(BUCKET, keys)]))
@@ -165,7 +164,7 @@ def bench_pipeline(
 
 def bench_two_models(keys: list[str], uris: list[str], size: int, batch: int) -> dict[str, float]:
     """Row m2: two models in one pass vs two runs (one per model), end to end (node seconds, start-up included)."""
-    from sluice.models import ModelSpec
+    from sluice.contracts.sections import ModelSpec
 
     specs = [ModelSpec(uri=u, batch_size=batch, image_size=size, name=f"m{i}") for i, u in enumerate(uris)]
     one = bench_pipeline(keys, specs, size, batch, {})["seconds"]
@@ -187,9 +186,10 @@ def plain_decode(data: bytes, size: int) -> np.ndarray:
 
 
 def our_decode(data: bytes, size: int) -> np.ndarray:
+    from gpu_worker.config import MAX_IMAGE_PIXELS
     from gpu_worker.decode.image import decode_image
 
-    return decode_image(data, size, 89_478_485).copy()
+    return decode_image(data, size, MAX_IMAGE_PIXELS).copy()
 
 
 def bench_naive(keys: list[str], model_uri: str, size: int) -> float:

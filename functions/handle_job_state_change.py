@@ -11,9 +11,9 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
-from sluice.control.batch_events import BatchJobStateChangeEvent
-from sluice.control.completion import handle_job_event
-from sluice.control.reconcile import reconcile
+from sluice.control.completion.batch_events import BatchJobStateChangeEvent
+from sluice.control.completion.state_change import handle_job_event
+from sluice.control.sweep.reconcile import reconcile
 from sluice.log import logger
 
 SCHEDULED = "Scheduled Event"

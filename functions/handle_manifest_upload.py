@@ -8,8 +8,8 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sluice.contracts import UploadItem
-from sluice.control.coordinator import handle_upload
+from sluice.control.intake.coordinator import handle_upload
+from sluice.control.table.items import UploadItem
 from sluice.log import logger
 
 

@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
 
         from gpu_worker.models.spec import resolve_uri
-        from gpu_worker.sources.store import RunStore
+        from gpu_worker.sources.clients import control_store
 
-        path = resolve_uri(path, tempfile.mkdtemp(prefix="sluice-autotune-"), RunStore())
+        path = resolve_uri(path, tempfile.mkdtemp(prefix="sluice-autotune-"), control_store())
     model, info = load_model(path, args.image_size)
     print(
         f"model {args.model} ({info.kind}), {info.image_size}px, device {device}"

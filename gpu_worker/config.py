@@ -18,6 +18,8 @@ from sluice.errors import SettingsError
 from sluice.settings import EnvSettings
 
 PREFIX = "SLUICE_WORKER_"
+# The decompression-bomb limit: Pillow's own default (PIL.Image.MAX_IMAGE_PIXELS), defined here for every decode.
+MAX_IMAGE_PIXELS = 89_478_485
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["", "float16", "float32"]
 
@@ -63,7 +65,9 @@ class WorkerConfig(WorkerSettings):
         128 * 2**20, ge=1, description="fetched-but-undecoded bytes per loader before fetching pauses"
     )
     max_object_bytes: int = Field(64 * 2**20, ge=1, description="larger objects fail as too_large")
-    max_image_pixels: int = Field(89_478_485, ge=1, description="more pixels fail as bomb (Pillow's own default limit)")
+    max_image_pixels: int = Field(
+        MAX_IMAGE_PIXELS, ge=1, description="more pixels fail as bomb (Pillow's own default limit)"
+    )
     batch_size: int = Field(0, ge=0, description="0: the plan's model.batch_size")
     buffers_per_loader: int = Field(2, ge=1, description="batch buffers each loader may fill ahead")
     prefetch_mib: int = Field(

@@ -24,7 +24,7 @@ from gpu_worker.config import WorkerSettings
 from gpu_worker.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sluice.models import RunPlan
+    from sluice.contracts.plan import RunPlan
 
 
 class ContainerEnv(WorkerSettings):

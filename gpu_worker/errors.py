@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureReason
+from sluice.contracts.status import TRANSIENT_FAILURE_REASONS, FailureReason
 from sluice.errors import SettingsError
 
 
@@ -28,11 +28,15 @@ class Stalled(WorkerError):
     """A rank made no progress for stall_after_s (gpu_worker.watchdog); the retry strategy retries it."""
 
 
+class ExportError(Exception):
+    """A model spec that cannot be exported (unknown name, unsupported shape, a failed check): `sluice model export`."""
+
+
 class ObjectFailure(Exception):
     """One object failed; `transient` ones are retried, then deferred to the final pass.
 
     `transient` defaults to whether the reason is one the run's retry pass retries
-    (sluice.contracts.TRANSIENT_FAILURE_REASONS).
+    (sluice.contracts.status.TRANSIENT_FAILURE_REASONS).
     """
 
     def __init__(self, reason: FailureReason, detail: str = "", *, transient: bool | None = None) -> None:

@@ -34,12 +34,13 @@ from gpu_worker.output.result import write_shard_result
 from gpu_worker.output.verdict import exit_reason, threshold
 from gpu_worker.passes.work import RankSpec
 from gpu_worker.rank import run_rank, spec_json
-from gpu_worker.sources.fetch import FetcherLike
-from gpu_worker.sources.store import RunStore
+from gpu_worker.sources.clients import control_store
 from gpu_worker.telemetry.stats import Stats
-from sluice.contracts import ShardResult
+from sluice.aws.ranged import RangedObject
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan, load_plan
+from sluice.contracts.results import ShardResult
 from sluice.errors import PlanError, ShardFormatError
-from sluice.models import RunPlan, load_plan
 from sluice.shards import ShardReader
 
 
@@ -60,8 +61,8 @@ def detect_device(cfg: WorkerConfig) -> tuple[str, int]:
     return "cpu", cfg.cpu_ranks
 
 
-def read_plan(store: RunStore, uri: str) -> RunPlan:
-    """The run's plan (sluice.models.load_plan); a missing or invalid plan is a configuration error."""
+def read_plan(store: ObjectStore, uri: str) -> RunPlan:
+    """The run's plan (sluice.contracts.plan.load_plan); a missing or invalid plan is a configuration error."""
     try:
         return load_plan(store.get, uri)
     except PlanError as exc:
@@ -80,15 +81,10 @@ class Node:
     started: float  # epoch seconds
 
 
-def run_node(
-    cfg: WorkerConfig, environ: Mapping[str, str], *, store: RunStore | None = None, fetcher: FetcherLike | None = None
-) -> ShardResult:
-    """Everything `python -m gpu_worker` does; returns what it wrote to result.json.
-
-    `fetcher` replaces S3 image GETs (tests; single rank with SLUICE_WORKER_LOADERS=0 only).
-    """
+def run_node(cfg: WorkerConfig, environ: Mapping[str, str], *, store: ObjectStore | None = None) -> ShardResult:
+    """Everything `python -m gpu_worker` does; returns what it wrote to result.json."""
     started = time.time()
-    store = store or RunStore()
+    store = store or control_store()
     plan = read_plan(store, envmod.plan_uri(environ))
     asg = envmod.select(plan, environ)
     set_labels(run=plan.run_id, shard=asg.shard, node=asg.node, attempt=asg.attempt)
@@ -122,7 +118,7 @@ def run_node(
     work = tempfile.mkdtemp(prefix="sluice-worker-") if own_dir else cfg.work_dir
     try:
         if todo:
-            summaries = _run_ranks(node, _rank_specs(node, states, store, work), cfg, store, fetcher)
+            summaries = _run_ranks(node, _rank_specs(node, states, store, work), cfg, store)
         states = [load_state(store, p, st) for p, st in zip(paths, states)]  # only the ranks' new markers are read
         for p, st in zip(paths, states):
             remove_orphans(store, p, st)
@@ -142,17 +138,17 @@ def _todo_count(states: list[ShardState], n_keys: int) -> int:
     return intervals.count(unclaimed) + len(retry)
 
 
-def _count_keys(store: RunStore, shard_uri: str) -> int:
+def _count_keys(store: ObjectStore, shard_uri: str) -> int:
     """Keys in the shard (its header and index only); an unreadable shard fails the attempt."""
     try:
-        return ShardReader(store.range_source(shard_uri)).n_keys
+        return ShardReader(RangedObject(store, shard_uri)).n_keys
     except ShardFormatError as exc:
         raise WorkerError(f"shard {shard_uri} is unreadable: {exc}") from None
     except Exception as exc:
         raise WorkerError(f"cannot read shard {shard_uri}: {type(exc).__name__}: {exc}") from None
 
 
-def _rank_specs(node: Node, states: list[ShardState], store: RunStore, work: str) -> list[RankSpec]:
+def _rank_specs(node: Node, states: list[ShardState], store: ObjectStore, work: str) -> list[RankSpec]:
     """One spec per rank; fetches the models and writes each model's resume state into `work` for them."""
     from gpu_worker.models.spec import resolve_uri
 
@@ -208,14 +204,10 @@ def _window(summaries: list[dict[str, Any]]) -> list[float]:
     return [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else []
 
 
-def _run_ranks(
-    node: Node, specs: list[RankSpec], cfg: WorkerConfig, store: RunStore, fetcher: FetcherLike | None
-) -> list[dict[str, Any]]:
+def _run_ranks(node: Node, specs: list[RankSpec], cfg: WorkerConfig, store: ObjectStore) -> list[dict[str, Any]]:
     """Each rank's summary: one rank runs in this process, several as `python -m gpu_worker.rank` processes."""
     if len(specs) == 1:
-        return [run_rank(specs[0], node.plan, cfg, store=store, fetcher=fetcher)]
-    if fetcher is not None:
-        raise ValueError("an injected fetcher needs a single rank")
+        return [run_rank(specs[0], node.plan, cfg, store=store)]
     work = os.path.dirname(specs[0].summary_path)
     procs: list[subprocess.Popen[bytes]] = []
     child_env = {**os.environ, **cfg.to_env()}

@@ -23,10 +23,10 @@ from gpu_worker.passes.images import ImagePass
 from gpu_worker.passes.parts import PartsPass
 from gpu_worker.passes.work import RankContext, RankSpec, RankWork
 from gpu_worker.procs import die_with_parent
-from gpu_worker.sources.fetch import FetcherLike
-from gpu_worker.sources.store import RunStore
+from gpu_worker.sources.clients import control_store
 from gpu_worker.telemetry.stats import Stats
-from sluice.models import RunPlan
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan
 
 
 def run_rank(
@@ -34,8 +34,7 @@ def run_rank(
     plan: RunPlan,
     cfg: WorkerConfig,
     *,
-    store: RunStore | None = None,
-    fetcher: FetcherLike | None = None,
+    store: ObjectStore | None = None,
 ) -> dict[str, Any]:
     """Process this rank's slice; returns its summary. Raises WorkerError/RankFailed on failure."""
     started = time.perf_counter()
@@ -48,7 +47,7 @@ def run_rank(
         local_rank=spec.local_rank,
         world=spec.world,
     )
-    ctx = RankContext(spec, cfg, plan, store or RunStore(), Stats())
+    ctx = RankContext(spec, cfg, plan, store or control_store(), Stats())
     work = RankWork.of(ctx)
     summary: dict[str, Any] = {
         "global_rank": spec.global_rank,
@@ -65,9 +64,7 @@ def run_rank(
     ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
     dog = watchdog.for_rank(ids, plan.stall_after_s, plan.load_grace_s, ctx.stats, cfg.beat_interval_s)
     try:
-        kind: RankPass = (
-            ImagePass(ctx, work, fetcher) if plan.content.kind == "image" else PartsPass(ctx, work, fetcher)
-        )
+        kind: RankPass = ImagePass(ctx, work) if plan.content.kind == "image" else PartsPass(ctx, work)
         return run_pass(ctx, kind, summary, started)
     finally:
         dog.stop()

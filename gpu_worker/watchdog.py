@@ -9,7 +9,7 @@ which needs neither the stuck thread nor its locks: Batch's retry strategy retri
 code (sluice.control.policy) and the next attempt resumes from the committed chunks.
 
 The thread needs the interpreter: a native call that hangs while holding the GIL starves it
-too, as does a stopped or frozen container. The sweep's guard (sluice.control.stall) covers
+too, as does a stopped or frozen container. The sweep's guard (sluice.control.sweep.stall) covers
 those, from the beats this thread wrote.
 """
 
@@ -29,11 +29,11 @@ from gpu_worker.telemetry.stats import Stats
 
 LEGACY_STALL_AFTER_S = 1800.0  # a plan written before plans carried stall_after_s
 LEGACY_LOAD_GRACE_S = 120.0  # a plan written before plans carried load_grace_s
-BEAT_TTL_S = 15 * 86400  # beats expire with the sweep's lookback (sluice.control.reconcile.LOOKBACK_S)
+BEAT_TTL_S = 15 * 86400  # beats expire with the sweep's lookback (sluice.control.sweep.reconcile.LOOKBACK_S)
 
 
 def beat_key(shard: int, attempt: int, rank: int) -> str:
-    """The beats table's sort key of one rank's attempt (sluice.control.stall reads it back)."""
+    """The beats table's sort key of one rank's attempt (sluice.control.sweep.stall reads it back)."""
     return f"{shard:06d}#{attempt:03d}#{rank:03d}"
 
 

@@ -27,50 +27,17 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import classify, translate
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.contracts.identity import preprocessing, static_id
+from sluice.contracts.sections import ContentSpec, ModelSpec
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-
-class ModelSpec(Protocol):
-    """What identity reads of a manifest's model (sluice.models.ModelSpec; sluice.models imports this module)."""
-
-    @property
-    def uri(self) -> str: ...
-    @property
-    def image_size(self) -> int: ...
-
-
-class ContentSpec(Protocol):
-    """What identity reads of the run's content (sluice.models.ContentSpec)."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def chunk_tokens(self) -> int | None: ...
-    @property
-    def overlap_tokens(self) -> int | None: ...
-    @property
-    def frames_per_second(self) -> float | None: ...
-    @property
-    def frames_per_video(self) -> int | None: ...
-
-
-# Bump when a builtin network's construction or seed changes: its earlier embeddings are then stale.
-BUILTIN_WEIGHTS = "1"
-
-
-def static_id(uri: str) -> str:
-    """The identity that needs no I/O: exact for builtins, a placeholder naming the uri otherwise."""
-    if uri.startswith("builtin:"):
-        return f"{uri}@{BUILTIN_WEIGHTS}"
-    return f"uri:{uri}"
 
 
 def file_id(path: str) -> str:
@@ -101,32 +68,10 @@ def resolve(uri: str, s3: S3Client | None = None) -> str:
     return file_id(uri) if os.path.isfile(uri) else static_id(uri)
 
 
-def artifact(model_id: str) -> str:
-    """The artifact part of a model_id (what `resolve` returns), its preprocessing left off."""
-    return model_id.split(";", 1)[0]
-
-
-def preprocessing(kind: str, image_size: int, content: ContentSpec) -> str:
-    """The `;name=value` suffix of the preprocessing that changes a model's vectors for input `kind`."""
-    if kind == "text":
-        return f";chunk_tokens={_or_default(content.chunk_tokens)};overlap_tokens={_or_default(content.overlap_tokens)}"
-    suffix = f";image_size={image_size}"
-    if kind == "video":
-        if content.frames_per_video is not None:
-            return suffix + f";frames_per_video={content.frames_per_video}"
-        return suffix + f";frames_per_second={_or_default(content.frames_per_second)}"
-    return suffix
-
-
 def identity(spec: ModelSpec, content: ContentSpec, s3: S3Client | None = None) -> str:
     """The model_id a run records for `spec`: its artifact (`resolve`) and the preprocessing the worker uses."""
     size = spec.image_size if content.kind == "text" else (sidecar_image_size(spec.uri, s3) or spec.image_size)
     return resolve(spec.uri, s3) + preprocessing(content.kind, size, content)
-
-
-def static_identity(spec: ModelSpec, content: ContentSpec) -> str:
-    """`identity` without I/O (plans made without the coordinator): the static artifact id, the manifest's sizes."""
-    return static_id(spec.uri) + preprocessing(content.kind, spec.image_size, content)
 
 
 def read_sidecar(uri: str, s3: S3Client | None) -> dict[str, Any] | None:
@@ -164,7 +109,3 @@ def sidecar_image_size(uri: str, s3: S3Client | None) -> int | None:
     spec = read_sidecar(uri, s3)
     size = spec.get("image_size") if spec else None
     return size if isinstance(size, int) and not isinstance(size, bool) else None
-
-
-def _or_default(value: float | None) -> str:
-    return "default" if value is None else f"{value:g}"

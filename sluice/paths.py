@@ -6,9 +6,9 @@ standalone workers):
     plan.json                      the plan every worker reads
     plan-retry-<k>.json            the plan of retry pass k
     shards/<i>.shard               shard i (docs/shard-format.md)
-    shards/<i>.result.json         the worker's result for shard i (sluice.contracts.ShardResult)
-    failures/<i>.jsonl             keys of shard i that failed (sluice.contracts.FailureLine)
-    prepare/spec.json              the prepare stage's work (sluice.contracts.PrepareSpec)
+    shards/<i>.result.json         the worker's result for shard i (sluice.contracts.results.ShardResult)
+    failures/<i>.jsonl             keys of shard i that failed (sluice.contracts.results.FailureLine)
+    prepare/spec.json              the prepare stage's work (sluice.contracts.prepare.PrepareSpec)
     prepare/manifest.json          the parsed manifest the submit step plans from
     prepare/map/<w>/<r>.part       keys map worker w routed to partition r (shard format)
     prepare/map/<w>.json           map worker w's result (MapResult), written after its parts
@@ -24,13 +24,15 @@ standalone workers):
 Search indexes (docs/index.md) live in the control bucket's `indexes/<name>/` unless the
 manifest names another URI: one Lance table per model, `<index>/<model name>.lance`, and the
 index stage's outcome for each run, `<index>/_results/<run>.json`. A distributed index build's
-work files (sluice.index.fleet) are under `<index>/_fleet/<run>/`: plan.json (FleetPlan), the
+work files (sluice.index.fleet.build) are under `<index>/_fleet/<run>/`: plan.json (FleetPlan), the
 trained models, segments/<child>.json (FleetChild).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sluice.aws.s3uri import s3_uri
 
 MANIFESTS_PREFIX = "manifests/"  # uploads here start runs (the template's rule matches it)
 RUNS_PREFIX = "runs/"
@@ -63,7 +65,7 @@ class RunPaths:
     @classmethod
     def in_bucket(cls, bucket: str, run_id: str) -> RunPaths:
         """The layout of a run the coordinator planned: under runs/<run>/ of the control bucket."""
-        return cls(f"s3://{bucket}/{run_key(run_id)}")
+        return cls(s3_uri(bucket, run_key(run_id)))
 
     @property
     def plan(self) -> str:
@@ -144,7 +146,7 @@ def shard_output_dir(output_prefix: str, i: int) -> str:
 
 def index_uri(bucket: str, name: str) -> str:
     """The default place of the index `name`: s3://<control bucket>/indexes/<name>/."""
-    return f"s3://{bucket}/{INDEXES_PREFIX}{name}/"
+    return s3_uri(bucket, f"{INDEXES_PREFIX}{name}/")
 
 
 def index_table_uri(index: str, model: str) -> str:

@@ -172,7 +172,7 @@ class Settings(EnvSettings):
         "this, not by the run); children = ceil(rows / this), 2 to 10,000.",
     )
     # Tests and operators: one fixed timeout for every index job instead of the one derived from the
-    # rows, applied once at the claim (sluice.control.indexing.claim), as SLUICE_STALL_AFTER_S is the worker's.
+    # rows, applied once at the claim (sluice.control.indexing.stage.claim), as SLUICE_STALL_AFTER_S is the worker's.
     index_timeout_s: int | None = Field(
         None,
         ge=1,

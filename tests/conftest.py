@@ -57,7 +57,7 @@ def _leak_check(session_tmp: Path, request: pytest.FixtureRequest) -> Iterator[N
 
 @functools.cache
 def _template() -> dict[str, Any]:
-    from sluice.local.infra import load_template
+    from sluice.local.emulator.template import load_template
 
     return load_template()
 
@@ -94,7 +94,7 @@ def aws() -> Iterator[AwsClients]:
 def stack(aws: AwsClients) -> Any:
     """The template's resources on moto, plus the manifest function's settings."""
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local
+    from sluice.local.emulator.infra import create_local
 
     sluice_aws.reset_clients()
     return create_local(aws, template=local_template())

@@ -13,9 +13,11 @@ import numpy as np
 
 from gpu_worker.output.commits import Marker, Paths
 from gpu_worker.output.parquet import RecordLabel, output_table, table_bytes
-from gpu_worker.sources.store import RunStore
-from sluice.models import ModelSpec, RunPlan
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.paths import join
+from tests.plans import run_plan
 
 
 def parquet_bytes(
@@ -74,20 +76,18 @@ def write_run(
     """
     root = join(base, run_id + "/")
     specs = models or [ModelSpec()]
-    plan = RunPlan.standalone(
+    plan = run_plan(
         run_id,
         root,
         n_shards=shards,
         total_keys=len(keys),
         model=specs if len(specs) > 1 else specs[0],
+        model_ids=model_ids,  # the identity a planner resolves (a local file's sha256, an S3 object's ETag)
         created_at=created_at,
         lineage=lineage or [],
-        output_dtype=dtype,
+        output={"dtype": dtype},
     )
-    if model_ids:  # the identity a planner resolves (a local file's sha256, an S3 object's ETag)
-        planned = [m.model_copy(update={"model_id": i}) for m, i in zip(plan.models, model_ids)]
-        plan = plan.model_copy(update={"models": planned})
-    store = RunStore()
+    store = ObjectStore()
     store.put(plan.output_prefix.rsplit("output/", 1)[0] + "plan.json", plan.model_dump_json().encode())
     bounds = np.linspace(0, len(keys), shards + 1).astype(int)
     for m, pm in enumerate(plan.models):

@@ -29,7 +29,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 MOTO_FIXTURES = frozenset({"aws", "moto_server"})
 PROCESS_FIXTURES = frozenset({"moto_server", "prometheus"})
-MOTO_NAMES = frozenset({"moto", "mock_aws", "moto_s3", "MotoServer", "FaultServer"})
+MOTO_NAMES = frozenset({"moto", "mock_aws", "moto_s3", "moto_objects", "MotoServer", "FaultServer"})
 PROCESS_NAMES = frozenset(
     {
         "subprocess",

@@ -12,10 +12,9 @@ import time
 import numpy as np
 from PIL import Image
 
+from gpu_worker.config import MAX_IMAGE_PIXELS
 from gpu_worker.decode.image import decode_image
 from gpu_worker.decode.nvjpeg import DeviceDecoder, JpegDecode, nvjpeg_problem, torchvision_jpeg
-
-MAX_PIXELS = 89_478_485
 
 
 def sample_jpegs(n: int, side: int = 500, seed: int = 0) -> list[bytes]:
@@ -37,7 +36,7 @@ def cpu_per_core(images: list[bytes], size: int, seconds: float) -> float:
     """Images/s one thread decodes and preprocesses to `size` through decode_image."""
     done, t0 = 0, time.perf_counter()
     while done < len(images) or time.perf_counter() - t0 < seconds:
-        decode_image(images[done % len(images)], size, MAX_PIXELS)
+        decode_image(images[done % len(images)], size, MAX_IMAGE_PIXELS)
         done += 1
     return done / (time.perf_counter() - t0)
 
@@ -46,7 +45,7 @@ def device_rate(
     images: list[bytes], size: int, device: str, seconds: float, jpeg: JpegDecode = torchvision_jpeg
 ) -> float:
     """Images/s DeviceDecoder turns into (size, size, 3) host arrays, in batches of len(images)."""
-    dec = DeviceDecoder(device, size, MAX_PIXELS, jpeg)
+    dec = DeviceDecoder(device, size, MAX_IMAGE_PIXELS, jpeg)
     dec.decode_batch(images)  # warm-up: decoder handles, kernels
     done, t0 = 0, time.perf_counter()
     while done < 2 * len(images) or time.perf_counter() - t0 < seconds:

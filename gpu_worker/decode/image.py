@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from gpu_worker.errors import ObjectFailure
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 # Magic numbers of formats we would call an image: a file that starts like one but does not

@@ -36,7 +36,7 @@ from PIL import Image
 
 from gpu_worker.decode.image import decode_image
 from gpu_worker.errors import ObjectFailure
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 JpegDecode = Callable[[Sequence[bytes], str], list[Any]]  # (JPEG bytes, device) -> uint8 (3, H, W) tensors
 Decoded = np.ndarray | ObjectFailure

@@ -23,7 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_worker.export.sources import ExportError, Source
+from gpu_worker.errors import ExportError
+from gpu_worker.export.sources import Source
 
 __all__ = ["ExportError", "ExportResult", "export", "load_source"]
 
@@ -90,12 +91,12 @@ def export(
         meta, result, text = _write(src, fmt, uri)
     else:
         from gpu_worker.models.texttower import SIDECARS
-        from gpu_worker.sources.store import RunStore
+        from gpu_worker.sources.clients import control_store
 
         with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
             local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
             meta, result, text = _write(src, fmt, local)
-            store = RunStore()
+            store = control_store()
             for suffix in ("", ".json", *(SIDECARS if text else ())):
                 with open(local + suffix, "rb") as fh:
                     kind = "application/json" if suffix.endswith(".json") else "application/octet-stream"
@@ -112,7 +113,7 @@ def _export_text(src: Any, uri: str, fmt: str) -> ExportResult:
     if not uri.startswith("s3://"):
         meta, diff = write_text_model(src, uri)
         return ExportResult(uri, meta, diff, diff)
-    from gpu_worker.sources.store import RunStore
+    from gpu_worker.sources.clients import control_store
 
     with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
         local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
@@ -120,7 +121,7 @@ def _export_text(src: Any, uri: str, fmt: str) -> ExportResult:
         for suffix in ("", ".json"):
             with open(local + suffix, "rb") as fh:
                 kind = "application/json" if suffix else "application/octet-stream"
-                RunStore().put(uri + suffix, fh.read(), content_type=kind)
+                control_store().put(uri + suffix, fh.read(), content_type=kind)
     return ExportResult(uri, meta, diff, diff)
 
 

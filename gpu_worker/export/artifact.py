@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpu_worker.export.sources import ExportError, Source
+from gpu_worker.errors import ExportError
+from gpu_worker.export.sources import Source
 from gpu_worker.models.spec import META_NAME
 
 FORMATS = ("torchscript", "pt2")

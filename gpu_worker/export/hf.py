@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpu_worker.export.sources import RANDOM_INIT, ExportError, Source, _rgb
+from gpu_worker.errors import ExportError
+from gpu_worker.export.sources import RANDOM_INIT, Source, _rgb
 from gpu_worker.export.tvcompat import ensure_importable
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

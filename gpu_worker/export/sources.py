@@ -15,13 +15,10 @@ from typing import Any
 
 from torch import nn
 
+from gpu_worker.errors import ExportError
 from gpu_worker.export.tvcompat import ensure_importable
 
 RANDOM_INIT = "random-init"
-
-
-class ExportError(Exception):
-    """A model spec that cannot be exported (unknown name, unsupported shape, a failed check)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpu_worker.export.sources import ExportError
+from gpu_worker.errors import ExportError
 from gpu_worker.models.spec import META_NAME
 from gpu_worker.models.texttower import SPEC_SUFFIX, TEXT_SUFFIX, TOKENIZER_SUFFIX, TextSpec, encode_texts
 

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpu_worker.export.sources import RANDOM_INIT, ExportError
+from gpu_worker.errors import ExportError
+from gpu_worker.export.sources import RANDOM_INIT
 from gpu_worker.models.spec import META_NAME
 
 TOLERANCE = 1e-3

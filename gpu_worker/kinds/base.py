@@ -9,7 +9,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpu_worker.config import WorkerConfig
-from sluice.models import ContentSpec, PlannedModel
+from sluice.contracts.plan import PlannedModel
+from sluice.contracts.sections import ContentSpec
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpu_worker.errors import ConfigError, ObjectFailure
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 SEED = 20240601
 VOCAB = 32_768  # hashed word ids of the builtin tokenizer; 0 pads

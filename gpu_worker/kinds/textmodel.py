@@ -191,7 +191,8 @@ def is_text_model(path: str) -> bool:
 def embed_query(path: str, text: str) -> np.ndarray:
     """(1, D) unit vector of a query text, as a text run embeds its first chunk (`sluice search --text`)."""
     from gpu_worker.config import WorkerConfig
-    from sluice.models import ContentSpec, ModelSpec, PlannedModel
+    from sluice.contracts.plan import PlannedModel
+    from sluice.contracts.sections import ContentSpec, ModelSpec
 
     planned = PlannedModel.of(ModelSpec(uri=path))
     embedder = load_text(Loading(path, planned, ContentSpec(kind="text"), "cpu", 1, WorkerConfig.model_validate({})))

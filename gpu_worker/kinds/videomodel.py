@@ -17,12 +17,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gpu_worker.decode.video import VideoFailure, VideoLimits, open_video
+from gpu_worker.decode.video import open_video
+from gpu_worker.decode.videolimits import VideoFailure, VideoLimits
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.kinds.base import Loading, Part, PartsInfo
 from gpu_worker.models.engine import Engine, EngineOptions
 from gpu_worker.models.load import load_model
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 
 def frame_array(image: Image.Image, size: int) -> np.ndarray:

@@ -23,7 +23,7 @@ import torch
 from gpu_worker.errors import ConfigError
 from gpu_worker.models.builtins import BUILTINS, build_builtin
 from gpu_worker.models.spec import IMAGENET_MEAN, IMAGENET_STD, META_NAME, parse_spec
-from sluice.models import file_kinds
+from sluice.contracts.sections import file_kinds
 
 
 @dataclass(frozen=True)

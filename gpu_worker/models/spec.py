@@ -20,13 +20,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from gpu_worker.errors import ConfigError, WorkerError
-from sluice.aws.errors import AwsFailure, Kind, classify
+from sluice.aws.errors import AwsFailure, AwsFatalError, AwsRetriableError, Kind
 
 if TYPE_CHECKING:
-    from gpu_worker.sources.store import RunStore
+    from sluice.aws.store import ObjectStore
 
 META_NAME = "sluice.json"
 # A spec without mean/std normalises as ImageNet models do (torchvision's and timm's defaults).
@@ -137,7 +135,7 @@ def input_size(uri: str, plan_size: int) -> int:
     return int(meta.get("image_size", plan_size))
 
 
-def resolve_uri(uri: str, work_dir: str, store: RunStore) -> str:
+def resolve_uri(uri: str, work_dir: str, store: ObjectStore) -> str:
     """A local path for the model: s3:// objects (and their .json sidecar, when there is one) are downloaded once."""
     if uri.startswith("builtin:") or not uri.startswith("s3://"):
         return uri
@@ -157,7 +155,7 @@ def resolve_uri(uri: str, work_dir: str, store: RunStore) -> str:
     return local
 
 
-def read_sidecar(store: RunStore, uri: str, *, sleep: Callable[[float], None] = time.sleep) -> bytes | None:
+def read_sidecar(store: ObjectStore, uri: str, *, sleep: Callable[[float], None] = time.sleep) -> bytes | None:
     """The sidecar spec at `uri` (s3://), or None when S3 says it does not exist.
 
     Only "does not exist" means no sidecar: any other failure would silently swap the model's
@@ -169,8 +167,8 @@ def read_sidecar(store: RunStore, uri: str, *, sleep: Callable[[float], None] = 
     for attempt in range(SIDECAR_ATTEMPTS):
         try:
             return store.get(uri)
-        except (ClientError, BotoCoreError) as exc:
-            failure = classify(exc)
+        except (AwsFatalError, AwsRetriableError) as exc:
+            failure = exc.failure
             if not failure.retriable or attempt == SIDECAR_ATTEMPTS - 1:
                 _no_sidecar(store, uri, failure)
                 return None
@@ -178,7 +176,7 @@ def read_sidecar(store: RunStore, uri: str, *, sleep: Callable[[float], None] = 
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _no_sidecar(store: RunStore, uri: str, failure: AwsFailure) -> None:
+def _no_sidecar(store: ObjectStore, uri: str, failure: AwsFailure) -> None:
     """Return when `failure` means `uri` does not exist; raise what it means otherwise."""
     what = f"reading the model spec {uri}"
     if failure.kind is Kind.NOT_FOUND:
@@ -196,9 +194,9 @@ def _no_sidecar(store: RunStore, uri: str, failure: AwsFailure) -> None:
     raise ConfigError(failure.describe(what))
 
 
-def _listed_absent(store: RunStore, uri: str) -> bool:
+def _listed_absent(store: ObjectStore, uri: str) -> bool:
     """True when a listing of `uri` shows it does not exist; False when it exists or the listing fails too."""
     try:
         return uri not in store.list(uri)
-    except (ClientError, BotoCoreError):
+    except (AwsFatalError, AwsRetriableError):
         return False

@@ -21,7 +21,7 @@ from typing import Any
 from gpu_worker.errors import WorkerError
 from gpu_worker.output import intervals
 from gpu_worker.output.intervals import Span
-from gpu_worker.sources.store import RunStore
+from sluice.aws.store import ObjectStore
 from sluice.paths import COMMITS_DIR, failures_uri, is_commit_marker, join, result_uri, shard_output_dir
 
 MARKER_VERSION = 1
@@ -155,7 +155,7 @@ class ShardState:
         return cls([Marker.from_json(json.dumps(d).encode()) for d in json.loads(data)])
 
 
-def load_state(store: RunStore, paths: Paths, known: ShardState | None = None) -> ShardState:
+def load_state(store: ObjectStore, paths: Paths, known: ShardState | None = None) -> ShardState:
     """Every committed marker of the shard; those in `known` (read before the ranks ran) are not read again."""
     have = {paths.marker(m.name): m for m in known.markers} if known else {}
     markers = [
@@ -166,7 +166,7 @@ def load_state(store: RunStore, paths: Paths, known: ShardState | None = None) -
     return ShardState(sorted(markers, key=lambda m: m.name))
 
 
-def remove_orphans(store: RunStore, paths: Paths, state: ShardState) -> list[str]:
+def remove_orphans(store: ObjectStore, paths: Paths, state: ShardState) -> list[str]:
     """Delete Parquet objects no marker names (left by a killed attempt); returns their URIs."""
     keep = {paths.parquet(m.name) for m in state.markers if m.file}
     orphans = [

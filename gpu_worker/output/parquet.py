@@ -25,7 +25,6 @@ class RecordLabel:
     run: str
 
 
-UNKNOWN_OBJ: ObjMeta = ("", None, -1)  # a fetcher that reports no version (test doubles): etag "", size null
 Part = tuple[int, float, float]  # (part, part_start, part_end) of one row (sluice.outputs)
 WHOLE: Part = (0, 0.0, 0.0)  # an image: one part
 
@@ -54,7 +53,7 @@ def output_table(
         },
         outputs.ETAG: pa.array([o[0] or None for o in objs], pa.string()),
         outputs.VERSION_ID: pa.array([o[1] for o in objs], pa.string()),
-        outputs.SIZE: pa.array([o[2] if o[2] >= 0 else None for o in objs], pa.int64()),
+        outputs.SIZE: pa.array([o[2] for o in objs], pa.int64()),
     }
     return pa.table([columns[f.name] for f in schema], schema=schema)
 

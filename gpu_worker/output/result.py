@@ -9,12 +9,12 @@ from typing import Any
 from gpu_worker.errors import WorkerError
 from gpu_worker.output import intervals, verdict
 from gpu_worker.output.commits import Paths, ShardState
-from gpu_worker.sources.store import RunStore
-from sluice.contracts import FailureLine, ShardResult
+from sluice.aws.store import ObjectStore
+from sluice.contracts.results import FailureLine, ShardResult
 
 
 def write_shard_result(
-    store: RunStore,
+    store: ObjectStore,
     paths: Paths,
     states: Mapping[str, ShardState],
     n_keys: int,

@@ -22,10 +22,10 @@ from gpu_worker.errors import WorkerError
 from gpu_worker.output import intervals
 from gpu_worker.output.commits import RETRY, Marker, Paths
 from gpu_worker.output.intervals import Span
-from gpu_worker.output.parquet import UNKNOWN_OBJ, WHOLE, Part, RecordLabel, output_table, table_bytes
+from gpu_worker.output.parquet import WHOLE, Part, RecordLabel, output_table, table_bytes
 from gpu_worker.sources.fetch import ObjMeta
-from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Observer, Stats
+from sluice.aws.store import ObjectStore
 
 
 @dataclass
@@ -60,7 +60,7 @@ class SinkSpec:
 class ChunkSink:
     """Collects one rank's results and commits chunks; thread-compatible (one caller thread)."""
 
-    def __init__(self, store: RunStore, paths: Paths, spec: SinkSpec, observer: Observer | None = None) -> None:
+    def __init__(self, store: ObjectStore, paths: Paths, spec: SinkSpec, observer: Observer | None = None) -> None:
         self._store, self._paths = store, paths
         self._label = spec.label
         # Final-pass positions this sink is owed a result for: earlier attempts' deferred keys
@@ -109,7 +109,7 @@ class ChunkSink:
         uris: Sequence[str],
         phases: Sequence[int],
         emb: np.ndarray,
-        objs: Sequence[ObjMeta] | None = None,
+        objs: Sequence[ObjMeta],
         parts: Sequence[Part] | None = None,
     ) -> None:
         """Embedded keys: row i of `emb` is positions[i]; `objs` their (etag, version id, size).
@@ -121,7 +121,7 @@ class ChunkSink:
         fresh: list[tuple[_Chunk, int, int]] = []
         for i, (pos, uri, phase) in enumerate(zip(positions, uris, phases)):
             chunk = self._retry if phase == RETRY else self._window(pos)
-            chunk.rows.append((pos, uri, emb[i], objs[i] if objs else UNKNOWN_OBJ, parts[i] if parts else WHOLE))
+            chunk.rows.append((pos, uri, emb[i], objs[i], parts[i] if parts else WHOLE))
             if pos not in chunk.embedded:
                 chunk.embedded.add(pos)
                 fresh.append((chunk, pos, phase))

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpu_worker.config import WorkerConfig
-from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReason, ShardResult, over_threshold
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.results import FailureLine, ShardResult, over_threshold
+from sluice.contracts.status import TRANSIENT_FAILURE_REASONS, FailureReason
 
 
 def threshold(cfg: WorkerConfig, plan: RunPlan) -> float:
@@ -24,7 +25,7 @@ def threshold(cfg: WorkerConfig, plan: RunPlan) -> float:
 
 @dataclass(frozen=True)
 class Verdict:
-    """ShardResult's verdict fields, named as there (sluice.contracts.ShardResult documents each)."""
+    """ShardResult's verdict fields, named as there (sluice.contracts.results.ShardResult documents each)."""
 
     failed: int
     failed_transient: int

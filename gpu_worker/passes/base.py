@@ -23,7 +23,6 @@ from gpu_worker.output.parquet import RecordLabel
 from gpu_worker.output.sink import ChunkSink, SinkSpec
 from gpu_worker.passes.keys import KeyFailure
 from gpu_worker.passes.work import ModelTodo, RankContext, RankWork
-from gpu_worker.sources.fetch import FetcherLike
 from gpu_worker.telemetry.collector import RankCollector
 from gpu_worker.telemetry.families import keep_list
 from gpu_worker.telemetry.gpu import GpuProbe
@@ -42,7 +41,7 @@ class KeySinks:
 
     def fail(self, f: KeyFailure) -> None:
         """A key's failure to every sink that still owes it."""
-        pos, _, _, phase = f.item
+        pos, phase = f.item.pos, f.item.phase
         owners = [sink for sink in self.sinks if sink.owns(pos, phase)]
         for sink in owners:
             if f.obj is not None:  # the failure names the version whose bytes failed
@@ -112,8 +111,8 @@ def torch_setup(ctx: RankContext, threads: int) -> str:
 class RankPass:
     """A rank's pass: `load` its models and sinks, `stream` every key, `close` what it started (a subclass each)."""
 
-    def __init__(self, ctx: RankContext, work: RankWork, fetcher: FetcherLike | None) -> None:
-        self.ctx, self.work, self.fetcher = ctx, work, fetcher
+    def __init__(self, ctx: RankContext, work: RankWork) -> None:
+        self.ctx, self.work = ctx, work
         self.names: list[str] = []  # each model's name, in the plan's order (once loaded)
         self.outputs = KeySinks([], ctx.stats)  # each model's sink (once loaded)
         self.pipeline_started = time.perf_counter()  # when the part that runs at the models' rate began

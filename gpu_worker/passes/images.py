@@ -19,10 +19,9 @@ from gpu_worker.log import logger
 from gpu_worker.models.spec import input_size
 from gpu_worker.output.sink import ChunkSink
 from gpu_worker.passes.base import RankPass, open_sinks, torch_setup
-from gpu_worker.passes.loader import BatchMsg, DoneMsg, ErrorMsg, FailMsg
-from gpu_worker.passes.loaders import LoaderShape, RankLoaders, feed, plan_loaders
+from gpu_worker.passes.loader_loop import BatchMsg, DoneMsg, ErrorMsg, FailMsg
+from gpu_worker.passes.loader_pool import LoaderShape, RankLoaders, feed, plan_loaders
 from gpu_worker.passes.work import RankContext, RankWork
-from gpu_worker.sources.fetch import FetcherLike
 from gpu_worker.telemetry.observe import MetricsObserver
 
 
@@ -39,10 +38,11 @@ def embed_rows(sink: ChunkSink, msg: BatchMsg, emb: Any) -> None:
 class ImagePass(RankPass):
     """One rank of an image run: its loaders, its models (one Engine each) and their sinks."""
 
-    def __init__(self, ctx: RankContext, work: RankWork, fetcher: FetcherLike | None) -> None:
-        super().__init__(ctx, work, fetcher)
+    def __init__(self, ctx: RankContext, work: RankWork) -> None:
+        super().__init__(ctx, work)
         self.engines: list[Any] = []
         self.loaders: RankLoaders | None = None
+        self._feeder: threading.Thread | None = None
         self._feed_errors: list[BaseException] = []
 
     def load(self) -> None:
@@ -50,9 +50,10 @@ class ImagePass(RankPass):
         ctx = self.ctx
         threads = plan_loaders(ctx.cfg, ctx.spec.device, ctx.spec.world)
         sizes = [input_size(path, m.image_size) for path, m in zip(ctx.spec.model_paths, ctx.plan.models)]
-        self.loaders = loaders = RankLoaders(ctx, LoaderShape(threads, ctx.batch, max(sizes)), self.fetcher)
+        self.loaders = loaders = RankLoaders(ctx, LoaderShape(threads, ctx.batch, max(sizes)))
         args = (loaders, self.work.keys(), self._feed_errors)
-        threading.Thread(target=feed, args=args, name="feeder", daemon=True).start()
+        self._feeder = threading.Thread(target=feed, args=args, name="feeder", daemon=True)
+        self._feeder.start()
         try:
             t0 = time.perf_counter()
             self._load_engines(sizes, threads.torch_threads)
@@ -163,9 +164,17 @@ class ImagePass(RankPass):
             self.ctx.stats.incr("wait_seconds", time.perf_counter() - t0)
 
     def close(self, ok: bool) -> None:
-        """Stop the loaders (after a success they have all reported done) and free their buffers."""
+        """Stop the loaders (after a success they have all reported done) and free their buffers; end the feeder.
+
+        Then let go of the models, so their tensors are freed on this, the rank's thread: torch
+        releases the GIL in a tensor's dealloc, which aborts a thread other than the one that
+        finalizes the interpreter if that thread frees it during finalization.
+        """
         if self.loaders is not None:
             self.loaders.close(finished=ok)
+        if self._feeder is not None:
+            self._feeder.join(timeout=5)  # closed loaders refuse its tasks: it returns within put_task's 0.5 s
+        self.engines = []
 
     def queue_depth(self) -> int:
         return self.loaders.out_q.qsize() if self.loaders is not None else 0

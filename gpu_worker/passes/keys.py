@@ -1,6 +1,6 @@
 """One key's way through a pass: GET its bytes, convert them (decode, split), or fail it; the final pass's backoff.
 
-Shared by the image pass's loaders (gpu_worker.passes.loader, which may be processes of their
+Shared by the image pass's loaders (gpu_worker.passes.loader_loop, which may be processes of their
 own: this module imports neither torch nor the output writers) and the parts pass.
 """
 
@@ -14,12 +14,25 @@ from typing import Generic, NamedTuple, TypeVar
 
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.output.commits import RETRY
-from gpu_worker.sources.fetch import FetcherLike, ObjMeta, object_meta
+from gpu_worker.sources.fetch import Fetcher, ObjMeta
 from gpu_worker.telemetry.stats import Observer
-from sluice.contracts import FailureReason
+from sluice.aws.s3uri import s3_uri
+from sluice.contracts.status import FailureReason
 
 T = TypeVar("T")
-Item = tuple[int, str, str, int]  # (shard position, bucket, key, phase: MAIN or RETRY)
+
+
+class Item(NamedTuple):
+    """One key of a rank's work; pickled to a loader process in a task (microseconds a key, beside a GET's ms)."""
+
+    pos: int  # its position in the shard
+    bucket: str
+    key: str
+    phase: int  # MAIN or RETRY
+
+    @property
+    def uri(self) -> str:
+        return s3_uri(self.bucket, self.key)
 
 
 class KeyFailure(NamedTuple):
@@ -33,7 +46,7 @@ class KeyFailure(NamedTuple):
 
     @property
     def uri(self) -> str:
-        return f"s3://{self.item[1]}/{self.item[2]}"
+        return self.item.uri
 
 
 @dataclass(frozen=True)
@@ -46,13 +59,13 @@ class Got(Generic[T]):
 
 
 def take(
-    fetcher: FetcherLike, item: Item, final: bool, convert: Callable[[bytes], T], stats: Observer
+    fetcher: Fetcher, item: Item, final: bool, convert: Callable[[bytes], T], stats: Observer
 ) -> Got[T] | KeyFailure:
     """GET one key and convert its bytes; a failure of either is the key's (a converter's bug fails it as corrupt)."""
-    pos, bucket, key, phase = item
-    item = (pos, bucket, key, RETRY if final else phase)
+    if final:
+        item = Item(item.pos, item.bucket, item.key, RETRY)
     try:
-        data, etag, version = object_meta(fetcher.get(bucket, key, final=final))
+        data, etag, version = fetcher.get(item.bucket, item.key, final=final)
     except ObjectFailure as f:
         deferred = f.transient and not final
         if deferred:

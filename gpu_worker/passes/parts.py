@@ -24,9 +24,9 @@ from gpu_worker.kinds.load import load_embedder
 from gpu_worker.log import logger
 from gpu_worker.passes.base import KeySinks, RankPass, open_sinks, torch_setup
 from gpu_worker.passes.keys import Got, Item, KeyFailure, final_backoff, take
-from gpu_worker.passes.loaders import plan_loaders
+from gpu_worker.passes.loader_pool import plan_loaders
 from gpu_worker.passes.work import RankContext, RankWork
-from gpu_worker.sources.fetch import Fetcher, FetcherLike
+from gpu_worker.sources.fetch import Fetcher
 from gpu_worker.telemetry.observe import MetricsObserver
 from gpu_worker.telemetry.stats import Stats
 
@@ -46,9 +46,9 @@ class PartsStream:
     def stats(self) -> Stats:
         return self.outputs.stats
 
-    def run(self, items: Iterable[Item], fetcher: FetcherLike | None = None) -> None:
+    def run(self, items: Iterable[Item]) -> None:
         """Main pass over `items`, then the deferred keys once more after a backoff."""
-        fetcher = fetcher or Fetcher(self.cfg, observer=MetricsObserver(self.stats))
+        fetcher = Fetcher(self.cfg, observer=MetricsObserver(self.stats))
         deferred = self._pass(fetcher, items, final=False)
         if deferred:
             final_backoff(self.cfg.final_backoff_base_s)
@@ -63,7 +63,7 @@ class PartsStream:
             logger.warning("object partly damaged: its decodable parts kept", extra={"key": key, "note": notes[0]})
         return parts
 
-    def _pass(self, fetcher: FetcherLike, items: Iterable[Item], final: bool) -> list[Item]:
+    def _pass(self, fetcher: Fetcher, items: Iterable[Item], final: bool) -> list[Item]:
         """Split and embed `items` (in submission order); returns the keys deferred to the final pass."""
         ready: list[Split] = []
         deferred: list[Item] = []
@@ -85,7 +85,7 @@ class PartsStream:
 
         with ThreadPoolExecutor(width, thread_name_prefix="parts") as pool:
             for item in items:
-                inflight.append(pool.submit(take, fetcher, item, final, partial(self._split, item[2]), self.stats))
+                inflight.append(pool.submit(take, fetcher, item, final, partial(self._split, item.key), self.stats))
                 while len(inflight) >= 2 * width:
                     settle(inflight.popleft())
             while inflight:
@@ -97,7 +97,7 @@ class PartsStream:
     def _embed(self, ready: Sequence[Split]) -> None:
         """Embed every part of `ready` with each model; each model's sink gets each key's rows at once."""
         for m, (embedder, sink) in enumerate(zip(self.embedders, self.outputs.sinks)):
-            mine = [s for s in ready if sink.owns(s.item[0], s.item[3])]
+            mine = [s for s in ready if sink.owns(s.item.pos, s.item.phase)]
             if not mine:
                 continue
             t0 = time.perf_counter()
@@ -106,10 +106,9 @@ class PartsStream:
             row = 0
             for s in mine:
                 n = len(s.value[m])
-                pos, bucket, key, phase = s.item
-                uri = f"s3://{bucket}/{key}"
+                item = s.item
                 parts = [(p.part, p.start, p.end) for p in s.value[m]]
-                sink.add_rows([pos] * n, [uri] * n, [phase] * n, emb[row : row + n], [s.obj] * n, parts)
+                sink.add_rows([item.pos] * n, [item.uri] * n, [item.phase] * n, emb[row : row + n], [s.obj] * n, parts)
                 row += n
         self.stats.incr("images", len(ready))
         self.stats.incr("parts", sum(len(s.value[0]) for s in ready))
@@ -119,8 +118,8 @@ class PartsStream:
 class PartsPass(RankPass):
     """A rank of a text or video run: its kind's models on the rank's device, its keys through PartsStream."""
 
-    def __init__(self, ctx: RankContext, work: RankWork, fetcher: FetcherLike | None) -> None:
-        super().__init__(ctx, work, fetcher)
+    def __init__(self, ctx: RankContext, work: RankWork) -> None:
+        super().__init__(ctx, work)
         self._stream: PartsStream | None = None
 
     def load(self) -> None:
@@ -140,4 +139,8 @@ class PartsPass(RankPass):
 
     def stream(self) -> None:
         assert self._stream is not None, "load() first"
-        self._stream.run(self.work.keys(), self.fetcher)
+        self._stream.run(self.work.keys())
+
+    def close(self, ok: bool) -> None:
+        """Let go of the models, so their tensors are freed on the rank's thread (ImagePass.close says why)."""
+        self._stream = None

@@ -9,10 +9,11 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.output import intervals
 from gpu_worker.output.commits import MAIN, RETRY, ShardState
 from gpu_worker.passes.keys import Item
-from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
+from sluice.aws.ranged import RangedObject
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.models import RunPlan
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan
 from sluice.shards import ShardReader, rank_slice
 
 
@@ -48,7 +49,7 @@ class RankContext:
     spec: RankSpec
     cfg: WorkerConfig
     plan: RunPlan
-    store: RunStore
+    store: ObjectStore
     stats: Stats
 
     @property
@@ -92,7 +93,7 @@ class RankWork:
             todos,
             intervals.normalize(span for t in todos for span in t.remaining),
             sorted({p: u for t in todos for p, u in t.retry}.items()),
-            lambda: ShardReader(ctx.store.range_source(shard_uri)),
+            lambda: ShardReader(RangedObject(ctx.store, shard_uri)),
         )
 
     @property
@@ -107,8 +108,8 @@ class RankWork:
             for bucket, keys in self.reader().groups(remaining[0][0], remaining[-1][1]):
                 for key in keys:
                     if intervals.contains(remaining, pos):
-                        yield pos, bucket, key, MAIN
+                        yield Item(pos, bucket, key, MAIN)
                     pos += 1
         for pos, uri in self.retry:
             bucket, key = parse_s3_uri(uri)
-            yield pos, bucket, key, RETRY
+            yield Item(pos, bucket, key, RETRY)

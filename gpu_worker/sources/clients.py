@@ -1,8 +1,9 @@
 """boto3 S3 clients, one of each kind per process, created on first use (sluice.aws.clients's cache).
 
-control: plan, shards, markers, output (botocore adaptive mode, many attempts: losing a marker
-write fails the attempt). data: image GETs, tuned by WorkerConfig (pool size, attempts,
-timeouts); our own retries and the final pass sit on top of it (gpu_worker.sources.fetch).
+control: plan, shards, markers, output, through control_store() (botocore adaptive mode, many
+attempts: losing a marker write fails the attempt). data: image GETs, tuned by WorkerConfig
+(pool size, attempts, timeouts); our own retries and the final pass sit on top of it
+(gpu_worker.sources.fetch).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from botocore.config import Config
 
 from gpu_worker.config import WorkerConfig
 from sluice.aws import clients as aws
+from sluice.aws.store import ObjectStore
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -29,6 +31,11 @@ CONTROL_CONFIG = Config(
 def control_client() -> S3Client:
     """Client for the run's own files (plan, shards, commits, output)."""
     return cast("S3Client", aws.client("s3", config=CONTROL_CONFIG, name="worker-control"))
+
+
+def control_store() -> ObjectStore:
+    """The run's own files by URI (S3 or local) over the control client, created on first use."""
+    return ObjectStore(connect=control_client)
 
 
 def data_config(cfg: WorkerConfig) -> Config:

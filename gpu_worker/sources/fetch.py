@@ -22,7 +22,7 @@ from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.telemetry.observe import count_retry
 from gpu_worker.telemetry.stats import Observer, Stats
 from sluice.aws import errors as awserror
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 _REASONS = {
     awserror.Kind.NOT_FOUND: FailureReason.MISSING,
@@ -57,19 +57,6 @@ class Fetched(NamedTuple):
 
 
 ObjMeta = tuple[str, str | None, int]  # (etag, version id, size in bytes) of the object as read
-
-
-class FetcherLike(Protocol):
-    """What a pass GETs objects with: the Fetcher, or a test's double (which may return bare bytes)."""
-
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes | Fetched: ...
-
-
-def object_meta(got: bytes | Fetched) -> tuple[bytes, str, str | None]:
-    """(bytes, etag, version id) of what a fetcher returned; test doubles may return bare bytes."""
-    if isinstance(got, Fetched):
-        return got
-    return got, "", None
 
 
 class Fetcher:

@@ -64,6 +64,19 @@ class RankCollector(Collector):
         m.add_metric(self._values, out, s.get(f"hist:{key}:sum", 0.0))
         return m
 
+    def freeze(self) -> None:
+        """Report the last readings from now on, and let go of the rank's objects the readers reached.
+
+        The rank's metrics call this when they stop (gpu_worker.telemetry.serve): the readers
+        close over the rank's pass (its models, loaders and sinks), which must be freed on the
+        rank's own thread, not on a metrics thread that outlives it.
+        """
+        snapshot, reasons, depth = dict(self._snapshot()), dict(self._reasons()), float(self._queue_depth())
+        self._snapshot = lambda: snapshot
+        self._reasons = lambda: reasons
+        self._queue_depth = lambda: depth
+        self._gpu = None
+
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
         yield self._counter("sluice_images_processed", "Images embedded and committed.", s.get("images", 0.0))

@@ -151,9 +151,20 @@ class AwsFatalError(SluiceError):
         return self.failure.kind
 
 
-def translate(exc: BaseException, what: str) -> Exception:
-    """The Sluice error to raise for an AWS failure: RetriableError if transient, else AwsFatalError."""
+class AwsRetriableError(RetriableError):
+    """An AWS call failed for a transient reason (throttled, 5xx, timed out): the caller retries later."""
+
+    def __init__(self, message: str, failure: AwsFailure) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+def translate(exc: BaseException, what: str) -> AwsFatalError | AwsRetriableError:
+    """The Sluice error to raise for an AWS failure: AwsRetriableError if transient, else AwsFatalError.
+
+    Both carry the AwsFailure, for a caller that decides by its kind.
+    """
     failure = classify(exc)
     if failure.retriable:
-        return RetriableError(f"{failure.describe(what)}; will retry")
+        return AwsRetriableError(f"{failure.describe(what)}; will retry", failure)
     return AwsFatalError(failure.describe(what), failure)

@@ -1,4 +1,4 @@
-"""s3:// URI parsing and S3 key/bucket validation."""
+"""s3:// URIs (parsing and building) and S3 key/bucket validation."""
 
 from __future__ import annotations
 
@@ -60,6 +60,11 @@ def parse_s3_uri(uri: str, *, allow_empty_key: bool = False) -> tuple[str, str]:
     if not allow_empty_key and not key:
         raise ValueError(f"{uri[:80]!r} names a bucket but no object key")
     return bucket, key
+
+
+def s3_uri(bucket: str, key: str) -> str:
+    """(bucket, key) -> 's3://bucket/key': parse_s3_uri's inverse (a prefix for a key gives the prefix's URI)."""
+    return f"s3://{bucket}/{key}"
 
 
 def bad_char(key: str) -> str | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
@@ -79,7 +78,7 @@ def cmd_index_build(args: argparse.Namespace, inv: Invocation) -> int:
 def cmd_index_rerun(args: argparse.Namespace, inv: Invocation) -> int:
     """A failed index stage claimed and submitted again; its end comes as "Run Indexed" or "Index Failed"."""
     from sluice.control.context import Context
-    from sluice.control.indexing import rerun
+    from sluice.control.indexing.stage import rerun
 
     job_id = rerun(Context.build(inv.settings), args.run_id, args.timeout_s)
     print(f"sluice: index stage of {args.run_id} submitted again: job {job_id} (sluice status {args.run_id})")
@@ -131,7 +130,8 @@ class SearchInputError(SluiceError):
 
 def _artifact(meta: Any, override: str | None, work: str) -> str:
     """A local path (or builtin:NAME) of the index's model artifact, its identity checked."""
-    from sluice.modelid import artifact, resolve
+    from sluice.contracts.identity import artifact
+    from sluice.modelid import resolve
 
     uri = override or meta.model_uri
     if not uri:
@@ -147,26 +147,11 @@ def _artifact(meta: Any, override: str | None, work: str) -> str:
             f"{uri} is artifact {got}; the index holds {meta.model!r} embedded with model_id {meta.model_id}: "
             "embed queries with the artifact the index was built with (--artifact URI)"
         )
-    return _download(uri, work) if s3 is not None else uri
+    if s3 is None:
+        return uri
+    from gpu_worker.door import fetch_model
 
-
-def _download(uri: str, work: str) -> str:
-    """The model file and its sidecars (spec, text tower) in `work`."""
-    from gpu_worker.models.texttower import SIDECARS
-    from gpu_worker.sources.store import RunStore
-
-    store = RunStore()
-    local = os.path.join(work, uri.rsplit("/", 1)[-1] or "model")
-    for suffix in ("", ".json", *SIDECARS):
-        try:
-            data = store.get(uri + suffix)
-        except Exception:
-            if not suffix:
-                raise
-            continue
-        with open(local + suffix, "wb") as fh:
-            fh.write(data)
-    return local
+    return fetch_model(uri, work)
 
 
 def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
@@ -181,14 +166,10 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
             raise SearchInputError(f"--key {args.key}: the index holds no such key")
         return v[None, :]
     artifact = _artifact(searcher.meta, args.artifact, work)
-    if args.text is not None:
-        from gpu_worker.kinds.textmodel import embed_query, is_text_model
-        from gpu_worker.models.texttower import encode_texts
+    from gpu_worker.door import embed_images, embed_text
 
-        if is_text_model(artifact):  # an index of a text run: the query goes the way its texts went
-            return embed_query(artifact, args.text)
-        return encode_texts(artifact, [args.text])
-    from gpu_worker.models.query import embed_images
+    if args.text is not None:
+        return embed_text(artifact, args.text)
 
     images = []
     for path in args.image:
@@ -202,7 +183,7 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
 
 def cmd_search(args: argparse.Namespace, inv: Invocation) -> int:
     """Print the k nearest keys of each query."""
-    from gpu_worker.errors import ConfigError  # the worker's code says what is wrong with an artifact or image
+    from gpu_worker.door import ConfigError  # the worker's code says what is wrong with an artifact or image
     from sluice.index.search import Searcher
 
     if args.k < 1:

@@ -145,16 +145,13 @@ def cmd_local_run(args: argparse.Namespace, inv: Invocation) -> int:
     """Run Sluice locally on moto (the embedded default)."""
     from sluice.local.run import run_local
 
-    if args.decode == "gpu" and (why := _no_cuda()):  # refused before anything starts
-        print(f"sluice: --decode gpu needs a CUDA GPU with nvJPEG and {why}: use --decode cpu or auto", file=sys.stderr)
-        return EXIT_USAGE
+    if args.decode == "gpu":
+        from gpu_worker.door import cuda_problem  # torch stays in gpu_worker
+
+        if why := cuda_problem():  # refused before anything starts
+            print(
+                f"sluice: --decode gpu needs a CUDA GPU with nvJPEG and {why}: use --decode cpu or auto",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
     return run_local(args)
-
-
-def _no_cuda() -> str | None:
-    """Why this machine's workers cannot decode on a CUDA GPU (None: they can); torch stays in gpu_worker."""
-    try:
-        from gpu_worker.decode.nvjpeg import cuda_problem
-    except ImportError:
-        return "torch is not installed, so CUDA is not available"
-    return cuda_problem()

@@ -41,8 +41,10 @@ def add_commands(sub: Subparsers) -> None:
 
 def cmd_model_export(args: argparse.Namespace, inv: Invocation) -> int:
     """A torchvision / timm / open_clip / Hugging Face model -> a Sluice model file + spec (local or s3://)."""
+    from gpu_worker.door import ExportError, exporter
+
     try:  # torch and the model libraries: the `export` extra, imported only for this command
-        from gpu_worker.export import ExportError, export
+        export = exporter()
     except ImportError as exc:
         print(f"sluice: error: {exc}; install the export extra: pip install 'sluice[export]'", file=sys.stderr)
         return EXIT_FAIL

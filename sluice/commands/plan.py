@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sluice.aws.s3uri import s3_uri
 from sluice.commands.common import EXIT_FAIL, EXIT_OK, Invocation, int_from
 from sluice.errors import Rejection
 from sluice.prepare.offline import add_offline_arguments
@@ -171,7 +172,7 @@ def _print_plan(summary: dict[str, Any]) -> None:
 
 def cmd_submit(args: argparse.Namespace, inv: Invocation) -> int:
     """Upload a manifest or key list to manifests/ of the control bucket; print its run id."""
-    from sluice.control.coordinator import run_id_for
+    from sluice.control.intake.coordinator import run_id_for
     from sluice.paths import MANIFESTS_PREFIX
 
     path = Path(args.manifest)
@@ -182,9 +183,7 @@ def cmd_submit(args: argparse.Namespace, inv: Invocation) -> int:
     version = resp.get("VersionId") or f"{resp['ETag'].strip(chr(34))}:"
     run_id = run_id_for(args.bucket, key, version)
     if args.json:
-        print(
-            json.dumps({"run_id": run_id, "manifest": f"s3://{args.bucket}/{key}", "version_id": resp.get("VersionId")})
-        )
+        print(json.dumps({"run_id": run_id, "manifest": s3_uri(args.bucket, key), "version_id": resp.get("VersionId")}))
     else:
         print(f"uploaded s3://{args.bucket}/{key}")
         print(

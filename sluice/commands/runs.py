@@ -53,7 +53,7 @@ def _add_reconcile(sub: Subparsers) -> None:
 def _ledger(args: argparse.Namespace, inv: Invocation) -> Any:
     """The runs table's Ledger: --table, else the settings' runs table."""
     from sluice.aws.clients import client
-    from sluice.control.ledger import Ledger
+    from sluice.control.table.ledger import Ledger
 
     return Ledger(client("dynamodb"), args.table or inv.settings.runs_table)
 
@@ -75,7 +75,7 @@ def cmd_runs(args: argparse.Namespace, inv: Invocation) -> int:
 def cmd_reconcile(args: argparse.Namespace, inv: Invocation) -> int:
     """Settle runs whose Batch events stopped: what the 5-minute sweep does, now."""
     from sluice.control.context import Context
-    from sluice.control.reconcile import reconcile
+    from sluice.control.sweep.reconcile import reconcile
 
     settings = inv.settings
     if args.table:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import Kind, classify
+from sluice.contracts.plan import JobLayout, RunPlan
 from sluice.control.policy import PREPARE_TIMEOUT_S, prepare_retry_strategy, retry_strategy
 from sluice.errors import RetriableError, SubmissionError
-from sluice.models import JobLayout, RunPlan
 from sluice.settings import Settings
 
 if TYPE_CHECKING:

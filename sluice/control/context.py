@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 from sluice.aws.clients import Clients
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts import RunItem
+from sluice.contracts.manifest import Manifest
 from sluice.control.batch import BatchAdapter
-from sluice.control.ledger import Ledger
 from sluice.control.notify import EventPublisher
-from sluice.control.records import ShardRecords
-from sluice.models import Manifest
+from sluice.control.table.items import RunItem
+from sluice.control.table.ledger import Ledger
+from sluice.control.table.records import ShardRecords
 from sluice.paths import RunPaths
 from sluice.preflight import Capacity
 from sluice.settings import Settings

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import translate
-from sluice.contracts import EventDetail
+from sluice.contracts.events import EventDetail
 from sluice.errors import RetriableError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ HOST_LOST_REASON = "Host EC2 (instance {instance}) terminated."
 # The worker's exit code when a rank made no progress for stall_after_s (gpu_worker.watchdog):
 # the attempt is retried and resumes from its committed chunks.
 STALLED_EXIT = 75
-# The sweep's TerminateJob reason for a stalled attempt (sluice.control.stall).
+# The sweep's TerminateJob reason for a stalled attempt (sluice.control.sweep.stall).
 STALLED_REASON = "sluice: stalled"
 
 # First matching rule wins (AWS Batch API reference, EvaluateOnExit); at most 5 rules.
@@ -66,7 +66,7 @@ def index_timeout_s(rows: int) -> int:
     return max(INDEX_MIN_S, INDEX_BASE_S + round(rows * INDEX_S_PER_ROW))
 
 
-# The distributed index build (sluice.control.index_jobs): at or above Settings.index_fleet_rows
+# The distributed index build (sluice.control.indexing.jobs): at or above Settings.index_fleet_rows
 # rows, three stages (train, an array of segment children, commit) run on the fleet instead of
 # one job. Per-row rates measured by bench/index.py (docs/performance.md "Search index": 200,000
 # x 256-d float16 on 2 shared cores, a 4-vCPU job's share): the merge into Lance 2.5 s, IVF-PQ

@@ -1,13 +1,13 @@
 """Submit: a written plan -> preflight -> SubmitJob -> SUBMITTED with "Run Submitted".
 
 Both routes end here: the manifest Lambda after planning in-process (the run PLANNING), the
-prepare stage's submit step after its reducers (the run PREPARING, sluice.control.prepared). A
+prepare stage's submit step after its reducers (the run PREPARING, sluice.control.intake.prepared). A
 preflight error (a limit the run cannot pass: sluice.preflight) raises Rejection before
 anything is submitted; its warnings and its GPU-hour and cost estimate (the one `sluice plan`
 shows) go out with "Run Submitted". SubmitJob has no idempotency token, so each job is adopted by its deterministic name
 when a delivery that died before recording it already submitted it (sluice.control.batch); the
-transition is conditional on the status the run had (sluice.control.ledger). Two invocations
-that both planned one run (a redrive racing the original, sluice.control.redrive) can both
+transition is conditional on the status the run had (sluice.control.table.ledger). Two invocations
+that both planned one run (a redrive racing the original, sluice.control.sweep.redrive) can both
 reach SubmitJob before either's job is listed: the one whose transition loses withdraws the
 jobs the recorded submission does not name, so the run keeps one set of jobs.
 """
@@ -19,11 +19,14 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sluice.contracts import JobLayoutItem, PassItem, RunStatus, RunSubmitted
+from sluice.contracts.events import RunSubmitted
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import stand_in_warnings
+from sluice.contracts.status import RunStatus
 from sluice.control.context import Context, RunRequest
+from sluice.control.table.items import JobLayoutItem, PassItem
 from sluice.errors import Rejection
 from sluice.log import logger
-from sluice.models import RunPlan, stand_in_warnings
 from sluice.preflight import RunFacts, preflight
 from sluice.preflight.locality import InputSize, add_locality, input_buckets
 from sluice.preflight.spent import run_cost

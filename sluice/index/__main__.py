@@ -11,7 +11,7 @@ outcome, a RunIndexed or IndexFailed detail (sluice.contracts), is written besid
 reads the run's plan and output and writes under the index only (and, when the plan names it,
 output.index.s3_vectors: its vector indexes, sluice.index.vectors). Exit 0 when indexed, 1 when the build
 failed (the index is left as it was), 2 for bad arguments. `stage` runs one step of the
-distributed build (sluice.index.stage); `--workers N` runs its three steps on this machine.
+distributed build (sluice.index.fleet.stage); `--workers N` runs its three steps on this machine.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-from sluice.contracts import IndexFailed, RunIndexed
+from sluice.contracts.events import IndexFailed, RunIndexed
+from sluice.contracts.plan import RunPlan
 from sluice.errors import SluiceError
 from sluice.index.outcome import reason_of, with_vectors, write_result
 from sluice.log import logger
-from sluice.models import RunPlan
 from sluice.paths import RunPaths, index_result
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -82,7 +82,7 @@ def run_build(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         if args.workers > 1:
-            from sluice.index import workers
+            from sluice.index.fleet import workers
 
             report = workers.build(args.sources, args.out, workers=args.workers, model=args.model)
         else:
@@ -112,12 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_build_arguments(b)
     b.add_argument("--bucket", help="the control bucket (with --run: the index stage of that run)")
     b.add_argument("--run", help="the run id (with --bucket)")
-    from sluice.index.stage import add_stage_parser
+    from sluice.index.fleet.stage import add_stage_parser
 
     add_stage_parser(sub)
     args = p.parse_args(argv)
     if args.cmd == "stage":
-        from sluice.index.stage import run_stage
+        from sluice.index.fleet.stage import run_stage
 
         return run_stage(args)
     if (args.bucket is None) != (args.run is None):

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from sluice import outputs
-from sluice.contracts import IndexedTable, RunIndexed
+from sluice.contracts.events import IndexedTable, RunIndexed
 from sluice.index import ann
 from sluice.index.rows import Shape, duplicate_key, index_schema, read_ahead, read_chunk, shape_of, to_index_rows
 from sluice.index.sources import IndexBuildError, RunOutput, resolve

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from sluice.contracts import IndexFailed, RunIndexed
+from sluice.contracts.events import IndexFailed, RunIndexed
+from sluice.contracts.plan import RunPlan
 from sluice.errors import SluiceError
 from sluice.log import logger
-from sluice.models import RunPlan
 
 if TYPE_CHECKING:
     from sluice.index.build import BuildReport
@@ -27,10 +27,9 @@ def with_vectors(outcome: RunIndexed, report: BuildReport, plan: RunPlan, index:
 def write_result(uri: str, outcome: RunIndexed | IndexFailed) -> None:
     data = outcome.model_dump_json().encode()
     if uri.startswith("s3://"):
-        from sluice.aws.clients import client
-        from sluice.aws.s3io import put_object
+        from sluice.aws.store import ObjectStore
 
-        put_object(client("s3"), uri, data, "application/json")
+        ObjectStore().put(uri, data, "application/json")
     else:  # a local index (local mode's index step)
         os.makedirs(os.path.dirname(uri), exist_ok=True)
         with open(uri, "wb") as fh:

@@ -25,9 +25,9 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
+from sluice.contracts.plan import RunPlan
 from sluice.errors import SluiceError
 from sluice.index.storage import Files, is_s3
-from sluice.models import RunPlan
 from sluice.paths import COMMITS_DIR, LOCAL_COPY_MARKER, RunPaths, committed_chunk, is_commit_marker, join
 
 MARKER_READERS = 32  # concurrent commit-marker GETs (S3 serves 5,500 GET/s per prefix)
@@ -52,7 +52,7 @@ class RunOutput:
 
 
 def _iso(text: str, default: str) -> str:
-    """`text` when it is an ISO timestamp (a plan's created_at; standalone plans write "standalone")."""
+    """`text` when it is an ISO timestamp (a plan's created_at: not one written by hand, nor "standalone")."""
     try:
         datetime.fromisoformat(text)
     except ValueError:

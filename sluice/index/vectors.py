@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.contracts import VectorsIndexed
+from sluice.contracts.events import VectorsIndexed
+from sluice.contracts.manifest import VectorsTarget
 from sluice.errors import SluiceError
 from sluice.index.build import BuildReport, TableReport
 from sluice.index.storage import storage_options
-from sluice.models import VectorsTarget
 
 PUT_BATCH = 500  # PutVectors takes at most 500 vectors a call (Amazon S3 Vectors limits)
 MAX_KEY_BYTES = 1024  # a vector key's limit

@@ -22,9 +22,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import AwsFatalError, Kind, classify
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.sections import file_kinds
 from sluice.errors import Rejection, RetriableError, TooBigForLambda
 from sluice.log import logger
-from sluice.models import Manifest, file_kinds
 from sluice.settings import Settings
 
 if TYPE_CHECKING:

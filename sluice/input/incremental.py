@@ -1,6 +1,6 @@
 """An incremental run's input as the prepare stage reads it: inline keys as tasks, inputs that name no versions.
 
-Every since_run manifest goes to the prepare stage (sluice.control.route), so inputs the
+Every since_run manifest goes to the prepare stage (sluice.control.intake.route), so inputs the
 manifest Lambda would plan itself need tasks too (inline keys), and an input the prepare
 stage cannot size is rejected here with the words the Lambda path would use.
 """
@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sluice.aws.errors import AwsFatalError
-from sluice.contracts import InlineKeys, InventoryFiles, PrepareTask
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.prepare import InlineKeys, InventoryFiles, PrepareTask
 from sluice.errors import Rejection
-from sluice.input.inventory import no_etag_reason, version_fields
+from sluice.input.inventory_files import no_etag_reason, version_fields
 from sluice.input.keys import iter_keys
-from sluice.models import Manifest
 from sluice.settings import Settings
 
 if TYPE_CHECKING:

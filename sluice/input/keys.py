@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.contracts.manifest import Manifest
 from sluice.errors import Rejection
 from sluice.input.inventory import iter_inventory
 from sluice.input.sources import (
@@ -17,7 +18,6 @@ from sluice.input.sources import (
     iter_keylist,
     iter_prefix,
 )
-from sluice.models import Manifest
 from sluice.settings import Settings
 
 if TYPE_CHECKING:

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from sluice.aws.s3uri import s3_uri
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.sections import InputSpec
 from sluice.errors import Rejection
 from sluice.input import strictjson
 from sluice.input.sources import KEYLIST_SUFFIXES, get_chunks, s3_error
-from sluice.models import InputSpec, Manifest
 from sluice.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,7 +37,7 @@ class ManifestSource:
 
     @property
     def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return s3_uri(self.bucket, self.key)
 
     @property
     def name(self) -> str:
@@ -125,7 +127,7 @@ def _implied(src: ManifestSource, settings: Settings, **spec: Any) -> Manifest:
 
 def read_manifest_object(s3: S3Client, bucket: str, key: str, settings: Settings) -> ManifestSource:
     """Fetch the uploaded manifest (bounded by the size limits before reading the body)."""
-    what = f"s3://{bucket}/{key}"
+    what = s3_uri(bucket, key)
     if key.lower().endswith(KEYLIST_SUFFIXES):
         # Key lists are streamed later (by the Lambda up to SLUICE_MAX_KEYLIST_BYTES, else by the
         # prepare job); here only their existence matters.

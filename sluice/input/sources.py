@@ -3,7 +3,8 @@
 Each source streams (bucket, [keys]) batches and validates as it goes: every problem becomes a
 reason naming the line or key and why (Problems); a problem a caller acts on also keeps its
 structured form (Problem: a code, where, the key), so no caller parses a reason's text. S3
-Inventory reports are sluice.input.inventory; sluice.input.keys chooses the source a manifest names.
+Inventory reports are sluice.input.inventory (their data files' rows sluice.input.inventory_files);
+sluice.input.keys chooses the source a manifest names.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sluice.aws.errors import Kind, classify
-from sluice.aws.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name, key_problem, parse_s3_uri
+from sluice.aws.s3uri import MAX_KEY_BYTES, bad_char, bucket_problem, is_bucket_name, key_problem, parse_s3_uri, s3_uri
 from sluice.errors import MAX_REASONS, Rejection, RetriableError
 from sluice.input import strictjson
 from sluice.input.lines import decode_lines
@@ -264,7 +265,7 @@ def get_chunks(
     limit_name: str = "SLUICE_MAX_KEYLIST_BYTES",
     chunk: int = 8 * 2**20,
 ) -> Iterator[bytes]:
-    what = f"s3://{bucket}/{key}"
+    what = s3_uri(bucket, key)
     try:
         resp = s3.get_object(Bucket=bucket, Key=key)
     except (ClientError, BotoCoreError, OSError) as exc:

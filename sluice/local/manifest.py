@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.models import MODEL_NAME
+from sluice.aws.s3uri import s3_uri
+from sluice.contracts.sections import MODEL_NAME
 
 INPUT_BUCKET = "sluice-local-images"
 IMAGE_SIZE = 128  # --image-size of generated manifests (an exported model's spec gives its own)
@@ -56,7 +57,7 @@ class Uploaded:
 
     @property
     def uri(self) -> str:
-        return f"s3://{INPUT_BUCKET}/{self.prefix}"
+        return s3_uri(INPUT_BUCKET, self.prefix)
 
 
 @dataclass(frozen=True)
@@ -290,15 +291,17 @@ def _sized(model: Any, size: int) -> Any:
 
 def read_earlier(s3: Any, control: str, run_id: str) -> Earlier:
     """The run --since-run names, from its plan and manifest in the control bucket; SystemExit when it has none."""
-    from sluice.aws.s3io import read_uri
-    from sluice.models import RunPlan
+    from sluice.aws.store import ObjectStore
+    from sluice.contracts.plan import RunPlan
     from sluice.paths import RunPaths
 
     try:
-        plan = RunPlan.model_validate_json(read_uri(s3, RunPaths.in_bucket(control, run_id).plan))
+        plan = RunPlan.model_validate_json(ObjectStore(s3).get(RunPaths.in_bucket(control, run_id).plan))
         is_json = plan.manifest_uri.lower().endswith(".json")
         manifest = (
-            json.loads(read_uri(s3, plan.manifest_uri)) if is_json else {"input": {"key_list": plan.manifest_uri}}
+            json.loads(ObjectStore(s3).get(plan.manifest_uri))
+            if is_json
+            else {"input": {"key_list": plan.manifest_uri}}
         )
     except Exception as exc:
         raise SystemExit(

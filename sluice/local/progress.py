@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts import RunItem
-from sluice.control.records import ShardRecords
-from sluice.models import KIND_WORDS
+from sluice.contracts.sections import KIND_WORDS
+from sluice.control.table.items import RunItem
+from sluice.control.table.records import ShardRecords
 from sluice.paths import is_commit_marker
 
 BAR_WIDTH = 24
@@ -102,11 +102,11 @@ class Progress:
     def _settled(self, row: RunItem) -> tuple[int, int]:
         """(objects, rows) of the slowest model (each model settles every object)."""
         if not self._prefixes and row.plan_uri:
-            from sluice.aws.s3io import read_uri
-            from sluice.models import RunPlan
+            from sluice.aws.store import ObjectStore
+            from sluice.contracts.plan import RunPlan
 
             with contextlib.suppress(Exception):  # not written yet (a preparing run): the next draw reads it
-                plan = RunPlan.model_validate_json(read_uri(self._c.s3, row.plan_uri))
+                plan = RunPlan.model_validate_json(ObjectStore(self._c.s3).get(row.plan_uri))
                 self._prefixes = [plan.model_output_prefix(m) for m in range(len(plan.models))]
                 self._kind = plan.content.kind
         prefixes = self._prefixes or ([row.output_prefix] if row.output_prefix else [])

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts import FailureLine, RunFailed, RunItem, RunStatus, RunSucceeded, parse_detail
-from sluice.local.bus import BusTap
-from sluice.models import KIND_WORDS
+from sluice.contracts.events import RunFailed, RunSucceeded, parse_detail
+from sluice.contracts.results import FailureLine
+from sluice.contracts.sections import KIND_WORDS
+from sluice.contracts.status import RunStatus
+from sluice.control.table.items import RunItem
+from sluice.local.emulator.bus import BusTap
 from sluice.paths import COMMITS_DIR, RunPaths, is_commit_marker
 
 SUMMARY_FILE = "summary.json"  # the summary, in the run's folder too (a closed terminal pipe loses stdout)
@@ -87,7 +90,7 @@ def _damaged(logs: Path) -> list[dict[str, str]]:
 
 def _kind(run_dir: Path, processed: int, seconds: float) -> dict[str, Any]:
     """What the run embedded, in its own words: objects a second, and the parts (chunks, frames) they became."""
-    from sluice.models import RunPlan
+    from sluice.contracts.plan import RunPlan
 
     plan = run_dir / "plan.json"
     kind = RunPlan.model_validate_json(plan.read_bytes()).content.kind if plan.exists() else "image"
@@ -121,7 +124,7 @@ def _index(c: Any, row: RunItem, run_dir: Path) -> dict[str, Any]:
 
 def _models(run_dir: Path) -> list[str]:
     """The run's model names, from the plan.json copied into its folder."""
-    from sluice.models import RunPlan
+    from sluice.contracts.plan import RunPlan
 
     plan = run_dir / "plan.json"
     return [m.name for m in RunPlan.model_validate_json(plan.read_bytes()).models] if plan.exists() else []
@@ -131,13 +134,13 @@ def _prepare_summary(c: Any, row: RunItem) -> dict[str, Any] | None:
     """What the prepare stage did (None when the manifest Lambda planned the run itself)."""
     if row.prepare is None:
         return None
-    from sluice.aws.s3io import read_uri
-    from sluice.contracts import PrepareSpec
+    from sluice.aws.store import ObjectStore
+    from sluice.contracts.prepare import PrepareSpec
+    from sluice.prepare import prepare_store
     from sluice.prepare.collect import collect
-    from sluice.prepare.store import PrepareStore
 
-    spec = PrepareSpec.model_validate_json(read_uri(c.s3, row.prepare.spec_uri))
-    return collect(spec, PrepareStore(c.s3)).summary(spec)
+    spec = PrepareSpec.model_validate_json(ObjectStore(c.s3).get(row.prepare.spec_uri))
+    return collect(spec, prepare_store(c.s3)).summary(spec)
 
 
 def _failures_prefix(row: RunItem) -> tuple[str, str]:

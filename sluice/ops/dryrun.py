@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.control import index_plan
+from sluice.contracts.manifest import Manifest
+from sluice.control.indexing import plan as index_plan
 from sluice.errors import Rejection
 from sluice.input.checks import check_manifest, guarded, reading_input
 from sluice.input.keys import iter_keys
 from sluice.input.manifest import ManifestSource, parse_manifest, read_manifest_object
 from sluice.input.sources import KEYLIST_SUFFIXES, KeyBatch, Problems, iter_keylist
-from sluice.models import Manifest
 from sluice.ops.plan_report import facts_for
 from sluice.plan.layout import keylist_manifest, layout, run_times
 from sluice.plan.scan import scan
@@ -155,7 +155,7 @@ def _incremental(manifest: Manifest, control: str | None, s3: Callable[[], Any])
     Which keys it skips is decided by the prepare stage, which reads the lineage's output; the
     plan's keys and shards here are the input's before that.
     """
-    from sluice.control.lineage import resolve
+    from sluice.control.intake.lineage import resolve
 
     out: dict[str, Any] = {"since_run": manifest.input.since_run, "lineage": None, "skipped": None}
     if control is None:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.aws.s3io import read_uri
 from sluice.aws.s3uri import parse_s3_uri
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan
 from sluice.errors import SluiceError
-from sluice.models import RunPlan
 from sluice.paths import MODEL_DIR_KEY, RunPaths
 
 
@@ -130,7 +130,7 @@ def sql_for_run(run_id: str, *, bucket: str | None = None, s3: Any = None, local
         raise SluiceError("sluice output sql: give the control bucket (--bucket or SLUICE_CONTROL_BUCKET), or --local")
 
     def read_s3(r: str) -> RunPlan:
-        return RunPlan.model_validate_json(read_uri(s3, RunPaths.in_bucket(bucket, r).plan))
+        return RunPlan.model_validate_json(ObjectStore(s3).get(RunPaths.in_bucket(bucket, r).plan))
 
     def s3_output(src: Source) -> bool:
         b, prefix = parse_s3_uri(src.output_prefix, allow_empty_key=True)

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from sluice.contracts import EVENT_DETAILS, EventDetail
+from sluice.contracts.events import EVENT_DETAILS, EventDetail
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 

@@ -8,12 +8,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sluice.contracts import RunStatus
-from sluice.control.ledger import Ledger
-from sluice.control.records import ShardRecords
-from sluice.control.stall import stalled_attempts
-from sluice.control.waiting import waiting_causes
-from sluice.models import KIND_WORDS
+from sluice.contracts.sections import KIND_WORDS
+from sluice.contracts.status import RunStatus
+from sluice.control.sweep.stall import stalled_attempts
+from sluice.control.sweep.waiting import waiting_causes
+from sluice.control.table.ledger import Ledger
+from sluice.control.table.records import ShardRecords
 
 SHOWN = (
     "run_id",
@@ -45,7 +45,7 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
         plain["job_ids"] = row.job_ids
     if row.prepare is not None:
         plain["prepare"] = row.prepare.model_dump(mode="json")
-    if row.index is not None:  # the index stage (sluice.control.indexing): uri, state, rows, ...
+    if row.index is not None:  # the index stage (sluice.control.indexing.stage): uri, state, rows, ...
         plain["index"] = row.index.model_dump(mode="json", exclude_defaults=True, exclude={"lease_until"})
     counts = ShardRecords(ledger.client, ledger.table).counts(run_id)
     plain.update(

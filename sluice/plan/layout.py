@@ -1,4 +1,4 @@
-"""The run's layout (shards, jobs) and its plan.json (RunPlan, from PlanInputs)."""
+"""The run's layout (shards, jobs) and its plan.json: the one builder (build_plan, from PlanInputs) and writer."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
-from sluice.modelid import static_identity
-from sluice.models import IndexTarget, JobLayout, Manifest, PlannedModel, RunPlan, index_name, pass_batch
+from sluice.contracts.identity import static_identity
+from sluice.contracts.manifest import IndexTarget, Manifest, index_name
+from sluice.contracts.plan import JobLayout, PlannedModel, RunPlan, pass_batch
 from sluice.paths import RunPaths
 from sluice.preflight import limits as L
 from sluice.preflight.checks import (
@@ -27,13 +29,15 @@ from sluice.settings import Settings
 
 MAX_KEYS_PER_SHARD = 10_000_000  # JobSpec.keys_per_shard's upper bound
 LOCAL_KEYLIST = "s3://local/keys.txt"  # stands in for a local key list's URI; never read
+NO_STACK = "local"  # the control bucket of a plan made outside a stack (its files in a folder: PlanInputs.root)
 
 
-def keylist_manifest(settings: Settings, keys_per_shard: int | None = None) -> Manifest:
+def keylist_manifest(settings: Settings, keys_per_shard: int | None = None, *, index: bool = True) -> Manifest:
     """The manifest a bare local key list runs with (`sluice plan` and `sluice prepare` alike)."""
     model = {"model": {"uri": settings.default_model_uri}} if settings.default_model_uri else {}
     job = {} if keys_per_shard is None else {"job": {"keys_per_shard": keys_per_shard}}
-    return Manifest.model_validate({"version": 1, "input": {"key_list": LOCAL_KEYLIST}, **model, **job})
+    output = {} if index else {"output": {"index": False}}
+    return Manifest.model_validate({"version": 1, "input": {"key_list": LOCAL_KEYLIST}, **model, **job, **output})
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class PlanInputs:
     lineage: Sequence[str] = ()  # an incremental run's earlier runs, newest first (RunPlan.lineage)
     skipped: Mapping[str, int] | None = None  # an incremental run's keys left out, by reason (RunPlan.skipped)
     earlier_index: IndexTarget | None = None  # an incremental run: the index of input.since_run (its plan's)
+    input_buckets: Sequence[str] = ()  # the buckets a prepared run's keys name (RunPlan.input_buckets)
+    root: str | None = None  # the run's folder when not runs/<run_id>/ of the control bucket (`sluice prepare`'s DIR)
 
 
 def index_target(i: PlanInputs) -> IndexTarget | None:
@@ -145,7 +151,7 @@ def run_times(manifest: Manifest, keys_per_shard: int, cap: Capacity) -> tuple[i
 def build_plan(i: PlanInputs) -> RunPlan:
     """The plan.json a worker reads (PlanInputs documents each field)."""
     manifest, lay = i.manifest, i.lay
-    root = RunPaths.in_bucket(i.control_bucket, i.run_id)
+    root = RunPaths(i.root) if i.root else RunPaths.in_bucket(i.control_bucket, i.run_id)
     timeout_s, stall_after_s = run_times(manifest, lay.keys_per_shard, i.capacity)
     load_grace_s = manifest.job.load_grace_s or derived_load_grace_s(len(manifest.models), timeout_s)
     return RunPlan(
@@ -169,6 +175,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
         ],
         lineage=list(i.lineage),
         skipped=dict(i.skipped or {}),
+        input_buckets=list(i.input_buckets),
         output_dtype=manifest.output.dtype,
         content=manifest.input.content,
         attempts=manifest.job.attempts,
@@ -183,3 +190,14 @@ def build_plan(i: PlanInputs) -> RunPlan:
         decode=manifest.job.decode,
         decode_binds=i.capacity.for_manifest(manifest).decode_binds,
     )
+
+
+class PutObject(Protocol):
+    """Writes one object by URI: an ObjectStore's put (sluice.aws.store)."""
+
+    def __call__(self, uri: str, data: bytes, *, content_type: str) -> None: ...
+
+
+def write_plan(put: PutObject, uri: str, plan: RunPlan) -> None:
+    """Write `plan` to `uri` (runs/<run>/plan.json, a retry pass's plan-retry-<k>.json) as every reader reads it."""
+    put(uri, plan.model_dump_json(indent=2).encode(), content_type="application/json")

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from sluice.models import Manifest, RunPlan
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.plan import RunPlan
 from sluice.preflight.estimate import DEFAULT_FAMILY, IMAGES_PER_GPU_S, family_of
 from sluice.preflight.instances import DECODE_PER_CORE_S, INSTANCES, Instance, instances
 from sluice.settings import Settings

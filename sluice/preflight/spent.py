@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.contracts import RunCost
+from sluice.contracts.events import RunCost
 from sluice.preflight.estimate import PRICES_DATE, PRICES_SOURCE, cost
 
 

@@ -15,15 +15,16 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from sluice.contracts import PrepareSpec
+from sluice.aws.store import ObjectStore
+from sluice.contracts.prepare import PrepareSpec
 from sluice.errors import SluiceError
-from sluice.prepare.reduceparts import PrepareError
-from sluice.prepare.store import PrepareStore
+from sluice.prepare import prepare_store
+from sluice.prepare.reducer.parts import PrepareError
 
 EXIT_OK, EXIT_FAIL = 0, 1
 
 
-def load_spec(store: PrepareStore, uri: str) -> PrepareSpec:
+def load_spec(store: ObjectStore, uri: str) -> PrepareSpec:
     """The PrepareSpec at `uri`; PrepareError says what is wrong with it."""
     try:
         return PrepareSpec.model_validate_json(store.get(uri))
@@ -39,17 +40,17 @@ def worker_index(env: dict[str, str] | None = None) -> int:
     return int(raw) if raw else 0
 
 
-def main(argv: Sequence[str] | None = None, store: PrepareStore | None = None) -> int:
+def main(argv: Sequence[str] | None = None, store: ObjectStore | None = None) -> int:
     """Run one map or reduce worker; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m sluice.prepare", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["map", "reduce"])
     p.add_argument("--spec", required=True, help="s3:// URI or local path of prepare/spec.json")
     args = p.parse_args(argv)
     from sluice.log import logger
-    from sluice.prepare.mapper import run_map
-    from sluice.prepare.reducer import run_reduce
+    from sluice.prepare.mapper.worker import run_map
+    from sluice.prepare.reducer.worker import run_reduce
 
-    store = store or PrepareStore()
+    store = store or prepare_store()
     try:
         index = worker_index()
         spec = load_spec(store, args.spec)

@@ -6,12 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.contracts import KeyListRange, MapResult, PrefixRange, PrepareSpec, ReduceResult
+from sluice.aws.s3uri import s3_uri
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import SKIPPED_FAILED, SKIPPED_UNCHANGED
+from sluice.contracts.prepare import KeyListRange, MapResult, PrefixRange, PrepareSpec, ReduceResult
 from sluice.errors import MAX_REASONS
-from sluice.models import SKIPPED_FAILED, SKIPPED_UNCHANGED
 from sluice.paths import RunPaths
-from sluice.prepare.reduceparts import IO_THREADS, PrepareError, load_map_results, read_result
-from sluice.prepare.store import PrepareStore
+from sluice.prepare.reducer.parts import IO_THREADS, PrepareError, load_map_results, read_result
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Collected:
     peak_rss_mb_per_worker: float = 0.0  # the most any one map or reduce worker held
     problem_count: int = 0
     # An incremental run: keys left out by reason, the staged shards per partition (placed by the
-    # submit step: sluice.prepare.versions_reduce.place_shards), and the map workers' version counts.
+    # submit step: sluice.prepare.reducer.versions.place_shards), and the map workers' version counts.
     skipped: dict[str, int] = field(default_factory=dict)
     pieces: list[int] = field(default_factory=list)
     versions: dict[str, int] = field(default_factory=dict)
@@ -84,12 +85,12 @@ def problem_reasons(spec: PrepareSpec, results: list[MapResult]) -> tuple[list[s
 def _zero_keys(spec: PrepareSpec) -> str:
     task = spec.tasks[0] if spec.tasks else None
     if isinstance(task, PrefixRange):
-        uri = f"s3://{task.bucket}/{task.prefix}"
+        uri = s3_uri(task.bucket, task.prefix)
         return f"prefix {uri} matched no objects" + (f" ending in {tuple(spec.suffixes)}" if spec.suffixes else "")
     return "the input names zero keys: nothing to run"
 
 
-def collect(spec: PrepareSpec, store: PrepareStore) -> Collected:
+def collect(spec: PrepareSpec, store: ObjectStore) -> Collected:
     """Read the P MapResults and (unless a map worker found bad input) the R ReduceResults."""
     maps = load_map_results(spec, store)
     peak = max(m.peak_rss_mb for m in maps)

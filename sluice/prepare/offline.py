@@ -18,26 +18,36 @@ from hashlib import blake2b
 from multiprocessing import get_context
 from typing import Any
 
-from sluice.contracts import PrepareSpec
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.prepare import PrepareSpec
+from sluice.contracts.sections import MAX_ARRAY_SIZE
 from sluice.errors import Rejection
-from sluice.models import MAX_ARRAY_SIZE, Manifest, RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.dedup import MAX_POSITIONS
-from sluice.plan.layout import job_layouts, keylist_manifest, run_times, shard_size
+from sluice.plan.layout import (
+    NO_STACK,
+    Layout,
+    PlanInputs,
+    build_plan,
+    job_layouts,
+    keylist_manifest,
+    shard_size,
+    write_plan,
+)
 from sluice.preflight.facts import Capacity
+from sluice.prepare import prepare_store
 from sluice.prepare.collect import collect
-from sluice.prepare.reduceparts import PrepareError
+from sluice.prepare.reducer.parts import PrepareError
 from sluice.prepare.split import choose_partitions, estimate_keylist, keylist_tasks
-from sluice.prepare.store import PrepareStore
 from sluice.settings import Settings
 
 
 def _map_child(spec_uri: str, worker: int) -> float:
     """Map worker `worker`; returns its CPU seconds (its wall seconds are in its MapResult)."""
     from sluice.prepare.__main__ import load_spec
-    from sluice.prepare.mapper import run_map
+    from sluice.prepare.mapper.worker import run_map
 
-    cpu, store = time.process_time(), PrepareStore()
+    cpu, store = time.process_time(), prepare_store()
     run_map(load_spec(store, spec_uri), worker, store)
     return time.process_time() - cpu
 
@@ -45,9 +55,9 @@ def _map_child(spec_uri: str, worker: int) -> float:
 def _reduce_child(spec_uri: str, partition: int) -> float:
     """Reduce worker `partition`; returns its CPU seconds."""
     from sluice.prepare.__main__ import load_spec
-    from sluice.prepare.reducer import run_reduce
+    from sluice.prepare.reducer.worker import run_reduce
 
-    cpu, store = time.process_time(), PrepareStore()
+    cpu, store = time.process_time(), prepare_store()
     run_reduce(load_spec(store, spec_uri), partition, store)
     return time.process_time() - cpu
 
@@ -60,7 +70,9 @@ def _run_all(fn: Callable[[str, int], float], spec_uri: str, n: int, processes: 
     # forkserver: children fork from a small clean server (not from a caller that may hold a
     # big key list), with sluice already imported there, so each starts fast and measures its own RSS.
     ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(["sluice.prepare.offline", "sluice.prepare.mapper", "sluice.prepare.reducer"])
+    ctx.set_forkserver_preload(
+        ["sluice.prepare.offline", "sluice.prepare.mapper.worker", "sluice.prepare.reducer.worker"]
+    )
     with ProcessPoolExecutor(slots, mp_context=ctx, max_tasks_per_child=1) as pool:
         return list(pool.map(fn, [spec_uri] * n, range(n)))
 
@@ -82,9 +94,12 @@ class OfflineJob:
 
 
 def offline_layout(job: OfflineJob, keys_estimate: int) -> tuple[Manifest, Capacity, int]:
-    """(manifest, capacity, keys_per_shard) as `sluice plan` makes them of this key list: one rule for both."""
+    """(manifest, capacity, keys_per_shard) as `sluice plan` makes them of this key list: one rule for both.
+
+    No index: the folder is outside any stack, so no index stage follows (`sluice index build DIR --out INDEX`).
+    """
     settings = job.settings or Settings.from_env()
-    manifest = keylist_manifest(settings, job.keys_per_shard)
+    manifest = keylist_manifest(settings, job.keys_per_shard, index=False)
     cap = Capacity.build(settings)
     return manifest, cap, shard_size(keys_estimate, manifest, cap)[0]
 
@@ -94,7 +109,7 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
     t0 = time.monotonic()
     path = os.path.abspath(job.keylist_path)
     root = os.path.abspath(job.out_dir) + "/"
-    paths, store = RunPaths(root), PrepareStore()
+    paths, store = RunPaths(root), prepare_store()
     est = estimate_keylist(store, path)
     run_id = "offline-" + blake2b(path.encode(), digest_size=6).hexdigest()
     manifest, cap, kps = offline_layout(job, est.keys_estimate)
@@ -118,20 +133,19 @@ def prepare_offline(job: OfflineJob) -> dict[str, Any]:
         shutil.rmtree(root + "prepare/map", ignore_errors=True)
     if got.rejected:
         raise Rejection(got.rejected)
-    timeout_s, stall_after_s = run_times(manifest, kps, cap)
-    plan = RunPlan.standalone(
-        run_id,
-        root,
-        n_shards=got.n_shards,
-        total_keys=got.unique_keys,
+    lay = Layout(got.n_shards, kps, job_layouts(got.n_shards, manifest.job.mode, MAX_ARRAY_SIZE))
+    facts = PlanInputs(
+        run_id=run_id,
+        manifest=manifest,
         manifest_uri=path,
+        control_bucket=NO_STACK,
+        total_keys=got.unique_keys,
         duplicates=got.duplicates,
-        keys_per_shard=kps,
-        timeout_s=timeout_s,
-        stall_after_s=stall_after_s,
-        jobs=job_layouts(got.n_shards, "array", MAX_ARRAY_SIZE),
+        lay=lay,
+        capacity=cap,
+        root=root,
     )
-    store.put(paths.plan, plan.model_dump_json(indent=2).encode())
+    write_plan(store.put, paths.plan, build_plan(facts))
     return {
         **got.summary(spec),
         "seconds": round(time.monotonic() - t0, 3),  # wall time here, not the critical path of the workers

@@ -22,9 +22,11 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Literal
 
-from sluice.contracts import InventoryFiles, KeyListRange, PrefixRange
+from sluice.aws.s3uri import s3_uri
+from sluice.aws.store import ObjectStore
+from sluice.contracts.prepare import InventoryFiles, KeyListRange, PrefixRange
 from sluice.input.inventory import InventoryReport, read_inventory_manifest
-from sluice.prepare.store import PrepareStore
+from sluice.prepare import prepare_store
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -83,7 +85,7 @@ def keylist_format(uri: str) -> KeyListFormat:
     return ".txt"
 
 
-def estimate_keylist(store: PrepareStore, uri: str, size: int | None = None) -> KeyListEstimate:
+def estimate_keylist(store: ObjectStore, uri: str, size: int | None = None) -> KeyListEstimate:
     """HEAD (unless `size` is known) and one ranged GET of the first 64 KiB: bytes a line -> keys; the .csv header."""
     fmt = keylist_format(uri)
     size = store.size(uri) if size is None else size
@@ -132,13 +134,13 @@ class InventoryEstimate:
     keys_estimate: int
 
 
-def estimate_inventory(store: PrepareStore, uri: str, max_heads: int = MAX_INVENTORY_HEADS) -> InventoryEstimate:
+def estimate_inventory(store: ObjectStore, uri: str, max_heads: int = MAX_INVENTORY_HEADS) -> InventoryEstimate:
     """Read manifest.json (one small GET), HEAD at most `max_heads` unsized data files; keys = bytes / ratio."""
     report = read_inventory_manifest(store.get(uri), uri)
     sizes = list(report.sizes)
     missing = [i for i, s in enumerate(sizes) if s is None]
     for i in missing[:max_heads]:
-        sizes[i] = store.size(f"s3://{report.bucket}/{report.files[i]}")
+        sizes[i] = store.size(s3_uri(report.bucket, report.files[i]))
     known = [s for s in sizes if s is not None]
     mean = sum(known) // len(known) if known else 0
     full = [mean if s is None else s for s in sizes]
@@ -182,12 +184,12 @@ class PrefixEstimate:
     keys_estimate: int
 
 
-def _store(s3: S3Client | PrepareStore) -> PrepareStore:
-    return s3 if isinstance(s3, PrepareStore) else PrepareStore(s3)
+def _store(s3: S3Client | ObjectStore) -> ObjectStore:
+    return s3 if isinstance(s3, ObjectStore) else prepare_store(s3)
 
 
 def estimate_prefix(
-    s3: S3Client | PrepareStore, bucket: str, prefix: str, *, max_pages: int = 10, max_keys: int = 100_000_000
+    s3: S3Client | ObjectStore, bucket: str, prefix: str, *, max_pages: int = 10, max_keys: int = 100_000_000
 ) -> PrefixEstimate:
     """Count keys (folder markers skipped) in up to `max_pages` pages; unfinished: size for `max_keys`.
 
@@ -207,7 +209,7 @@ def estimate_prefix(
 
 
 def prefix_tasks(
-    s3: S3Client | PrepareStore, bucket: str, prefix: str, workers: int, max_pages: int = 10
+    s3: S3Client | ObjectStore, bucket: str, prefix: str, workers: int, max_pages: int = 10
 ) -> list[PrefixRange]:
     """Contiguous key ranges under `prefix`, about TASKS_PER_WORKER per worker, from one Delimiter="/" listing.
 
@@ -235,7 +237,7 @@ def prefix_tasks(
     return [PrefixRange(bucket=bucket, prefix=prefix, start_after=a, stop_at=b) for a, b in pairwise(edges)]
 
 
-def _fan_out(store: PrepareStore, bucket: str, prefix: str, max_pages: int) -> tuple[list[str], list[str], bool]:
+def _fan_out(store: ObjectStore, bucket: str, prefix: str, max_pages: int) -> tuple[list[str], list[str], bool]:
     """(common prefixes, keys directly under the prefix, whether the listing ended) in at most max_pages."""
     cps: list[str] = []
     keys: list[str] = []

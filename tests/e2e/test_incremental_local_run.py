@@ -123,7 +123,7 @@ def test_since_run_uploads_over_the_earlier_input_and_skips_a_known_bad_file(tmp
     """The documented flow on a folder with one bad file: run 1 succeeds (1 of 21 failed); run 2,
     `--images DIR --since-run RUN1`, embeds the edited and the new image and leaves the unchanged
     bad file out (failed_before), instead of failing on it (1 of 3 would be 33% > 5%)."""
-    from sluice.local.server import MotoServer
+    from sluice.local.emulator.server import MotoServer
 
     photos, out = tmp_path / "photos", tmp_path / "out"
     photos.mkdir()

@@ -4,9 +4,9 @@ The real pieces: a moto server; `sluice local run` against it (its workers, its 
 then the index stage's job, `python -m sluice.index build --bucket --run`, run by its local
 executor) with SLUICE_INDEX_TIMEOUT_S short; the index process SIGSTOPped as soon as it starts;
 the executor ends it at its timeout with Batch's reason and the job-state handler records
-"Index Failed". Then `sluice.control.indexing.rerun` with a longer timeout submits a job of its
+"Index Failed". Then `sluice.control.indexing.stage.rerun` with a longer timeout submits a job of its
 own name, which a local executor (as sluice/local/run.py wires it: the template's handlers
-through the Router) runs to "Run Indexed", and the index finds the run's rows.
+through sluice/local/router.py) runs to "Run Indexed", and the index finds the run's rows.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from sluice.local.server import FAKE_CREDENTIALS, MotoServer
+from sluice.local.emulator.server import FAKE_CREDENTIALS, MotoServer
 from tests import pace
 
 TIMEOUT_S = 4  # the stopped build's: SLUICE_INDEX_TIMEOUT_S (local runs take any; AWS Batch at least 60 s)
@@ -106,8 +106,8 @@ def server(monkeypatch: pytest.MonkeyPatch):
 
 def test_a_stopped_index_build_fails_at_its_timeout_and_a_rerun_indexes_the_run(server, tmp_path: Path) -> None:
     from sluice.aws.clients import Clients
-    from sluice.control.ledger import Ledger
-    from sluice.local.infra import create_local
+    from sluice.control.table.ledger import Ledger
+    from sluice.local.emulator.infra import create_local
 
     c = Clients()
     stack = create_local(c, observe_bus_events=False)  # what the local run finds (idempotent)
@@ -166,12 +166,12 @@ def test_a_stopped_index_build_fails_at_its_timeout_and_a_rerun_indexes_the_run(
 def _rerun(c: Any, stack: Any, ledger: Any, run_id: str, tmp_path: Path) -> Any:
     """`rerun` with a longer timeout, its job run by a new local executor to "Run Indexed"; the index record."""
     from sluice.control.context import Context
-    from sluice.control.index_jobs import job_name
-    from sluice.control.indexing import rerun
-    from sluice.local.bus import BusTap
-    from sluice.local.executor import ExecutorConfig, LocalExecutor
-    from sluice.local.run import Router
-    from sluice.local.sweep import JOB_STATE_FUNCTION
+    from sluice.control.indexing.jobs import job_name
+    from sluice.control.indexing.stage import rerun
+    from sluice.local.emulator.bus import BusTap
+    from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor
+    from sluice.local.emulator.sweep import JOB_STATE_FUNCTION
+    from sluice.local.router import Router
     from sluice.settings import Settings
 
     tap = BusTap.open(c, stack)

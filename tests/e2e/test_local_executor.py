@@ -10,12 +10,14 @@ import time
 
 import pytest
 
-from sluice.contracts import JobStatus
-from sluice.control.ledger import Ledger
+from sluice.contracts.status import JobStatus
 from sluice.control.policy import EVALUATE_ON_EXIT, HOST_LOST_REASON, retry_strategy
-from sluice.local.executor import EXITED, ExecutorConfig, LocalExecutor, LocalJob, Task
-from sluice.models import RunPlan
+from sluice.control.table.ledger import Ledger
+from sluice.local.emulator.executor import EXITED, ExecutorConfig, LocalExecutor
+from sluice.local.emulator.jobs import LocalJob, Task
+from sluice.local.emulator.retry import strategy_of
 from tests import pace
+from tests.plans import run_plan
 
 RUN = "run-executor"
 
@@ -24,7 +26,7 @@ RUN = "run-executor"
 def submitted(aws, stack, tmp_path):
     """An executor that has discovered one 2-child array job of a plan with attempts=5."""
     control = stack.names["ControlBucket"]
-    plan = RunPlan.standalone(RUN, f"s3://{control}/runs/{RUN}/", n_shards=2, total_keys=2, attempts=5)
+    plan = run_plan(RUN, f"s3://{control}/runs/{RUN}/", n_shards=2, total_keys=2, job={"attempts": 5})
     aws.s3.put_object(Bucket=control, Key=f"runs/{RUN}/plan.json", Body=plan.model_dump_json().encode())
     aws.batch.submit_job(
         jobName="sluice-test",
@@ -91,10 +93,9 @@ def test_job_strategy_without_rules_retries_any_failure() -> None:
     assert job.action(task, status_reason=EXITED, exit_code=1) == "EXIT"
 
 
-def test_own_retry_strategy_wins_over_the_fallbacks(submitted):
-    executor, _, _ = submitted
+def test_own_retry_strategy_wins_over_the_fallbacks(aws):
     own = {"attempts": 7, "evaluateOnExit": [{"onExitCode": "9", "action": "RETRY"}]}
-    assert executor._retry_strategy({"retryStrategy": own, "jobDefinition": "x"}, None) == own
+    assert strategy_of(aws.batch, {}, {"retryStrategy": own, "jobDefinition": "x"}, None) == own
 
 
 def _killed(sig: int) -> subprocess.Popen[bytes]:
@@ -123,7 +124,7 @@ def test_reaping_a_killed_worker_requeues_it_then_fails_it_on_the_last_attempt(s
 
 
 def test_a_job_waits_for_its_dependencies_and_fails_when_one_fails():
-    from sluice.local.executor import LocalJob, Task, dependencies, fail_all
+    from sluice.local.emulator.jobs import LocalJob, Task, dependencies, fail_all
 
     def job(jid: str, deps: tuple[str, ...] = ()) -> LocalJob:
         j = LocalJob(jid, f"n-{jid}", "q", "array", 2, {}, "run", 3, depends_on=deps)

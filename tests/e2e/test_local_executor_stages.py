@@ -4,7 +4,7 @@ on the array; a failed child retried per its retry strategy; a failed dependency
 The stage jobs run `python -m tests.stage_probe` (a stand-in that records its order and checks
 its dependency ended) under the fleet's own job definitions (template.yaml: the segment
 children retry any failure, train and commit do not), submitted to moto's Batch as Sluice
-submits them (sluice.control.index_jobs: dependsOn, arrayProperties).
+submits them (sluice.control.indexing.jobs: dependsOn, arrayProperties).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from sluice.contracts import JobStatus
-from sluice.control.ledger import Ledger
-from sluice.local.executor import ExecutorConfig, LocalExecutor
+from sluice.contracts.status import JobStatus
+from sluice.control.table.ledger import Ledger
+from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor
 from tests import pace
 from tests.conftest import ROOT
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from sluice.local.server import MotoServer
+from sluice.local.emulator.server import MotoServer
 from tests import pace
 from tests.e2e.test_local_run import _alive, _jpeg
 

@@ -7,8 +7,9 @@ import threading
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts import TRANSIENT_FAILURE_REASONS, FailureLine, FailureReason, ShardResult, over_threshold
-from sluice.local.lambda_context import LocalContext
+from sluice.contracts.results import FailureLine, ShardResult, over_threshold
+from sluice.contracts.status import TRANSIENT_FAILURE_REASONS, FailureReason
+from sluice.local.emulator.lambda_context import LocalContext
 from sluice.paths import RunPaths
 from tests.conftest import load_event
 from tests.integration.helpers import submit_keys

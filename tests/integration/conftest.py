@@ -1,6 +1,6 @@
 """Integration fixtures: a real moto S3 server on 127.0.0.1 (as a subprocess), and worker helpers.
 
-The server is sluice.local.server.MotoServer running moto's own WSGI app (what
+The server is sluice.local.emulator.server.MotoServer running moto's own WSGI app (what
 `python -m moto.server` runs) wrapped by tests/worker_s3server.py, which can add per-GET
 latency and 503 SlowDown faults on demand. Worker processes reach it through
 AWS_ENDPOINT_URL; nothing in this process sets that variable globally, so in-process
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sluice.local.server import MotoServer
+from sluice.local.emulator.server import MotoServer
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES_BUCKET = "worker-images"
@@ -68,7 +68,7 @@ def moto_server() -> Iterator[FaultServer]:
 
 @pytest.fixture
 def on_server(moto_server: FaultServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultServer]:
-    """The server, with this process's boto3 clients (RunStore, writing a run) pointed at it too."""
+    """The server, with this process's boto3 clients (ObjectStore, writing a run) pointed at it too."""
     from sluice.aws import clients
 
     for k, v in moto_server.env.items():
@@ -131,20 +131,21 @@ def make_run(
     output_dtype: str = "float16",
 ) -> Any:
     """Upload shards (lists of keys in IMAGES_BUCKET) and plan.json; returns the RunPlan."""
-    from sluice.models import ModelSpec, RunPlan
+    from sluice.contracts.sections import ModelSpec
     from sluice.shards import encode_shard
+    from tests.plans import run_plan
 
     base = f"s3://{CONTROL_BUCKET}/runs/{run_id}/"
-    plan = RunPlan.standalone(
+    plan = run_plan(
         run_id,
         base,
         n_shards=len(shards),
         total_keys=sum(map(len, shards)),
-        model=ModelSpec(uri=model, batch_size=batch_size, image_size=image_size),
-        mode=mode,  # type: ignore[arg-type]
-        manifest_uri=f"s3://{CONTROL_BUCKET}/manifests/{run_id}.json",
         keys_per_shard=max(map(len, shards)),
-        output_dtype=output_dtype,
+        model=ModelSpec(uri=model, batch_size=batch_size, image_size=image_size),
+        job={"mode": mode, "nodes": len(shards)} if mode == "multinode" else {},
+        manifest_uri=f"s3://{CONTROL_BUCKET}/manifests/{run_id}.json",
+        output={"dtype": output_dtype},
         max_failed_fraction=max_failed_fraction,
         created_at="2024-01-01T00:00:00+00:00",
     )
@@ -252,6 +253,7 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
     import numpy as np
     import torch
 
+    from gpu_worker.config import MAX_IMAGE_PIXELS
     from gpu_worker.decode.image import decode_image
     from gpu_worker.models.engine import Engine, EngineOptions
     from gpu_worker.models.load import load_model
@@ -262,7 +264,7 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
     out: dict[str, Any] = {}
     for i in range(0, len(names), 8):
         chunk = names[i : i + 8]
-        arrs = [decode_image(dataset.images[n.split("/", 3)[3]], image_size, 89_478_485) for n in chunk]
+        arrs = [decode_image(dataset.images[n.split("/", 3)[3]], image_size, MAX_IMAGE_PIXELS) for n in chunk]
         arrs += [np.zeros_like(arrs[0])] * (8 - len(arrs))
         ((_, emb),) = engine.submit(torch.from_numpy(np.stack(arrs)), None)
         out.update(zip(chunk, emb))
@@ -305,7 +307,7 @@ def prometheus() -> Iterator[Any]:
     """
     import shutil
 
-    from sluice.local.prometheus import LocalPrometheus
+    from sluice.local.emulator.prometheus import LocalPrometheus
 
     if shutil.which("prometheus") is None:
         if os.environ.get("CI"):

@@ -8,8 +8,9 @@ import os
 from typing import Any
 
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts import JobStatus, parse_detail
-from sluice.local.lambda_context import LocalContext
+from sluice.contracts.events import parse_detail
+from sluice.contracts.status import JobStatus
+from sluice.local.emulator.lambda_context import LocalContext
 from sluice.paths import RunPaths
 from sluice.shards import ShardReader
 from tests.conftest import load_event

@@ -10,22 +10,25 @@ import hashlib
 import io
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.contracts import JobStatus, PrepareSpec, RunStatus
-from sluice.control.ddb import item, value
-from sluice.control.ledger import Ledger
-from sluice.models import ModelSpec, PlannedModel, RunPlan
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import PrepareSpec
+from sluice.contracts.sections import ModelSpec
+from sluice.contracts.status import JobStatus, RunStatus
+from sluice.control.table.ddb import item, value
+from sluice.control.table.ledger import Ledger
 from sluice.outputs import arrow_schema
 from sluice.paths import shard_output_dir
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reducer import run_reduce
-from sluice.prepare.store import PrepareStore
+from sluice.prepare import prepare_store
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.worker import run_reduce
+from tests.plans import run_plan
 
 DIM = 4
 Row = tuple[str, str, str | None]  # (s3://bucket/key, etag, version id)
@@ -66,7 +69,7 @@ def chunk_bytes(
 
 
 def write_chunk(
-    store: PrepareStore,
+    store: ObjectStore,
     shard_dir: str,
     name: str,
     rows: Sequence[Row],
@@ -90,23 +93,22 @@ def earlier_plan(
     n_shards: int,
     total_keys: int,
     lineage: Sequence[str] = (),
-    **overrides: Any,
+    **sections: Any,
 ) -> RunPlan:
-    """A finished run's plan: its models with their artifact ids."""
-    planned = [PlannedModel.of(spec, mid) for spec, mid in models]
-    return RunPlan.standalone(
+    """A finished run's plan: its models with their artifact ids (`sections`: its manifest's others, as run_plan's)."""
+    return run_plan(
         run_id,
         base,
         n_shards=n_shards,
         total_keys=total_keys,
-        models=planned,
-        lineage=list(lineage),
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        **overrides,
+        model=[spec for spec, _ in models],
+        model_ids=[model_id for _, model_id in models],
+        lineage=lineage,
+        **sections,
     )
 
 
-def write_output(store: PrepareStore, plan: RunPlan, by_model: Sequence[Sequence[Row]], per_chunk: int = 3) -> None:
+def write_output(store: ObjectStore, plan: RunPlan, by_model: Sequence[Sequence[Row]], per_chunk: int = 3) -> None:
     """Each model's rows over the plan's shards, in chunks of `per_chunk` rows."""
     for m, rows in enumerate(by_model):
         for shard in range(plan.n_shards):
@@ -121,7 +123,7 @@ def write_output(store: PrepareStore, plan: RunPlan, by_model: Sequence[Sequence
 
 def record_run(aws: Any, stack: Any, plan: RunPlan, status: RunStatus = RunStatus.SUCCEEDED) -> None:
     """The plan in the control bucket and the run's RUN item with `status` (as the completion path leaves it)."""
-    store = PrepareStore(aws.s3)
+    store = prepare_store(aws.s3)
     store.put(plan.shards_prefix.removesuffix("shards/") + "plan.json", plan.model_dump_json().encode())
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
     assert ledger.claim(plan.run_id, plan.manifest_uri)
@@ -134,7 +136,7 @@ def record_run(aws: Any, stack: Any, plan: RunPlan, status: RunStatus = RunStatu
     )
 
 
-def run_prepare(store: PrepareStore, spec: PrepareSpec) -> None:
+def run_prepare(store: ObjectStore, spec: PrepareSpec) -> None:
     """Every map worker, then every reduce worker, in this process (the code the Batch jobs run)."""
     for w in range(spec.workers):
         run_map(spec, w, store)
@@ -145,7 +147,7 @@ def run_prepare(store: PrepareStore, spec: PrepareSpec) -> None:
 def prepare_events(stack: Any, run_id: str, job_ids: Sequence[str], spec: PrepareSpec) -> list[dict[str, Any]]:
     """The prepare jobs' terminal events (map, then reduce), as Batch sends them."""
     from sluice.control.batch import prepare_job_name
-    from sluice.local.events import JobChange, attempt, batch_job_state_change
+    from sluice.local.emulator.events import JobChange, attempt, batch_job_state_change
 
     out = []
     for jid, stage, size in zip(job_ids, ("map", "reduce"), (spec.workers, spec.partitions), strict=True):

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.control.ledger import Ledger
-from sluice.control.records import ShardRecords
+from sluice.control.table.ledger import Ledger
+from sluice.control.table.records import ShardRecords
 from sluice.shards import ShardReader
 from tests.conftest import load_event
 from tests.integration.completion_support import Atomic, deliver_job_event, job_event, submit_run, write_result
@@ -216,8 +216,8 @@ def test_racing_invocations_lose_no_count(aws, stack, monkeypatch):
     # request is made atomic, as DynamoDB's are; duplicates are raced in test_completion_order.
     from sluice.aws import clients as sluice_aws
     from sluice.aws.clients import Clients
-    from sluice.control.batch_events import BatchJobStateChangeEvent
-    from sluice.control.completion import handle_job_event
+    from sluice.control.completion.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion.state_change import handle_job_event
     from sluice.settings import Settings
 
     clients = Clients(dynamodb=Atomic(sluice_aws.client("dynamodb")))
@@ -261,7 +261,7 @@ def test_any_order_and_duplicates_give_the_same_state_and_one_outcome(monkeypatc
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local
+    from sluice.local.emulator.infra import create_local
     from tests.conftest import AwsClients, local_template
 
     with mock_aws(config={"batch": {"use_docker": False}}):

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.aws.clients import Clients
-from sluice.control.batch_events import BatchJobStateChangeEvent
-from sluice.control.completion import handle_job_event
-from sluice.control.ledger import Ledger
-from sluice.control.records import ShardRecords
+from sluice.control.completion.batch_events import BatchJobStateChangeEvent
+from sluice.control.completion.state_change import handle_job_event
+from sluice.control.table.ledger import Ledger
+from sluice.control.table.records import ShardRecords
 from sluice.errors import RetriableError
 from sluice.settings import Settings
 from tests.integration.concurrent_support import Contended
@@ -102,7 +102,7 @@ def _run(monkeypatch: Any, shape: str, order: list[int] | None, copies: list[int
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local
+    from sluice.local.emulator.infra import create_local
     from tests.conftest import AwsClients, local_template
 
     sc = Scenario(SHAPES[shape].mode, list(SHAPES[shape].fates), SHAPES[shape].mnp_host_loss)
@@ -165,8 +165,8 @@ def test_contention_raises_transaction_conflicts_and_they_are_retried(monkeypatc
 def test_a_write_to_an_item_in_a_transaction_is_retried_in_the_process(aws, stack, monkeypatch):
     # DynamoDB rejects an UpdateItem on an item another transaction holds (TransactionConflictException,
     # nothing written; botocore does not retry it): the decision is written on a later try, not dropped.
-    from sluice.contracts import RunStatus
-    from sluice.control import ddb
+    from sluice.contracts.status import RunStatus
+    from sluice.control.table import ddb
 
     monkeypatch.setattr(ddb.time, "sleep", lambda s: None)
     ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from sluice.contracts import FailureReason, reason_counter
-from sluice.control.records import COUNTER_SHARDS, ShardRecords, counter_sk
-from sluice.control.verdict import figures_from_items
+from sluice.contracts.status import FailureReason
+from sluice.control.completion.verdict import figures_from_items
+from sluice.control.table.items import reason_counter
+from sluice.control.table.records import COUNTER_SHARDS, ShardRecords, counter_sk
 from tests.integration.completion_support import job_event, submit_run, write_result
 from tests.integration.helpers import INPUT_BUCKET, bus_events
 
@@ -49,8 +50,8 @@ def _run_to_the_end(aws, stack, monkeypatch, name, *, strip_reasons=False, trans
     """
     from sluice.aws import clients as sluice_aws
     from sluice.aws.clients import Clients
-    from sluice.control.batch_events import BatchJobStateChangeEvent
-    from sluice.control.completion import handle_job_event
+    from sluice.control.completion.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion.state_change import handle_job_event
     from sluice.settings import Settings
 
     out = submit_run(aws, stack, monkeypatch, n_keys=40, keys_per_shard=10, name=name)
@@ -147,6 +148,6 @@ def test_a_failed_run_reads_only_its_failed_shards_and_names_them_as_every_item_
 
 @pytest.mark.parametrize("reason", list(FailureReason))
 def test_every_failure_reason_has_a_counter(reason):
-    from sluice.contracts import CounterItem
+    from sluice.control.table.items import CounterItem
 
     assert reason_counter(reason) in CounterItem.model_fields

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.aws.clients import Clients
-from sluice.contracts import JobStatus, RunStatus
+from sluice.contracts.status import JobStatus, RunStatus
 from sluice.control.policy import HOST_LOST_REASON
-from sluice.local.events import JobChange, attempt, batch_job_state_change
+from sluice.local.emulator.events import JobChange, attempt, batch_job_state_change
 from tests.integration.completion_support import Atomic, submit_run, write_result
 from tests.integration.helpers import bus_events
 from tests.properties import examples
@@ -183,8 +183,8 @@ def _setup(aws: Any, stack: Any, monkeypatch: Any, sc: Scenario) -> tuple[str, d
 
 
 def _check(aws: Any, stack: Any, run_id: str, sc: Scenario) -> None:
-    from sluice.control.ledger import Ledger
-    from sluice.control.records import ShardRecords
+    from sluice.control.table.ledger import Ledger
+    from sluice.control.table.records import ShardRecords
 
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
     tally = ShardRecords(aws.dynamodb, stack.names["RunsTable"])
@@ -212,7 +212,7 @@ def _run_example(monkeypatch: Any, sc: Scenario, order: list[int], copies: list[
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local
+    from sluice.local.emulator.infra import create_local
     from tests.conftest import AwsClients, local_template
     from tests.integration.completion_support import deliver_job_event
 
@@ -233,8 +233,8 @@ def _run_example(monkeypatch: Any, sc: Scenario, order: list[int], copies: list[
 
 def _deliver_concurrently(stack: Any, seq: list[dict[str, Any]], threads: int, monkeypatch: Any) -> None:
     from sluice.aws import clients as sluice_aws
-    from sluice.control.batch_events import BatchJobStateChangeEvent
-    from sluice.control.completion import handle_job_event
+    from sluice.control.completion.batch_events import BatchJobStateChangeEvent
+    from sluice.control.completion.state_change import handle_job_event
     from sluice.settings import Settings
 
     for k, v in stack.env_for("HandleJobStateChangeFunction").items():
@@ -273,7 +273,7 @@ def _run_example_fixed(monkeypatch: Any, sc: Scenario, *, parent_first: bool) ->
     from moto import mock_aws
 
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local
+    from sluice.local.emulator.infra import create_local
     from tests.conftest import AwsClients, local_template
     from tests.integration.completion_support import deliver_job_event
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from sluice.control.ledger import Ledger
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.control.table.ledger import Ledger
 from tests.integration.helpers import (
     DEFAULT_MODEL_ENV,
     INPUT_BUCKET,

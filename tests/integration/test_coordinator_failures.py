@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sluice.aws import clients as sluice_aws
-from sluice.control.ledger import Ledger
+from sluice.control.table.ledger import Ledger
 from sluice.errors import RetriableError
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, put_manifest
 

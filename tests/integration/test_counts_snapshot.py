@@ -13,11 +13,12 @@ import threading
 import time
 from typing import Any
 
-from sluice.contracts import JobStatus, ShardOutcome
-from sluice.control import ddb
-from sluice.control.ddb import item, values
-from sluice.control.records import COUNTER_SHARDS, ShardRecords, counter_sk
-from sluice.control.verdict import Settlement
+from sluice.contracts.status import JobStatus
+from sluice.control.completion.verdict import Settlement
+from sluice.control.table import ddb
+from sluice.control.table.ddb import item, values
+from sluice.control.table.items import ShardOutcome
+from sluice.control.table.records import COUNTER_SHARDS, ShardRecords, counter_sk
 from sluice.errors import RetriableError
 from tests.integration.concurrent_support import Contended
 

@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 
 from sluice.cli import main
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
 from tests.conftest import moto_s3
+from tests.plans import run_plan
 
 CTL = "ctl-bucket"
 
 
 def _plan(s3: Any, run_id: str, lineage: list[str], **kw: Any) -> RunPlan:
-    plan = RunPlan.standalone(run_id, f"s3://{CTL}/runs/{run_id}/", n_shards=1, total_keys=3, lineage=lineage, **kw)
+    plan = run_plan(run_id, f"s3://{CTL}/runs/{run_id}/", total_keys=3, lineage=lineage, **kw)
     s3.put_object(Bucket=CTL, Key=f"runs/{run_id}/plan.json", Body=plan.model_dump_json().encode())
     s3.put_object(Bucket=CTL, Key=f"runs/{run_id}/output/shard=0/part-0000-000000000.parquet", Body=b"x")
     return plan
@@ -69,4 +70,5 @@ def test_output_sql_reads_the_lineage_from_the_control_bucket(s3, capsys):
     assert "_commits/*.json" in sql and "('inc', 0), ('full', 1)" in sql
     assert "o.model_id IN ('builtin:reference-cnn@1;image_size=224')" in sql
     assert main(["output", "sql", "missing", "--bucket", CTL]) == 1
-    assert "AWS error" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the AWS error, translated once (sluice.aws.store): the object and what to check
+    assert f"reading s3://{CTL}/runs/missing/plan.json: NoSuchKey" in err and "check that it exists" in err

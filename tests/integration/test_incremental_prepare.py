@@ -16,13 +16,15 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.aws.s3io import read_uri
-from sluice.contracts import MapResult, PrepareSpec, RunStatus
-from sluice.control.ledger import Ledger
-from sluice.models import ModelSpec, RunPlan
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import MapResult, PrepareSpec
+from sluice.contracts.sections import ModelSpec
+from sluice.contracts.status import RunStatus
+from sluice.control.table.ledger import Ledger
 from sluice.ops.status import run_status
 from sluice.paths import RunPaths
-from sluice.prepare.store import PrepareStore
+from sluice.prepare import prepare_store
 from tests.integration.completion_support import deliver_job_event
 from tests.integration.helpers import INPUT_BUCKET, bus_events, invoke_manifest_handler, shard_pairs
 from tests.integration.incremental_support import (
@@ -66,12 +68,12 @@ def _prepare_and_submit(aws, stack, monkeypatch, out: dict) -> tuple[RunPlan, Pr
     assert out["status"] == "preparing", out
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
     assert row is not None and row.prepare is not None
-    spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
-    run_prepare(PrepareStore(aws.s3), spec)
+    spec = PrepareSpec.model_validate_json(ObjectStore(aws.s3).get(row.prepare.spec_uri))
+    run_prepare(prepare_store(aws.s3), spec)
     for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
         deliver_job_event(stack, ev, monkeypatch)
     plan = RunPlan.model_validate_json(
-        read_uri(aws.s3, RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
+        ObjectStore(aws.s3).get(RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
     )
     return plan, spec
 
@@ -84,7 +86,7 @@ def test_a_prefix_since_run_skips_the_unchanged_keys_and_submits_the_rest(aws, s
     names = [f"img/{i:03d}.jpg" for i in range(30)]
     etags = _images(aws, names)
     unchanged, changed, failed, new = names[:20], names[20:25], names[25:28], names[28:]
-    store = PrepareStore(aws.s3)
+    store = prepare_store(aws.s3)
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID)], n_shards=3, total_keys=28)
     rows = [(_uri(n), etags[n], None) for n in unchanged] + [(_uri(n), "0" * 32, None) for n in changed]
     write_output(store, a, [rows])
@@ -127,7 +129,8 @@ def test_a_prefix_since_run_skips_the_unchanged_keys_and_submits_the_rest(aws, s
     assert shown is not None and shown["status"] == "SUBMITTED"
     assert shown["lineage"] == ["full-a"] and shown["skipped"] == {"unchanged": 20}
     maps = [
-        MapResult.model_validate_json(read_uri(aws.s3, RunPaths(spec.root).map_result(w))) for w in range(spec.workers)
+        MapResult.model_validate_json(ObjectStore(aws.s3).get(RunPaths(spec.root).map_result(w)))
+        for w in range(spec.workers)
     ]
     assert sum(m.versions.listed for m in maps if m.versions) == 30, "the listing's ETags: no HEAD"
     assert sum(m.versions.heads for m in maps if m.versions) == 0
@@ -138,7 +141,7 @@ def test_a_key_list_since_run_heads_each_key_and_needs_every_model_in_a_lineage_
     names = [f"pics/{i:02d}.jpg" for i in range(12)]
     v1 = _images(aws, names)
     v2 = _images(aws, names[:3], version="v2")  # changed since run full-a; run inc-b re-embedded them
-    store = PrepareStore(aws.s3)
+    store = prepare_store(aws.s3)
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID), (RESNET, RESNET_ID)], n_shards=2, total_keys=12)
     write_output(store, a, [[(_uri(n), v1[n], None) for n in names], [(_uri(n), v1[n], None) for n in names[:-1]]])
     b = earlier_plan(
@@ -165,7 +168,8 @@ def test_a_key_list_since_run_heads_each_key_and_needs_every_model_in_a_lineage_
     embedded = sorted(k for shard in shard_pairs(aws, stack, out["run_id"]) for _, k in shard)
     assert embedded == sorted([names[2], names[11], "pics/missing.jpg"])
     maps = [
-        MapResult.model_validate_json(read_uri(aws.s3, RunPaths(spec.root).map_result(w))) for w in range(spec.workers)
+        MapResult.model_validate_json(ObjectStore(aws.s3).get(RunPaths(spec.root).map_result(w)))
+        for w in range(spec.workers)
     ]
     counts = [m.versions for m in maps if m.versions]
     assert sum(c.heads for c in counts) == 13 and sum(c.head_missing for c in counts) == 1
@@ -188,7 +192,7 @@ def test_an_inventory_since_run_compares_version_ids_of_a_versioned_bucket(aws, 
     _inventory_report(aws.s3, ctl, "inputs/inv/", "Bucket, Key, VersionId, IsLatest, IsDeleteMarker, ETag", 100)
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID)], n_shards=1, total_keys=4)
     write_output(
-        PrepareStore(aws.s3),
+        prepare_store(aws.s3),
         a,
         [[(_uri("a.jpg"), "ea", "va1"), (_uri("b.jpg"), "eb", "vb1"), (_uri("d.jpg"), "ed", "vd1")]],
     )
@@ -205,7 +209,7 @@ def test_an_inventory_since_run_compares_version_ids_of_a_versioned_bucket(aws, 
 def test_nothing_to_embed_rejects_the_run_saying_the_output_is_complete(aws, stack, monkeypatch):
     etags = _images(aws, ["x/1.jpg", "x/2.jpg"])
     a = earlier_plan("full-a", _root(stack, "full-a"), [(CNN, CNN_ID)], n_shards=1, total_keys=2)
-    write_output(PrepareStore(aws.s3), a, [[(_uri(n), e, None) for n, e in etags.items()]])
+    write_output(prepare_store(aws.s3), a, [[(_uri(n), e, None) for n, e in etags.items()]])
     record_run(aws, stack, a)
     body = _manifest(
         {"keys": ["x/1.jpg", "x/2.jpg"], "bucket": INPUT_BUCKET, "since_run": "full-a"},
@@ -214,9 +218,9 @@ def test_nothing_to_embed_rejects_the_run_saying_the_output_is_complete(aws, sta
     out = invoke_manifest_handler(aws, stack, "manifests/same.json", body, monkeypatch)
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
     assert row is not None and row.prepare is not None
-    spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
+    spec = PrepareSpec.model_validate_json(ObjectStore(aws.s3).get(row.prepare.spec_uri))
     assert [len(t.pairs) for t in spec.tasks if t.kind == "inline"] and spec.partitions == 2
-    run_prepare(PrepareStore(aws.s3), spec)
+    run_prepare(prepare_store(aws.s3), spec)
     for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
         deliver_job_event(stack, ev, monkeypatch)
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
@@ -228,7 +232,7 @@ def test_another_image_size_embeds_every_key_again_instead_of_nothing_to_embed(a
     # The earlier run embedded both keys at 224 px; at 128 px the vectors differ, so none is "unchanged".
     etags = _images(aws, ["s/1.jpg", "s/2.jpg"])
     a = earlier_plan("at-224", _root(stack, "at-224"), [(CNN, CNN_ID)], n_shards=1, total_keys=2)
-    write_output(PrepareStore(aws.s3), a, [[(_uri(n), e, None) for n, e in etags.items()]])
+    write_output(prepare_store(aws.s3), a, [[(_uri(n), e, None) for n, e in etags.items()]])
     record_run(aws, stack, a)
     inp = {"keys": ["s/1.jpg", "s/2.jpg"], "bucket": INPUT_BUCKET, "since_run": "at-224"}
     body = json.dumps({"version": 1, "model": {"uri": "builtin:reference-cnn", "image_size": 128}, "input": inp})
@@ -301,11 +305,11 @@ def test_the_prepare_route_plans_with_the_model_artifacts_resolved_ids(aws, stac
     assert out["status"] == "preparing", out
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
     assert row is not None and row.prepare is not None
-    spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
-    run_prepare(PrepareStore(aws.s3), spec)
+    spec = PrepareSpec.model_validate_json(ObjectStore(aws.s3).get(row.prepare.spec_uri))
+    run_prepare(prepare_store(aws.s3), spec)
     for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
         deliver_job_event(stack, ev, monkeypatch)
-    plan = RunPlan.model_validate_json(read_uri(aws.s3, RunPaths.in_bucket(ctl, out["run_id"]).plan))
+    plan = RunPlan.model_validate_json(ObjectStore(aws.s3).get(RunPaths.in_bucket(ctl, out["run_id"]).plan))
     want = "s3etag:" + model["ETag"].strip('"') + (f"@{model['VersionId']}" if model.get("VersionId") else "")
     want += ";image_size=336"  # the sidecar's size, which the worker uses, not the manifest's default 224
     assert plan.models[0].model_id == want == spec.model_ids[0]

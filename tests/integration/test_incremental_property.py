@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moto import mock_aws
 
-from sluice.contracts import EarlierOutput, InlineKeys, PrepareSpec
+from sluice.contracts.prepare import EarlierOutput, InlineKeys, PrepareSpec
 from sluice.paths import RunPaths
+from sluice.prepare import prepare_store
 from sluice.prepare.collect import collect
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reducer import run_reduce
-from sluice.prepare.store import PrepareStore
-from sluice.prepare.versions_reduce import place_shards
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.versions import place_shards
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import md5, write_chunk
 from tests.properties import examples
@@ -69,7 +69,7 @@ def s3() -> Iterator[Any]:
 
 
 def _setup(s3: Any, case: dict[str, Any], ex: int) -> tuple[PrepareSpec, list[str]]:
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     keys = [f"ex{ex}/{i}.jpg" for i in range(len(case["current"]))]
     for k, v in zip(keys, case["current"], strict=True):
         if v is not None:
@@ -148,7 +148,7 @@ def test_the_kept_keys_are_exactly_those_the_lineage_lacks_and_retries_write_the
 ) -> None:
     ex = next(EXAMPLES)
     spec, keys = _setup(s3, case, ex)
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     root = spec.root.removeprefix(f"s3://{CTL}/")
     for w in range(spec.workers):
         first = run_map(spec, w, store).model_dump(exclude=TIMING)

@@ -20,14 +20,14 @@ import pytest
 from moto import mock_aws
 
 from sluice.cli import main
-from sluice.contracts import PrefixRange, PrepareSpec
-from sluice.control.lineage import EarlierRun, Lineage
-from sluice.models import ModelSpec
+from sluice.contracts.prepare import PrefixRange, PrepareSpec
+from sluice.contracts.sections import ModelSpec
+from sluice.control.intake.lineage import EarlierRun, Lineage
 from sluice.ops.recipe import Source, recipe_sql
 from sluice.paths import RunPaths, shard_output_dir
+from sluice.prepare import prepare_store
 from sluice.prepare.collect import collect
-from sluice.prepare.store import PrepareStore
-from sluice.prepare.versions_reduce import place_shards
+from sluice.prepare.reducer.versions import place_shards
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import earlier_plan, md5, run_prepare, write_chunk, write_output
 
@@ -75,7 +75,7 @@ def _incremental_shards(s3: Any, tmp: Path, a: Any) -> tuple[Any, list[str]]:
         model_ids=IDS,
         earlier=lineage.tasks(IDS, 2),
     )
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     run_prepare(store, spec)
     got = collect(spec, store)
     assert got.rejected is None, got.rejected
@@ -88,7 +88,7 @@ def _incremental_shards(s3: Any, tmp: Path, a: Any) -> tuple[Any, list[str]]:
 def test_the_recipe_reads_a_run_and_its_lineage_as_one_complete_duplicate_free_set(s3, tmp_path, capsys) -> None:
     names = [f"set/{i:02d}.jpg" for i in range(16)]
     v1 = {k: _put(s3, k, "v1") for k in names}
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     a = earlier_plan("run-a", str(tmp_path / "runs" / "run-a") + "/", MODELS, n_shards=2, total_keys=16)
     failed_in_a = names[15]
     write_output(store, a, [[(_uri(k), v1[k], None) for k in names if k != failed_in_a]] * 2)

@@ -1,10 +1,10 @@
 """The fleet index build from the control plane (moto): three stage jobs submitted once, their end published once.
 
-A run's RUN item is recorded SUCCEEDED with a fleet claim (sluice.control.indexing.claim at a
+A run's RUN item is recorded SUCCEEDED with a fleet claim (sluice.control.indexing.stage.claim at a
 low SLUICE_INDEX_FLEET_ROWS), then `start` submits train, segments (an array job) and commit
 with a fault AWS could give injected between the three SubmitJob calls or at their record; the
 sweep completes what the fault left. Each example then delivers a complete, realistic set of
-the stage jobs' "Batch Job State Change" events (sluice.local.events), in a random order with
+the stage jobs' "Batch Job State Change" events (sluice.local.emulator.events), in a random order with
 duplicates, to the real completion handler: exactly one "Run Indexed" or "Index Failed" comes out.
 """
 
@@ -24,14 +24,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.aws.clients import Clients
-from sluice.contracts import IndexedTable, IndexFailed, IndexItem, JobStatus, RunIndexed
-from sluice.control import indexing
+from sluice.contracts.events import IndexedTable, IndexFailed, RunIndexed
+from sluice.contracts.sections import ModelSpec
+from sluice.contracts.status import JobStatus
 from sluice.control.context import Context
-from sluice.control.ddb import item
-from sluice.control.ledger import Ledger
+from sluice.control.indexing import stage as indexing
 from sluice.control.policy import INDEX_STAGES
-from sluice.local.events import JobChange, attempt, batch_job_state_change
-from sluice.models import IndexTarget, ModelSpec
+from sluice.control.table.ddb import item
+from sluice.control.table.items import IndexItem
+from sluice.control.table.ledger import Ledger
+from sluice.local.emulator.events import JobChange, attempt, batch_job_state_change
 from sluice.ops.status import cmd_status
 from sluice.paths import RunPaths, index_result
 from sluice.settings import Settings
@@ -56,9 +58,9 @@ def _settings(stack: Any, monkeypatch: Any) -> Settings:
 def _claimed(aws: Any, stack: Any, settings: Settings, run_id: str) -> IndexItem:
     """A SUCCEEDED run whose index stage is claimed, as "Run Succeeded" leaves it (claim's own fields)."""
     ctl = stack.names["ControlBucket"]
-    target = IndexTarget(uri=f"s3://{ctl}/indexes/{run_id}/", name=run_id)
     root = RunPaths.in_bucket(ctl, run_id).root
-    plan = earlier_plan(run_id, root, [(ModelSpec(), "builtin:reference-cnn@1")], 1, ROWS, index=target)
+    index = {"uri": f"s3://{ctl}/indexes/{run_id}/", "name": run_id}
+    plan = earlier_plan(run_id, root, [(ModelSpec(), "builtin:reference-cnn@1")], 1, ROWS, output={"index": index})
     record_run(aws, stack, plan)
     claim = indexing.claim(plan, ROWS, settings)["index"]
     aws.dynamodb.update_item(

@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 
-from sluice.contracts import FleetPlan, RunIndexed
-from sluice.models import IndexTarget
+from sluice.contracts.events import RunIndexed
+from sluice.contracts.manifest import IndexTarget
+from sluice.index.fleet.files import FleetPlan
 from sluice.paths import fleet_path
 from tests.index_support import clustered, uris, write_run
 from tests.integration.conftest import CONTROL_BUCKET, ROOT
@@ -26,14 +27,14 @@ def _step(server, step: str, *extra: str, child: int | None = None) -> subproces
 
 
 def test_the_three_steps_on_s3_write_run_indexed(on_server):
-    from gpu_worker.sources.store import RunStore
+    from sluice.aws.store import ObjectStore
 
     base = f"s3://{CONTROL_BUCKET}/runs/"
     n, keys = 3_000, uris(3_000)
     x = clustered(n, 16, 3, centers=40)
     target = IndexTarget(uri=f"s3://{CONTROL_BUCKET}/indexes/fleet/", name="fleet")
     plan = write_run(base, "fleet", keys, x, chunk_keys=500)
-    store = RunStore()
+    store = ObjectStore()
     store.put(base + "fleet/plan.json", plan.model_copy(update={"index": target}).model_dump_json().encode())
     for step, extra, child in [("train", ["--children", "2"], None), ("segment", [], 1), ("segment", [], 0)]:
         proc = _step(on_server, step, *extra, child=child)

@@ -1,4 +1,4 @@
-"""`python -m sluice.index stage train|segment|commit` end to end against local folders (sluice.index.stage).
+"""`python -m sluice.index stage train|segment|commit` end to end against local folders (sluice.index.fleet.stage).
 
 The steps run in this process, as each AWS Batch job would run them one after another (the
 array's children in any order, one of them twice, as a Batch retry does). ann.MIN_ANN_ROWS is
@@ -14,10 +14,10 @@ from pathlib import Path
 import lance
 import pytest
 
-from sluice.contracts import FleetChild, IndexFailed, RunIndexed
+from sluice.contracts.events import IndexFailed, RunIndexed
 from sluice.index import ann
 from sluice.index.__main__ import main
-from sluice.index.fleetio import child_uri, read_plan
+from sluice.index.fleet.files import FleetChild, child_uri, read_plan
 from sluice.index.search import Searcher
 from sluice.index.storage import Files
 from sluice.paths import index_result
@@ -136,7 +136,7 @@ def test_a_train_that_fails_writes_index_failed(tmp_path):
 
 
 def test_two_models_are_two_tables_each_child_indexes_its_share_of_both(tmp_path, monkeypatch):
-    from sluice.models import ModelSpec
+    from sluice.contracts.sections import ModelSpec
 
     runs, index = tmp_path / "runs", tmp_path / "idx"
     specs = [ModelSpec(name="small"), ModelSpec(uri="builtin:reference-cnn-large", name="big")]

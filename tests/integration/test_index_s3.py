@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from sluice.contracts import IndexFailed, RunIndexed
-from sluice.models import IndexTarget, VectorsTarget
+from sluice.contracts.events import IndexFailed, RunIndexed
+from sluice.contracts.manifest import IndexTarget, VectorsTarget
 from tests.index_support import clustered, uris, write_run
 from tests.integration.conftest import CONTROL_BUCKET, ROOT
 
@@ -31,9 +31,9 @@ def test_a_run_on_s3_is_indexed_into_s3_and_searched(on_server, tmp_path):
     keys, x = uris(800), clustered(800, 16, 1)
     target = IndexTarget(uri=f"s3://{CONTROL_BUCKET}/indexes/s3test/", name="s3test")
     plan = write_run(base, "s3run", keys, x, chunk_keys=150, uncommitted=20)
-    from gpu_worker.sources.store import RunStore
+    from sluice.aws.store import ObjectStore
 
-    store = RunStore()  # the plan names its index, as the planner records output.index
+    store = ObjectStore()  # the plan names its index, as the planner records output.index
     store.put(base + "s3run/plan.json", plan.model_copy(update={"index": target}).model_dump_json().encode())
 
     proc = _run(on_server, "-m", "sluice.index", "build", "--bucket", CONTROL_BUCKET, "--run", "s3run")
@@ -82,13 +82,13 @@ def test_a_failed_index_stage_reports_index_failed_and_leaves_the_run(on_server)
         f"s3://{CONTROL_BUCKET}/indexes/never/",
     )
     assert proc.returncode == 1
-    from gpu_worker.sources.store import RunStore
+    from sluice.aws.store import ObjectStore
 
     never = f"s3://{CONTROL_BUCKET}/indexes/never/"
-    outcome = IndexFailed.model_validate_json(RunStore().get(never + "_results/emptyrun.json"))
+    outcome = IndexFailed.model_validate_json(ObjectStore().get(never + "_results/emptyrun.json"))
     assert "no committed output rows" in outcome.reason and outcome.index_uri == never
-    assert RunStore().list(never) == [never + "_results/emptyrun.json"]  # no table written, only the outcome
-    assert RunStore().get(base + "emptyrun/plan.json")  # the run's files untouched
+    assert list(ObjectStore().list(never)) == [never + "_results/emptyrun.json"]  # no table written, only the outcome
+    assert ObjectStore().get(base + "emptyrun/plan.json")  # the run's files untouched
 
 
 def test_two_builds_into_one_s3_index_at_once(on_server):
@@ -132,9 +132,9 @@ def test_the_index_stage_also_puts_the_runs_vectors_into_s3_vectors_when_the_pla
         uri=f"s3://{CONTROL_BUCKET}/indexes/vec/", name="vec", s3_vectors=VectorsTarget(bucket="vecs", shards=2)
     )
     plan = write_run(base, "vecrun", keys, x)
-    from gpu_worker.sources.store import RunStore
+    from sluice.aws.store import ObjectStore
 
-    store = RunStore()
+    store = ObjectStore()
     store.put(base + "vecrun/plan.json", plan.model_copy(update={"index": target}).model_dump_json().encode())
     vectors = on_server.client("s3vectors")
     vectors.create_vector_bucket(vectorBucketName="vecs")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from sluice.cli import main
+from sluice.contracts.sections import ModelSpec
 from sluice.modelid import file_id
-from sluice.models import ModelSpec
 from tests.index_support import clustered, uris, write_run
 
 CLI = [sys.executable, "-m", "sluice.cli"]
@@ -156,7 +156,7 @@ def clip_artifact(tmp_path_factory) -> str:
 
 
 def test_text_and_image_queries_use_the_index_own_model(tmp_path, clip_artifact, capsys):
-    from gpu_worker.models.query import embed_images
+    from gpu_worker.door import embed_images
     from gpu_worker.models.texttower import encode_texts
     from sluice.local.demo import demo_images
 

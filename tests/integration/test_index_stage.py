@@ -2,7 +2,7 @@
 
 A run is concluded through the real completion handler; the index job lands on the prepare
 queue (moto accepts it and runs nothing), and its "Batch Job State Change" events are
-real-shaped (sluice.local.events). Faults are AWS's: a botocore hook fails one call of the
+real-shaped (sluice.local.emulator.events). Faults are AWS's: a botocore hook fails one call of the
 injected boto3 client, as a throttled or lost request would, between two side effects.
 """
 
@@ -18,14 +18,15 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sluice.aws.clients import Clients
-from sluice.contracts import IndexedTable, IndexFailed, JobStatus, RunIndexed, RunStatus
-from sluice.control import indexing
+from sluice.contracts.events import IndexedTable, IndexFailed, RunIndexed
+from sluice.contracts.status import JobStatus, RunStatus
 from sluice.control.context import Context
-from sluice.control.ledger import Ledger
+from sluice.control.indexing import stage as indexing
 from sluice.control.policy import index_timeout_s
-from sluice.control.reconcile import reconcile
+from sluice.control.sweep.reconcile import reconcile
+from sluice.control.table.ledger import Ledger
 from sluice.errors import RetriableError
-from sluice.local.events import JobChange, batch_job_state_change
+from sluice.local.emulator.events import JobChange, batch_job_state_change
 from sluice.ops.status import cmd_status
 from sluice.paths import index_result
 from sluice.settings import Settings
@@ -203,8 +204,8 @@ def _clients(aws: Any) -> Clients:
 
 def _conclude_with(aws: Any, stack: Any, monkeypatch: Any, name: str, clients: Clients) -> tuple[str, Settings]:
     """A run whose last shard event is handled with `clients` (where the fault is injected)."""
-    from sluice.control.batch_events import BatchJobStateChangeDetail
-    from sluice.control.completion import handle_job_event
+    from sluice.control.completion.batch_events import BatchJobStateChangeDetail
+    from sluice.control.completion.state_change import handle_job_event
 
     out = submit_run(aws, stack, monkeypatch, n_keys=20, keys_per_shard=10, name=name)
     _finish_shards(aws, stack, monkeypatch, out, last=False)
@@ -307,11 +308,13 @@ def test_index_off_claims_nothing_and_submits_nothing(aws, stack, monkeypatch):
 
 
 def test_an_incremental_run_updates_its_lineages_index_unless_it_names_its_own(aws, stack, monkeypatch):
-    from sluice.aws.s3io import read_uri
-    from sluice.contracts import PrepareSpec
-    from sluice.models import IndexTarget, ModelSpec, RunPlan
+    from sluice.aws.store import ObjectStore
+    from sluice.contracts.manifest import IndexTarget
+    from sluice.contracts.plan import RunPlan
+    from sluice.contracts.prepare import PrepareSpec
+    from sluice.contracts.sections import ModelSpec
     from sluice.paths import RunPaths
-    from sluice.prepare.store import PrepareStore
+    from sluice.prepare import prepare_store
     from tests.integration.incremental_support import earlier_plan, prepare_events, record_run, run_prepare
 
     ctl = stack.names["ControlBucket"]
@@ -330,11 +333,11 @@ def test_an_incremental_run_updates_its_lineages_index_unless_it_names_its_own(a
         out = invoke_manifest_handler(aws, stack, f"manifests/{name}.json", json.dumps({**body, **output}), monkeypatch)
         assert out["status"] == "preparing", out
         row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
-        spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
-        run_prepare(PrepareStore(aws.s3), spec)
+        spec = PrepareSpec.model_validate_json(ObjectStore(aws.s3).get(row.prepare.spec_uri))
+        run_prepare(prepare_store(aws.s3), spec)
         for ev in prepare_events(stack, out["run_id"], out["job_ids"], spec):
             deliver_job_event(stack, ev, monkeypatch)
-        return RunPlan.model_validate_json(read_uri(aws.s3, RunPaths.in_bucket(ctl, out["run_id"]).plan))
+        return RunPlan.model_validate_json(ObjectStore(aws.s3).get(RunPaths.in_bucket(ctl, out["run_id"]).plan))
 
     assert plan_of("more").index == earlier  # the lineage's one index, updated
     own = plan_of("mine", output={"index": {"name": "mine"}}).index

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
+from sluice.contracts.manifest import Manifest, VectorsTarget
 from sluice.index.build import build
 from sluice.index.vectors import PUT_BATCH, VectorsError, index_name, shard_of, upsert, vector
-from sluice.models import Manifest, VectorsTarget
 from tests.index_support import clustered, uris, write_run
 
 

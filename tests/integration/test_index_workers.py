@@ -1,4 +1,4 @@
-"""`sluice index build --workers N` (sluice.index.workers): trained once, segments in N processes, one commit."""
+"""`sluice index build --workers N` (sluice.index.fleet.workers): trained once, segments in N processes, one commit."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import lance
 import numpy as np
 import pytest
 
-from sluice.index import workers
 from sluice.index.__main__ import main
 from sluice.index.build import build
-from sluice.index.fleet import train
+from sluice.index.fleet import workers
+from sluice.index.fleet.build import train
 from sluice.index.search import Searcher
 from sluice.index.table import IndexTable
 from sluice.paths import fleet_path

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from sluice.aws.errors import AwsFatalError
-from sluice.contracts import JobStatus, RunItem, RunProgress, RunStatus
-from sluice.control.ledger import Ledger
-from sluice.control.records import ShardRecords
+from sluice.contracts.events import RunProgress
+from sluice.contracts.status import JobStatus, RunStatus
+from sluice.control.table.items import RunItem
+from sluice.control.table.ledger import Ledger
+from sluice.control.table.records import ShardRecords
 
 
 def test_items_are_typed_views_of_what_is_stored(aws, stack):
@@ -79,7 +81,7 @@ def _conflicts(client, times: int):
 
 
 def test_transaction_conflicts_are_retried_in_the_process_then_given_back(aws, stack, monkeypatch):
-    from sluice.control import ddb
+    from sluice.control.table import ddb
     from sluice.errors import RetriableError
 
     monkeypatch.setattr(ddb.time, "sleep", lambda s: None)

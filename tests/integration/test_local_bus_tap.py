@@ -1,10 +1,10 @@
-"""Each local run reads its own events from an emulator that several runs share (sluice.local.bus)."""
+"""Each local run reads its own events from an emulator that several runs share (sluice.local.emulator.bus)."""
 
 from __future__ import annotations
 
-from sluice.contracts import RunProgress, RunSubmitted
+from sluice.contracts.events import RunProgress, RunSubmitted
 from sluice.control.notify import EventPublisher
-from sluice.local.bus import BusTap
+from sluice.local.emulator.bus import BusTap
 
 
 def _submitted(run_id: str) -> RunSubmitted:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import io
 
-from sluice.contracts import JobStatus
-from sluice.control.ledger import Ledger
+from sluice.contracts.status import JobStatus
+from sluice.control.table.ledger import Ledger
 from sluice.local import run
-from sluice.local.executor import ExecutorConfig, LocalExecutor
+from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor
+from sluice.local.router import Router
 
 RUN = "run-discovery"
 
@@ -19,7 +20,7 @@ def test_the_queues_are_listed_when_a_handler_ran_the_sweep_acted_or_every_few_s
     queues = (stack.names["GpuJobQueue"], stack.names["MnpJobQueue"], stack.names["PrepareJobQueue"])
     listed: list[str] = []  # one entry a ListJobs call
     aws.batch.meta.events.register("before-call.batch.ListJobs", lambda **_: listed.append("ListJobs"))
-    router = run.Router(stack, {"SLUICE_LOCAL_MODE": "1"})
+    router = Router(stack, {"SLUICE_LOCAL_MODE": "1"})
     config = ExecutorConfig(RUN, queues, str(tmp_path / "logs"), out=io.StringIO())
     look = run._Discovery(
         LocalExecutor(aws.batch, Ledger(aws.dynamodb, stack.names["RunsTable"]), router, config), router

@@ -10,17 +10,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from gpu_worker.config import WorkerConfig
+from gpu_worker.config import MAX_IMAGE_PIXELS, WorkerConfig
 from gpu_worker.decode.image import decode_image
 from gpu_worker.main import run_node
 from gpu_worker.models.engine import Engine
 from gpu_worker.models.load import load_model
 from gpu_worker.models.spec import resolve_uri
-from gpu_worker.sources.store import RunStore
+from sluice.aws.store import ObjectStore
 from sluice.cli import main
-from sluice.models import ModelSpec, RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
 from tests.conftest import moto_s3
+from tests.plans import run_plan
 from tests.worker_images import make_demo_images
 
 MODEL_URI = "s3://models/encoders/mnv3.pt"
@@ -32,13 +33,6 @@ IMAGES = dict(make_demo_images(12, seed=5))
 @pytest.fixture
 def s3():
     yield from moto_s3("models")
-
-
-class Fetcher:
-    """The images' S3 GETs (the node's fetch layer is not what this test is about)."""
-
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
-        return IMAGES[key]
 
 
 def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys):
@@ -57,31 +51,28 @@ def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys)
     # A node whose plan names the artifact: it downloads it once and embeds every image with it.
     base = f"{tmp_path}/runs/r/"
     keys = sorted(IMAGES)
-    plan = RunPlan.standalone(
+    plan = run_plan(
         "r",
         base,
-        n_shards=1,
         total_keys=len(keys),
         model=ModelSpec(uri=MODEL_URI, batch_size=4, image_size=224),  # the spec's 32 px wins
-        manifest_uri="m",
-        control_bucket="c",
-        attempts=1,
-        created_at="now",
+        job={"attempts": 1},
     )
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", keys)]))
     Path(base + "plan.json").write_text(plan.model_dump_json())
+    s3.create_bucket(Bucket="bkt")
+    for key, data in IMAGES.items():
+        s3.put_object(Bucket="bkt", Key=key, Body=data)
     cfg = WorkerConfig(device="cpu", loaders=0, torch_threads=1, output_dtype="float32")
-    result = run_node(
-        cfg, {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}, store=RunStore(), fetcher=Fetcher()
-    )
+    result = run_node(cfg, {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}, store=ObjectStore())
     assert (result.processed, result.failed, result.ok) == (12, 0, True)
 
     table = pq.read_table(sorted(Path(plan.output_prefix, "shard=0").glob("*.parquet")))
     got = dict(zip(table.column("key").to_pylist(), np.array(table.column("embedding").to_pylist())))
-    model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), RunStore()), 224)
+    model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), ObjectStore()), 224)
     engine = Engine(model, info, "cpu", len(keys))
-    batch = np.stack([decode_image(IMAGES[k], 32, 89_478_485) for k in keys])
+    batch = np.stack([decode_image(IMAGES[k], 32, MAX_IMAGE_PIXELS) for k in keys])
     [(_, want)] = engine.submit(torch.from_numpy(batch), None)
     assert sorted(got) == [f"s3://bkt/{k}" for k in keys]
     for key, emb in zip(keys, want):

@@ -8,7 +8,7 @@ import pytest
 
 from gpu_worker.decode.nvjpeg import decode_device
 from sluice.cli import main
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
 from sluice.paths import RunPaths
 from tests.integration.helpers import INPUT_BUCKET, _get, bus_events, keys_manifest, submit_keys
 

@@ -16,16 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.contracts import PrepareSpec
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import PrepareSpec
 from sluice.errors import Rejection
-from sluice.models import RunPlan
 from sluice.paths import RunPaths
 from sluice.plan.layout import job_layouts
-from sluice.prepare.mapper import run_map
+from sluice.prepare import prepare_store
+from sluice.prepare.mapper.worker import run_map
 from sluice.prepare.offline import OfflineJob, add_offline_arguments, offline_main, prepare_offline
-from sluice.prepare.reducer import run_reduce
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.prepare.split import estimate_keylist, keylist_tasks
-from sluice.prepare.store import PrepareStore
 from sluice.shards import FileSource, ShardReader, rank_slice
 from tests import pace
 from tests.properties import examples
@@ -135,7 +135,7 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
     """SIGKILL a real `python -m sluice.prepare map` while it writes its parts; the rerun writes the same bytes."""
     write_keylist(tmp_path / "keys.txt", 150_000, seed=8)
     path = str(tmp_path / "keys.txt")
-    est = estimate_keylist(PrepareStore(), path)
+    est = estimate_keylist(prepare_store(), path)
     tasks = list(keylist_tasks(path, est.size, est.format, est.header, 2))
 
     def spec(root: str) -> PrepareSpec:
@@ -152,11 +152,11 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
 
     ref, run = spec(str(tmp_path / "ref") + "/"), spec(str(tmp_path / "run") + "/")
     for w in range(2):
-        run_map(ref, w, PrepareStore())
+        run_map(ref, w, prepare_store())
     for r in range(32):
-        run_reduce(ref, r, PrepareStore())
+        run_reduce(ref, r, prepare_store())
     spec_path = RunPaths(run.root).prepare_spec
-    PrepareStore().put(spec_path, run.model_dump_json().encode())
+    prepare_store().put(spec_path, run.model_dump_json().encode())
     # TMPDIR: the killed process cannot remove its spill folder; tmp_path goes with the test.
     env = {**os.environ, "AWS_BATCH_JOB_ARRAY_INDEX": "1", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     cmd = [sys.executable, "-m", "sluice.prepare", "map", "--spec", spec_path]
@@ -173,12 +173,12 @@ def test_killed_map_process_reruns_to_the_same_bytes(tmp_path):
     if some:  # a previous attempt's damage: the retry must overwrite it
         some[0].write_bytes(b"not a part")
     assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
-    run_map(run, 0, PrepareStore())
+    run_map(run, 0, prepare_store())
     paths, ref_paths = RunPaths(run.root), RunPaths(ref.root)
     for w in range(2):
         for r in range(32):
             assert Path(paths.prepare_part(w, r)).read_bytes() == Path(ref_paths.prepare_part(w, r)).read_bytes()
     for r in range(32):
-        res = run_reduce(run, r, PrepareStore())
+        res = run_reduce(run, r, prepare_store())
         for i in range(res.first_shard, res.first_shard + len(res.shard_keys)):
             assert Path(paths.shard(i)).read_bytes() == Path(ref_paths.shard(i)).read_bytes()

@@ -23,15 +23,17 @@ import pytest
 from moto import mock_aws
 
 from sluice.aws.errors import AwsFatalError
-from sluice.contracts import InventoryFiles, PrefixRange, PrepareSpec, PrepareTask, ReduceResult
+from sluice.aws.store import ObjectStore
+from sluice.contracts.prepare import InventoryFiles, PrefixRange, PrepareSpec, PrepareTask, ReduceResult
 from sluice.paths import RunPaths
-from sluice.prepare import mapparts
+from sluice.prepare import prepare_store
 from sluice.prepare.__main__ import main
 from sluice.prepare.collect import Collected, collect
-from sluice.prepare.mapparts import SpillError
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reduceparts import PrepareError
-from sluice.prepare.reducer import run_reduce
+from sluice.prepare.mapper import parts as mapparts
+from sluice.prepare.mapper.parts import SpillError
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.parts import PrepareError
+from sluice.prepare.reducer.worker import run_reduce
 from sluice.prepare.split import (
     estimate_inventory,
     estimate_keylist,
@@ -39,7 +41,6 @@ from sluice.prepare.split import (
     keylist_tasks,
     prefix_tasks,
 )
-from sluice.prepare.store import PrepareStore
 from sluice.shards import ShardReader
 
 CTL, INPUT = "ctl", "inputs"
@@ -123,11 +124,11 @@ def keylist_spec(
     key = f"lists/keys{fmt}"
     s3.put_object(Bucket=INPUT, Key=key, Body=body if body is not None else keylist_body(pairs, fmt))
     uri = f"s3://{INPUT}/{key}"
-    est = estimate_keylist(PrepareStore(s3), uri)
+    est = estimate_keylist(prepare_store(s3), uri)
     return spec_for(list(keylist_tasks(uri, est.size, est.format, est.header, workers)), workers, partitions, kps, **kw)
 
 
-def run_all(spec: PrepareSpec, store: PrepareStore) -> Collected:
+def run_all(spec: PrepareSpec, store: ObjectStore) -> Collected:
     for w in range(spec.workers):
         run_map(spec, w, store)
     for r in range(spec.partitions):
@@ -145,13 +146,13 @@ def shard_indices(s3: Any, spec: PrepareSpec) -> list[int]:
     return sorted(int(k.rsplit("/", 1)[1].split(".")[0]) for k in keys)
 
 
-def decoded(store: PrepareStore, spec: PrepareSpec, n: int) -> list[list[Pair]]:
+def decoded(store: ObjectStore, spec: PrepareSpec, n: int) -> list[list[Pair]]:
     return [ShardReader(store.get(RunPaths(spec.root).shard(i))).pairs() for i in range(n)]
 
 
 def check(s3: Any, spec: PrepareSpec, got: Collected, expected: list[Pair]) -> list[list[Pair]]:
     """The invariants every successful prepare run keeps."""
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     assert got.rejected is None, got.rejected
     assert shard_indices(s3, spec) == list(range(got.n_shards))
     shards = decoded(store, spec, got.n_shards)
@@ -178,7 +179,7 @@ def check(s3: Any, spec: PrepareSpec, got: Collected, expected: list[Pair]) -> l
 def test_keylist(s3, fmt, workers, partitions):
     pairs = make_pairs(2500, seed=workers * 10 + partitions)
     spec = keylist_spec(s3, pairs, fmt, workers, partitions)
-    got = run_all(spec, PrepareStore(s3))
+    got = run_all(spec, prepare_store(s3))
     check(s3, spec, got, pairs)
     tags = s3.get_object_tagging(Bucket=CTL, Key="runs/r/shards/0.shard")["TagSet"]
     assert tags == [{"Key": "sluice-scratch", "Value": "true"}]
@@ -186,7 +187,7 @@ def test_keylist(s3, fmt, workers, partitions):
 
 def test_same_partitions_give_the_same_shards_whatever_the_workers(s3):
     pairs = make_pairs(1500, seed=4)
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     seen = []
     for workers in (1, 2, 5):
         spec = keylist_spec(s3, pairs, ".txt", workers, 3, root=f"runs/p{workers}/")
@@ -198,7 +199,7 @@ def test_same_partitions_give_the_same_shards_whatever_the_workers(s3):
 def test_retried_workers_write_identical_bytes(s3):
     pairs = make_pairs(2000, seed=5)
     spec = keylist_spec(s3, pairs, ".txt", 3, 3)
-    store, paths = PrepareStore(s3), RunPaths(spec.root)
+    store, paths = prepare_store(s3), RunPaths(spec.root)
     got = run_all(spec, store)
     parts = {(w, r): store.get(paths.prepare_part(w, r)) for w in range(3) for r in range(3)}
     shards = [store.get(paths.shard(i)) for i in range(got.n_shards)]
@@ -220,7 +221,7 @@ def test_retried_workers_write_identical_bytes(s3):
 def test_multinode_has_one_shard_per_node(s3):
     pairs = make_pairs(900, seed=6)
     spec = keylist_spec(s3, pairs, ".txt", 2, 3, mode="multinode", nodes=3)
-    got = run_all(spec, PrepareStore(s3))
+    got = run_all(spec, prepare_store(s3))
     assert got.n_shards == 3
     check(s3, spec, got, pairs)
 
@@ -247,11 +248,11 @@ def test_inventory_csv_gzip(s3):
         "files": files,
     }
     s3.put_object(Bucket=INPUT, Key="inv/manifest.json", Body=json.dumps(manifest).encode())
-    est = estimate_inventory(PrepareStore(s3), f"s3://{INPUT}/inv/manifest.json")
+    est = estimate_inventory(prepare_store(s3), f"s3://{INPUT}/inv/manifest.json")
     assert est.total_bytes == 1000
     for workers, partitions in ((1, 2), (3, 3)):
         spec = spec_for(list(inventory_tasks(est.report, workers)), workers, partitions, 300, root=f"runs/i{workers}/")
-        check(s3, spec, run_all(spec, PrepareStore(s3)), expected)
+        check(s3, spec, run_all(spec, prepare_store(s3)), expected)
 
 
 def test_inventory_parquet(s3):
@@ -275,9 +276,9 @@ def test_inventory_parquet(s3):
         "files": files,
     }
     s3.put_object(Bucket=INPUT, Key="invp/manifest.json", Body=json.dumps(manifest).encode())
-    est = estimate_inventory(PrepareStore(s3), f"s3://{INPUT}/invp/manifest.json")
+    est = estimate_inventory(prepare_store(s3), f"s3://{INPUT}/invp/manifest.json")
     spec = spec_for(list(inventory_tasks(est.report, 2)), 2, 2, 250)
-    check(s3, spec, run_all(spec, PrepareStore(s3)), pairs)
+    check(s3, spec, run_all(spec, prepare_store(s3)), pairs)
 
 
 def test_prefix(s3):
@@ -289,7 +290,7 @@ def test_prefix(s3):
     for workers, partitions in ((1, 1), (2, 3), (5, 2)):
         tasks = prefix_tasks(s3, "img-a", "cams/", workers)
         spec = spec_for(list(tasks), workers, partitions, 50, root=f"runs/x{workers}/", suffixes=[".JPG"])
-        check(s3, spec, run_all(spec, PrepareStore(s3)), expected)
+        check(s3, spec, run_all(spec, prepare_store(s3)), expected)
 
 
 # ---- bad input: recorded by the map worker, the run rejected with global line numbers ----
@@ -301,13 +302,13 @@ def test_bad_lines_reject_with_global_line_numbers(s3):
     lines[1699] = "http://example.com/a.jpg"  # line 1700, in the second of three ranges
     lines[2998] = "s3://Bad_Bucket/k.jpg"  # line 2999, in the third
     spec = keylist_spec(s3, pairs, ".txt", 3, 2, body=("\n".join(lines) + "\n").encode())
-    got = run_all(spec, PrepareStore(s3))
+    got = run_all(spec, prepare_store(s3))
     assert got.rejected == [
         "keys.txt line 1700: not a key: 'http://example.com/a.jpg' is a URL; use s3://bucket/key or a bare key",
         "keys.txt line 2999: not a key: 's3://Bad_Bucket/k.jpg': 'Bad_Bucket' is not a valid bucket name",
     ]
     assert shard_indices(s3, spec) == []  # reducers skipped: no shard written
-    res = ReduceResult.model_validate_json(PrepareStore(s3).get(RunPaths(spec.root).reduce_result(1)))
+    res = ReduceResult.model_validate_json(prepare_store(s3).get(RunPaths(spec.root).reduce_result(1)))
     assert res.skipped
 
 
@@ -316,7 +317,7 @@ def test_csv_header_and_many_problems(s3):
     for n in range(300, 2000, 60):  # 29 bad rows spread over every range
         rows[n - 1] = f"img-a,dir{n}/"  # line n (the header is line 1)
     spec = keylist_spec(s3, [], ".csv", 4, 2, body=("\n".join(rows) + "\n").encode())
-    got = run_all(spec, PrepareStore(s3))
+    got = run_all(spec, prepare_store(s3))
     assert got.rejected is not None and len(got.rejected) == 21
     assert (
         got.rejected[0]
@@ -332,7 +333,7 @@ def test_not_utf8_allowed_buckets_and_missing_bucket(s3):
         ("\n".join(good[:800]) + "\n").encode() + b"s3://img-a/bad\xff.jpg\n" + ("\n".join(good[800:]) + "\n").encode()
     )
     spec = keylist_spec(s3, [], ".txt", 2, 1, body=body)
-    got = run_all(spec, PrepareStore(s3))
+    got = run_all(spec, prepare_store(s3))
     assert got.rejected is not None and got.rejected[0].startswith(
         "keys.txt line 801: not UTF-8 (invalid byte at offset "
     )
@@ -341,20 +342,20 @@ def test_not_utf8_allowed_buckets_and_missing_bucket(s3):
     spec = keylist_spec(
         s3, [], ".txt", 2, 1, body=b"s3://img-a/x.jpg\n" * 5 + b"s3://img-b/y.jpg\n", allowed_buckets=["img-a"]
     )
-    got = run_all(spec, PrepareStore(s3))
+    got = run_all(spec, prepare_store(s3))
     assert got.rejected == [
         "keys.txt line 6: s3://img-b/y.jpg: bucket 'img-b' is not allowed (SLUICE_ALLOWED_BUCKETS: img-a)"
     ]
     spec = spec_for([PrefixRange(bucket="no-such-bucket", prefix="")], 1, 1, 10)
-    assert run_all(spec, PrepareStore(s3)).rejected == ["prefix s3://no-such-bucket/: the bucket does not exist"]
+    assert run_all(spec, prepare_store(s3)).rejected == ["prefix s3://no-such-bucket/: the bucket does not exist"]
 
 
 def test_zero_keys_and_too_many(s3):
     pairs = make_pairs(300, seed=10)
     spec = keylist_spec(s3, pairs, ".txt", 2, 2, suffixes=[".png"])
-    assert run_all(spec, PrepareStore(s3)).rejected == ["the input names zero keys: nothing to run"]
+    assert run_all(spec, prepare_store(s3)).rejected == ["the input names zero keys: nothing to run"]
     spec = keylist_spec(s3, pairs, ".txt", 2, 2, max_keys=100)
-    got = run_all(spec, PrepareStore(s3))
+    got = run_all(spec, prepare_store(s3))
     limit = "more than the 100 a run may hold (SLUICE_MAX_KEYS): split the input into several manifests"
     assert got.rejected == [f"{got.unique_keys} unique keys, {limit}"]
 
@@ -362,7 +363,7 @@ def test_zero_keys_and_too_many(s3):
 def test_entry_point_exit_codes(s3, monkeypatch, capsys):
     pairs = make_pairs(400, seed=11)
     spec = keylist_spec(s3, pairs, ".txt", 2, 2)
-    store = PrepareStore(s3)
+    store = prepare_store(s3)
     spec_uri = RunPaths(spec.root).prepare_spec
     store.put(spec_uri, spec.model_dump_json().encode())
     monkeypatch.setenv("AWS_BATCH_JOB_ARRAY_INDEX", "1")
@@ -418,7 +419,7 @@ def inventory_spec(s3: Any, pairs: list[Pair]) -> PrepareSpec:
 def test_a_full_spill_disk_fails_the_map_worker_and_never_rejects_the_input(s3, monkeypatch, capsys):
     pairs = make_pairs(1500, seed=12, dup_every=10**9)
     spec = inventory_spec(s3, pairs)
-    store, paths = PrepareStore(s3), RunPaths(spec.root)
+    store, paths = prepare_store(s3), RunPaths(spec.root)
     # Part files are written while the inventory is read once FLUSH_BUDGET keys wait in memory (a
     # budget of 512 here instead of 262,144); their disk has room for the shard headers only, once.
     monkeypatch.setattr(mapparts, "FLUSH_BUDGET", 512)
@@ -445,8 +446,8 @@ def test_an_unwritable_spill_dir_fails_the_map_worker(s3, tmp_path, monkeypatch,
     not_a_dir = tmp_path / "spill"
     not_a_dir.write_text("a file where the spill directory should be")
     with pytest.raises(SpillError, match=f"cannot write the spill file {not_a_dir}: Not a directory"):
-        run_map(spec, 0, PrepareStore(s3), spill_dir=str(not_a_dir))
-    store = PrepareStore(s3)
+        run_map(spec, 0, prepare_store(s3), spill_dir=str(not_a_dir))
+    store = prepare_store(s3)
     spec_uri = RunPaths(spec.root).prepare_spec
     store.put(spec_uri, spec.model_dump_json().encode())
     monkeypatch.setenv("SLUICE_SPILL_DIR", str(not_a_dir))

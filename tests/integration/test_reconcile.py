@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from sluice.contracts import RunStatus
+from sluice.contracts.status import RunStatus
 from sluice.control.context import Context
-from sluice.control.ledger import Ledger
-from sluice.control.reconcile import reconcile
+from sluice.control.sweep.reconcile import reconcile
+from sluice.control.table.ledger import Ledger
 from sluice.settings import Settings
 from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result
 from tests.integration.helpers import bus_events

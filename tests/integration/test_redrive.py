@@ -17,14 +17,15 @@ from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEve
 
 from sluice.aws import clients as sluice_aws
 from sluice.aws.clients import Clients
-from sluice.contracts import RunStatus, UploadItem
+from sluice.contracts.status import RunStatus
 from sluice.control.context import Context
-from sluice.control.coordinator import handle_upload, run_id_for
-from sluice.control.ledger import RUN_SK, Ledger
-from sluice.control.reconcile import reconcile
-from sluice.control.redrive import RELEASED_GRACE_S, stranded
+from sluice.control.intake.coordinator import handle_upload, run_id_for
 from sluice.control.submit import WITHDRAWN
-from sluice.local.lambda_context import LocalContext
+from sluice.control.sweep.reconcile import reconcile
+from sluice.control.sweep.redrive import RELEASED_GRACE_S, stranded
+from sluice.control.table.items import UploadItem
+from sluice.control.table.ledger import RUN_SK, Ledger
+from sluice.local.emulator.lambda_context import LocalContext
 from sluice.settings import Settings
 from tests.integration.completion_support import Atomic
 from tests.integration.helpers import INPUT_BUCKET, bus_events, keys_manifest, put_manifest
@@ -217,7 +218,7 @@ def test_released_runs_wait_for_the_functions_own_retries():
         "manifest_uri": "s3://b/manifests/m.json",
         "expires_at": 0,
     }
-    from sluice.contracts import RunItem
+    from sluice.control.table.items import RunItem
 
     def run(status: RunStatus, **kw: Any) -> RunItem:
         return RunItem(**base, status=status, created_at=0, **kw)

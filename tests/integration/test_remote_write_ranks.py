@@ -12,7 +12,7 @@ from gpu_worker.telemetry.collector import RankCollector, rank_registry
 from gpu_worker.telemetry.families import CRITICAL
 from gpu_worker.telemetry.remote_write import PushPolicy, RemoteWriter
 from gpu_worker.telemetry.stats import Stats
-from sluice.local.prometheus import LocalPrometheus
+from sluice.local.emulator.prometheus import LocalPrometheus
 
 RANKS = 8
 

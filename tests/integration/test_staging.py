@@ -15,18 +15,19 @@ import threading
 import pytest
 
 from sluice.aws import clients as sluice_aws
-from sluice.aws.s3io import read_uri
-from sluice.contracts import JobStatus, PrepareSpec, RunStatus
+from sluice.aws.store import ObjectStore
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.prepare import PrepareSpec
+from sluice.contracts.status import JobStatus, RunStatus
 from sluice.control.batch import prepare_job_name
-from sluice.control.ledger import Ledger
-from sluice.control.reconcile import reconcile
-from sluice.local.events import JobChange, attempt, batch_job_state_change
-from sluice.models import RunPlan
+from sluice.control.sweep.reconcile import reconcile
+from sluice.control.table.ledger import Ledger
+from sluice.local.emulator.events import JobChange, attempt, batch_job_state_change
 from sluice.ops.status import run_status
 from sluice.paths import RunPaths
-from sluice.prepare.mapper import run_map
-from sluice.prepare.reducer import run_reduce
-from sluice.prepare.store import PrepareStore
+from sluice.prepare import prepare_store
+from sluice.prepare.mapper.worker import run_map
+from sluice.prepare.reducer.worker import run_reduce
 from tests.integration.completion_support import Atomic, deliver_job_event
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, invoke_manifest_handler, shard_pairs
 
@@ -55,12 +56,12 @@ def _start(aws, stack, monkeypatch, lines: list[str], name: str = "big") -> tupl
     assert out["status"] == "preparing", out
     row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(out["run_id"])
     assert row is not None and row.status == RunStatus.PREPARING and row.prepare is not None
-    spec = PrepareSpec.model_validate_json(read_uri(aws.s3, row.prepare.spec_uri))
+    spec = PrepareSpec.model_validate_json(ObjectStore(aws.s3).get(row.prepare.spec_uri))
     return out, spec
 
 
 def _run_workers(aws, spec: PrepareSpec) -> None:
-    store = PrepareStore(aws.s3)
+    store = prepare_store(aws.s3)
     for w in range(spec.workers):
         run_map(spec, w, store)
     for r in range(spec.partitions):
@@ -122,7 +123,7 @@ def test_a_big_key_list_is_prepared_then_submitted_once_in_any_event_order(aws, 
     assert row is not None and row.status == RunStatus.SUBMITTED
     assert (row.total_keys, row.duplicates) == (500, 120)
     plan = RunPlan.model_validate_json(
-        read_uri(aws.s3, RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
+        ObjectStore(aws.s3).get(RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
     )
     assert plan.total_keys == 500 and plan.n_shards == row.shards
     decoded = [k for shard in shard_pairs(aws, stack, out["run_id"]) for k in shard]
@@ -323,7 +324,7 @@ def test_a_prepared_run_warns_about_input_in_another_region_at_submit(aws, stack
     for ev in _all_prepare_events(stack, out, spec):
         deliver_job_event(stack, ev, monkeypatch)
     plan = RunPlan.model_validate_json(
-        read_uri(aws.s3, RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
+        ObjectStore(aws.s3).get(RunPaths.in_bucket(stack.names["ControlBucket"], out["run_id"]).plan)
     )
     assert plan.input_buckets == ["photos-far"]
     (ev,) = [e for e in bus_events(aws, stack) if e["detail-type"] == "Run Submitted"]

@@ -6,12 +6,12 @@ import copy
 import io
 import time
 
-from sluice.contracts import RunStatus
+from sluice.contracts.status import RunStatus
 from sluice.control.context import Context
-from sluice.control.ledger import Ledger
 from sluice.control.policy import STALLED_REASON
-from sluice.control.reconcile import reconcile
-from sluice.control.stall import stalled_attempts, sweep_stalls
+from sluice.control.sweep.reconcile import reconcile
+from sluice.control.sweep.stall import stalled_attempts, sweep_stalls
+from sluice.control.table.ledger import Ledger
 from sluice.ops.status import render, run_status
 from sluice.settings import Settings
 from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from sluice.control.ledger import Ledger
+from sluice.control.table.ledger import Ledger
 from sluice.ops.status import cmd_status, render, run_status
 from tests.integration.helpers import INPUT_BUCKET, STAND_IN, all_jobs, bus_events, invoke_manifest_handler
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from sluice.control.ledger import Ledger
+from sluice.control.table.ledger import Ledger
 from sluice.ops.status import cmd_runs, cmd_status
 from tests.integration.completion_support import deliver_job_event, job_event, submit_run, write_result
 

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from sluice.aws import clients as sluice_aws
-from sluice.control.ledger import RUN_SK, Ledger
+from sluice.control.table.ledger import RUN_SK, Ledger
 from tests.integration.helpers import INPUT_BUCKET, all_jobs, bus_events, deliver, put_manifest
 
 

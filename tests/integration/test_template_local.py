@@ -1,4 +1,4 @@
-"""template.yaml on moto (sluice.local.infra): the prepare stage's Batch resources exist locally
+"""template.yaml on moto (sluice.local.emulator.infra): the prepare stage's Batch resources exist locally
 and the functions' environment names them, so local runs and tests submit prepare jobs to the
 same queue and definition the deployed stack has."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.contracts import JobStatus
+from sluice.contracts.status import JobStatus
 from sluice.control.batch import BatchAdapter, prepare_job_name
-from sluice.local.events import JobChange, batch_job_state_change, matches
+from sluice.local.emulator.events import JobChange, batch_job_state_change, matches
 from sluice.settings import Settings
 
 

@@ -16,7 +16,7 @@ from moto.batch.models import batch_backends
 from moto.core import DEFAULT_ACCOUNT_ID
 
 from sluice.control.context import Context
-from sluice.control.reconcile import reconcile
+from sluice.control.sweep.reconcile import reconcile
 from sluice.ops.status import render, run_status
 from sluice.settings import Settings
 from tests import pace

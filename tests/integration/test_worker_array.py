@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sluice.contracts import ShardResult
+from sluice.contracts.results import ShardResult
 from tests.integration.conftest import check_complete, finish, make_run, read_run, start_worker, worker_env
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts import ShardResult
+from sluice.contracts.results import ShardResult
 from sluice.paths import RunPaths
 from tests.integration.conftest import CONTROL_BUCKET, make_run, run_worker, worker_env
 

@@ -3,7 +3,9 @@ the loaders' device path, on device="cpu" with torchvision's real decode_jpeg, e
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -11,9 +13,11 @@ import pytest
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.main import run_node
-from gpu_worker.sources.store import RunStore
-from sluice.models import ModelSpec, RunPlan
+from sluice.aws.store import ObjectStore
+from sluice.contracts.sections import ModelSpec
 from sluice.shards import encode_shard
+from tests.plans import run_plan
+from tests.worker_gets import moto_objects
 from tests.worker_images import corrupt_images, make_demo_images, png_image
 
 IMAGES = dict(make_demo_images(30, seed=4242, min_side=90, max_side=260))
@@ -24,28 +28,27 @@ CFG = WorkerConfig(
 )
 
 
-class Fetcher:
-    def get(self, bucket: str, key: str, *, final: bool = False) -> bytes:
-        return IMAGES[key]
+@pytest.fixture(autouse=True)
+def images() -> Iterator[Any]:
+    """IMAGES in the bucket "bkt" of moto's S3."""
+    yield from moto_objects("bkt", IMAGES)
 
 
 def _run(tmp_path: Path, name: str, decode: str, cfg: WorkerConfig) -> tuple[object, dict[str, np.ndarray]]:
     base = f"{tmp_path}/{name}/runs/r/"
-    plan = RunPlan.standalone(
+    plan = run_plan(
         "r",
         base,
-        n_shards=1,
         total_keys=len(IMAGES),
         model=ModelSpec(uri="builtin:reference-cnn", batch_size=8, image_size=64),
-        attempts=1,
+        job={"attempts": 1, "decode": decode},
         max_failed_fraction=0.5,  # the five corrupt images
-        decode=decode,
     )
     Path(base + "shards").mkdir(parents=True)
     Path(base + "shards/0.shard").write_bytes(encode_shard([("bkt", sorted(IMAGES))]))
     Path(base + "plan.json").write_text(plan.model_dump_json())
     env = {"SLUICE_PLAN_URI": base + "plan.json", "SLUICE_SHARD_INDEX": "0"}
-    result = run_node(cfg, env, store=RunStore(), fetcher=Fetcher())
+    result = run_node(cfg, env, store=ObjectStore())
     table = pq.read_table(sorted(Path(plan.output_prefix, "shard=0").glob("*.parquet")))
     return result, dict(zip(table.column("key").to_pylist(), np.array(table.column("embedding").to_pylist())))
 

@@ -7,8 +7,8 @@ import time
 import urllib.parse
 import urllib.request
 
-from sluice.contracts import ShardResult
-from sluice.local.prometheus import LocalPrometheus
+from sluice.contracts.results import ShardResult
+from sluice.local.emulator.prometheus import LocalPrometheus
 from tests import pace
 from tests.integration.conftest import finish, make_run, read_run, start_worker, worker_env
 

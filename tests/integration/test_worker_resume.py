@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from sluice.contracts import ShardResult
+from sluice.contracts.results import ShardResult
 from tests import pace
 from tests.integration.conftest import (
     CONTROL_BUCKET,

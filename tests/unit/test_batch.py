@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.plan import JobLayout
 from sluice.control.batch import job_request
-from sluice.models import JobLayout, Manifest
 from sluice.plan.layout import Layout, PlanInputs, build_plan
 from sluice.preflight import Capacity
 from sluice.settings import Settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from sluice.control.batch_events import BatchJobStateChangeEvent
+from sluice.control.completion.batch_events import BatchJobStateChangeEvent
 from tests.conftest import load_event
 
 

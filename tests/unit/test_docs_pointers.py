@@ -83,9 +83,9 @@ def test_every_decision_points_at_code_that_exists():
 
 
 def test_a_wrong_pointer_is_found():
-    assert problems_of("`sluice/models.py::pass_batch`") == []
-    assert problems_of("`sluice/models.py::RunPlan.effective_batch`") == []
-    assert problems_of("`sluice/models.py::no_such_rule`") == [
-        "sluice/models.py::no_such_rule: sluice/models.py defines no no_such_rule"
+    assert problems_of("`sluice/contracts/plan.py::pass_batch`") == []
+    assert problems_of("`sluice/contracts/plan.py::RunPlan.effective_batch`") == []
+    assert problems_of("`sluice/contracts/plan.py::no_such_rule`") == [
+        "sluice/contracts/plan.py::no_such_rule: sluice/contracts/plan.py defines no no_such_rule"
     ]
     assert problems_of("`sluice/nowhere.py::x`")[0].startswith("sluice/nowhere.py::x: no file")

@@ -18,7 +18,8 @@ from gpu_worker.errors import ConfigError  # noqa: E402
 from gpu_worker.export import ExportError, export  # noqa: E402
 from gpu_worker.kinds.base import Loading  # noqa: E402
 from gpu_worker.kinds.textmodel import load_text  # noqa: E402
-from sluice.models import ContentSpec, ModelSpec, PlannedModel  # noqa: E402
+from sluice.contracts.plan import PlannedModel  # noqa: E402
+from sluice.contracts.sections import ContentSpec, ModelSpec  # noqa: E402
 
 WORDS = ["a", "the", "of", "cat", "photo", "bridge", "golden", "gate", "at", "night", "zebra", "report"]
 WORDS += ["section", "results", "quarter", ",", "!", "."]

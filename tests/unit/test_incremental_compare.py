@@ -1,4 +1,4 @@
-"""The skip decision of an incremental run (sluice.prepare.skip), case by case.
+"""The skip decision of an incremental run (sluice.prepare.reducer.skip), case by case.
 
 A key is skipped only when, for every model of the run, the newest record of the lineage for
 (key, that model's model_id) was read from the object version the input names now.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sluice.outputs import object_version
-from sluice.prepare.skip import CURRENT, Skipper, distinct, matches, parse, record
+from sluice.prepare.reducer.skip import CURRENT, Skipper, distinct, matches, parse, record
 
 B = "imgs"
 

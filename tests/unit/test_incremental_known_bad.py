@@ -12,9 +12,9 @@ from gpu_worker.output.commits import Paths, load_state
 from gpu_worker.output.parquet import RecordLabel
 from gpu_worker.output.result import write_shard_result
 from gpu_worker.output.sink import ChunkSink, SinkSpec
-from gpu_worker.sources.store import RunStore
-from sluice.contracts import FailureLine
-from sluice.prepare.skip import FAILED, Skipper, parse, record
+from sluice.aws.store import ObjectStore
+from sluice.contracts.results import FailureLine
+from sluice.prepare.reducer.skip import FAILED, Skipper, parse, record
 
 B = "imgs"
 
@@ -58,7 +58,7 @@ def test_the_sink_records_the_version_whose_bytes_failed(tmp_path) -> None:
         metadata={},
         label=RecordLabel("m", "v1", "sha256:abc", "r"),
     )
-    sink = ChunkSink(RunStore(), paths, spec)
+    sink = ChunkSink(ObjectStore(), paths, spec)
     sink.add_rows([0], ["s3://b/0.jpg"], [0], np.eye(1, 4, dtype=np.float32), [("e0", None, 10)])
     sink.read_as(1, ("e1", "v7"))
     sink.add_failure(1, "s3://b/1.jpg", 0, "corrupt", "truncated", False)
@@ -78,7 +78,7 @@ def test_the_sink_records_the_version_whose_bytes_failed(tmp_path) -> None:
         "resumed_chunks": 0,
         "stats": {},
     }
-    write_shard_result(RunStore(), paths, {"m": load_state(RunStore(), paths)}, 3, threshold=1.0, info=info)
+    write_shard_result(ObjectStore(), paths, {"m": load_state(ObjectStore(), paths)}, 3, threshold=1.0, info=info)
     text = Path(paths.failures).read_text(encoding="utf-8")
     lines = [FailureLine.model_validate_json(x) for x in text.splitlines()]
     assert [(f.key, f.reason.value, f.etag, f.version_id) for f in lines] == [

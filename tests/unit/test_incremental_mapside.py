@@ -1,4 +1,4 @@
-"""A map worker reading earlier output (sluice.prepare.versions_map) from a local folder: what counts, what does not."""
+"""A map worker reading earlier output (sluice.prepare.mapper.versions) from a local folder: what counts, what not."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.contracts import EarlierOutput, PrepareSpec
-from sluice.prepare.mapparts import TaskProblems
-from sluice.prepare.skip import parse
-from sluice.prepare.store import PrepareStore
-from sluice.prepare.versions_map import VersionRouter, committed_chunks, map_earlier
+from sluice.contracts.prepare import EarlierOutput, PrepareSpec
+from sluice.prepare import prepare_store
+from sluice.prepare.mapper.parts import TaskProblems
+from sluice.prepare.mapper.versions import VersionRouter, committed_chunks, map_earlier
+from sluice.prepare.reducer.skip import parse
 from sluice.shards import ShardReader
 from tests.integration.incremental_support import write_chunk
 
@@ -35,7 +35,7 @@ def _spec(tmp: Path, partitions: int = 2) -> PrepareSpec:
 
 
 def test_committed_chunks_are_those_with_a_marker(tmp_path: Path) -> None:
-    store = PrepareStore()
+    store = prepare_store()
     d = str(tmp_path / "out" / "shard=0") + "/"
     write_chunk(store, d, "part-0000-000000000", [("s3://b/a", "e", None)], "m", "mid-a", "old")
     write_chunk(store, d, "part-0001-000000000", [("s3://b/b", "e", None)], "m", "mid-a", "old", committed=False)
@@ -44,7 +44,7 @@ def test_committed_chunks_are_those_with_a_marker(tmp_path: Path) -> None:
 
 
 def test_rows_of_other_models_and_unreadable_or_unversioned_files_count_for_nothing(tmp_path: Path) -> None:
-    store = PrepareStore()
+    store = prepare_store()
     prefix = str(tmp_path / "old" / "output") + "/"
     d = prefix + "shard=0/"
     rows = [("s3://b/a.jpg", "ea", None), ("s3://b/b.jpg", "eb", "v1")]

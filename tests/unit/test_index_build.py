@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from sluice.contracts.sections import ModelSpec
 from sluice.index.build import EmptySource, build
 from sluice.index.search import Searcher
 from sluice.index.sources import IndexBuildError
-from sluice.models import ModelSpec
 from tests.index_support import clustered, exact_top, recall_at, uris, write_run
 
 DIM = 32

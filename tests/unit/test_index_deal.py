@@ -1,4 +1,4 @@
-"""How a distributed index build spreads a table over its children (sluice.index.deal), and its GPU choice."""
+"""How a distributed index build spreads a table over its children (sluice.index.fleet.deal), and its GPU choice."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.index.deal import FRAGMENTS_PER_CHILD, LANCE_FILE_ROWS, MIN_FRAGMENT_ROWS, deal, fragment_rows
-from sluice.index.fleet import accelerator
+from sluice.index.fleet.build import accelerator
+from sluice.index.fleet.deal import FRAGMENTS_PER_CHILD, LANCE_FILE_ROWS, MIN_FRAGMENT_ROWS, deal, fragment_rows
 from tests.properties import examples
 
 fragments = st.lists(st.integers(min_value=1, max_value=2_000_000), max_size=60).map(

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from sluice.contracts import IndexFailed, RunIndexed, parse_detail
+from sluice.contracts.events import IndexFailed, RunIndexed, parse_detail
+from sluice.contracts.manifest import IndexTarget, index_name
+from sluice.contracts.plan import RunPlan
 from sluice.errors import Rejection
 from sluice.index.ann import MIN_ANN_ROWS, AnnParams, Probe, sub_vectors
 from sluice.input.manifest import ManifestSource, parse_manifest
-from sluice.models import IndexTarget, RunPlan, index_name
 from sluice.settings import Settings
+from tests.plans import run_plan
 
 
 def _parse(output: object, key: str = "manifests/cats.json", **extra: object):
@@ -63,7 +65,8 @@ def test_bad_index_fields_are_named(index, reason):
 
 
 def test_a_plan_carries_its_index_and_reads_plans_without_one():
-    plan = RunPlan.standalone("r", "/tmp/r/", n_shards=1, total_keys=1, index=IndexTarget(uri="s3://c/i/", name="i"))
+    plan = run_plan("r", "/tmp/r/", total_keys=1, output={"index": {"uri": "s3://ctl/i/", "name": "i"}})
+    assert plan.index == IndexTarget(uri="s3://ctl/i/", name="i")
     assert RunPlan.model_validate_json(plan.model_dump_json()).index == plan.index
     old = json.loads(plan.model_dump_json())
     del old["index"]

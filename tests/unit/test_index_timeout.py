@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.contracts import IndexItem, RunItem
-from sluice.control import index_jobs, index_plan, indexing
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.plan import RunPlan
+from sluice.control.indexing import jobs as index_jobs
+from sluice.control.indexing import plan as index_plan
+from sluice.control.indexing import stage as indexing
 from sluice.control.policy import INDEX_STAGES, index_stage_timeout_s, index_timeout_s
+from sluice.control.table.items import IndexItem, RunItem
 from sluice.errors import SettingsError
-from sluice.models import IndexTarget, Manifest, RunPlan
 from sluice.settings import Settings
+from tests.plans import run_plan
 
 FLEET_ROWS = 1_000  # a small crossover, so a plan of a few thousand keys is built by the fleet
 
 
 def _plan(keys: int) -> RunPlan:
-    index = IndexTarget(uri="s3://ctl/indexes/m/", name="m")
-    return RunPlan.standalone("r", "s3://ctl/runs/r/", n_shards=1, total_keys=keys, index=index)
+    return run_plan(
+        "r", "s3://ctl/runs/r/", total_keys=keys, output={"index": {"uri": "s3://ctl/indexes/m/", "name": "m"}}
+    )
 
 
 def _run(ix: IndexItem) -> RunItem:

@@ -7,7 +7,7 @@ import gzip
 import pytest
 
 from sluice.errors import Rejection
-from sluice.input.inventory import csv_keys
+from sluice.input.inventory_files import csv_keys
 from sluice.input.lines import MAX_LINE_BYTES
 from sluice.input.sources import Problems
 

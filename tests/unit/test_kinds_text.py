@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.kinds.text import TextWindow, WordTokenizer, chunks, decode_text, text_chunks
-from sluice.models import Manifest
+from sluice.contracts.manifest import Manifest
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,9 @@ def test_chunks_cover_every_token_with_the_overlap_and_character_offsets():
     assert got[0].start == 0 and got[-1].end == len(text)
     for a, b in itertools.pairwise(got):
         assert a.ids[-8:].tolist() == b.ids[:8].tolist()  # the overlap
-        assert text[b.start : a.end].split() == text[b.start : a.end].split()  # offsets at token bounds
+        assert b.start == 0 or text[b.start - 1] == " "  # offsets at token bounds: a chunk starts at a word
+        assert a.end == len(text) or text[a.end] == " "  # ... and ends at one
+        assert len(text[b.start : a.end].split()) == 8  # the overlap's 8 tokens are 8 words of the text
     assert len({t for c in got for t in range(c.start, c.end)}) == len(text)  # nothing left out
 
 

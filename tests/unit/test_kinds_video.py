@@ -9,7 +9,8 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.kinds.base import Loading
 from gpu_worker.kinds.videomodel import load_video
-from sluice.models import ContentSpec, ModelSpec, PlannedModel
+from sluice.contracts.plan import PlannedModel
+from sluice.contracts.sections import ContentSpec, ModelSpec
 from tests.videos import make_video
 
 

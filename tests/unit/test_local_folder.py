@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.local.run import Folder, say_skipped
+from sluice.local.folder import Folder, say_skipped
 
 
 def _touch(path: Path) -> Path:

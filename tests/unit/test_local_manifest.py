@@ -164,7 +164,7 @@ def test_each_generated_run_names_its_own_index_and_an_incremental_one_its_linea
 
 
 def test_text_and_video_settings_as_flags_and_a_manifest_input_of_settings_only(tmp_path):
-    from sluice.models import Manifest
+    from sluice.contracts.manifest import Manifest
 
     texts, prefix = Uploaded("texts/docs-1/", 4), "s3://sluice-local-images/texts/docs-1/"
     m = _build(

@@ -6,11 +6,11 @@ import argparse
 
 import pytest
 
-from sluice.local.run import _Services, _worker_env
+from sluice.local.services import Services, worker_env
 
 
 def _env(**services: str) -> dict[str, str]:
-    return _worker_env(argparse.Namespace(ranks=1), _Services(**services))
+    return worker_env(argparse.Namespace(ranks=1), Services(**services))
 
 
 def test_workers_sharing_the_host_let_idle_openmp_threads_sleep(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,14 +10,15 @@ import zlib
 import pytest
 
 from sluice.aws.s3uri import bad_char, bucket_problem, is_bucket_name
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.sections import BUILTIN_MODELS
 from sluice.errors import Rejection, RetriableError
 from sluice.input.checks import check_manifest, guarded, input_error
-from sluice.input.inventory import csv_keys, inflate
+from sluice.input.inventory_files import csv_keys, inflate
 from sluice.input.lines import MAX_LINE_BYTES, LineTooLong, decode_lines
 from sluice.input.manifest import ManifestSource, parse_manifest
 from sluice.input.sources import Problems, iter_keylist
 from sluice.input.strictjson import loads
-from sluice.models import BUILTIN_MODELS, Manifest
 from sluice.settings import Settings
 from tests.unit.aws_errors import client_error
 

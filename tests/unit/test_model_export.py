@@ -109,10 +109,12 @@ def test_export_matches_eager_and_runs_in_the_worker(tiny_repos, tmp_path: Path,
 def test_weights_hash_tells_weights_apart():
     a = load_source("torchvision:mobilenet_v3_small", pretrained=False, image_size=32)
     b = load_source("torchvision:mobilenet_v3_small", pretrained=False, image_size=32)
-    assert weights_sha256(a.module) == weights_sha256(a.module)
     assert weights_sha256(a.module) != weights_sha256(b.module)  # two random inits
     b.module.load_state_dict(a.module.state_dict())
-    assert weights_sha256(a.module) == weights_sha256(b.module)
+    assert weights_sha256(a.module) == weights_sha256(b.module)  # the weights, not the object
+    with torch.no_grad():
+        next(b.module.parameters()).view(-1)[0] += 1e-3
+    assert weights_sha256(a.module) != weights_sha256(b.module)  # one weight changed is another model
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 from sluice import modelid
-from sluice.models import ContentSpec, Manifest, ModelSpec
+from sluice.contracts import identity
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.sections import ContentSpec, ModelSpec
 
 CNN = "builtin:reference-cnn"
 IMAGE, TEXT = ContentSpec(kind="image"), ContentSpec(kind="text")
@@ -19,7 +21,7 @@ def test_one_builtin_at_two_image_sizes_has_two_identities():
     at_128, at_64 = _id(ModelSpec(uri=CNN, image_size=128)), _id(ModelSpec(uri=CNN, image_size=64))
     assert at_128 == "builtin:reference-cnn@1;image_size=128" and at_64 == "builtin:reference-cnn@1;image_size=64"
     assert at_128 == _id(ModelSpec(uri=CNN, image_size=128, batch_size=8)), "the batch does not change vectors"
-    assert modelid.artifact(at_128) == modelid.artifact(at_64) == modelid.resolve(CNN)
+    assert identity.artifact(at_128) == identity.artifact(at_64) == modelid.resolve(CNN)
 
 
 def test_a_text_window_is_part_of_the_identity_and_the_image_size_is_not():

@@ -8,12 +8,16 @@ import pytest
 from pydantic import ValidationError
 
 from sluice import modelid
+from sluice.contracts import identity
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.plan import RunPlan
+from sluice.contracts.sections import ModelSpec
 from sluice.input.manifest import _pydantic_reasons
-from sluice.models import Manifest, ModelSpec, RunPlan
 from sluice.ops.plan_report import facts_for
 from sluice.plan.layout import PlanInputs, build_plan, layout
 from sluice.preflight import Capacity, preflight
 from sluice.settings import Settings
+from tests.plans import run_plan
 
 INPUT = {"keys": ["s3://images/a.jpg"]}
 
@@ -76,7 +80,7 @@ def test_the_plan_holds_each_model_with_its_identity():
         [{"uri": "builtin:reference-cnn-large"}, {"uri": "s3://models-bucket/m/clip.pt", "name": "clip"}]
     )
     lay = layout(10, manifest, 10_000)
-    ids = [modelid.static_id("builtin:reference-cnn-large"), "s3etag:abc@v1"]
+    ids = [identity.static_id("builtin:reference-cnn-large"), "s3etag:abc@v1"]
     plan = build_plan(PlanInputs(
         run_id="r", manifest=manifest, manifest_uri="s3://c/m.json", control_bucket="ctl",
         total_keys=10, duplicates=0, lay=lay, capacity=Capacity(), model_ids=ids,
@@ -94,7 +98,7 @@ def test_the_plan_holds_each_model_with_its_identity():
 
 
 def test_a_plan_written_before_model_lists_still_reads():
-    plan = RunPlan.standalone("r", "s3://ctl/runs/r/", n_shards=1, total_keys=1)
+    plan = run_plan("r", "s3://ctl/runs/r/", total_keys=1)
     old = json.loads(plan.model_dump_json())
     old.pop("models")
     old["model"] = {"uri": "builtin:reference-cnn-large", "batch_size": 32, "image_size": 160}
@@ -126,4 +130,4 @@ def test_model_identities(tmp_path):
     assert modelid.resolve(str(f)).startswith("sha256:") and modelid.resolve(str(f)) == modelid.file_id(str(f))
     assert modelid.object_id({"ETag": '"abc"', "VersionId": "null"}) == "s3etag:abc"
     assert modelid.object_id({"ETag": '"abc"', "VersionId": "v2"}) == "s3etag:abc@v2"
-    assert modelid.resolve("builtin:reference-cnn-large") == f"builtin:reference-cnn-large@{modelid.BUILTIN_WEIGHTS}"
+    assert modelid.resolve("builtin:reference-cnn-large") == f"builtin:reference-cnn-large@{identity.BUILTIN_WEIGHTS}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_worker.decode.nvjpeg import decode_device
-from sluice.models import Manifest
+from sluice.contracts.manifest import Manifest
 from sluice.ops.dryrun import DryRun, dry_run
 from sluice.plan.layout import PlanInputs, build_plan, layout
 from sluice.preflight import Capacity

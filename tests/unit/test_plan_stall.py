@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sluice.models import JobLayout, Manifest
+from sluice.contracts.manifest import Manifest
+from sluice.contracts.plan import JobLayout
 from sluice.plan.layout import Layout, PlanInputs, build_plan
 from sluice.preflight import Capacity
 from sluice.preflight.checks import STALL_LOAD_S, derived_stall_after_s
@@ -50,7 +51,7 @@ def test_the_load_grace_is_derived_from_the_models_bounded_and_overridable():
 
 def test_an_earlier_runs_failures_are_read_by_one_model_task_whatever_the_models():
     # The failures files are the run's, not a model's: with two matching models they were read (and counted) twice.
-    from sluice.control.lineage import EarlierRun, Lineage
+    from sluice.control.intake.lineage import EarlierRun, Lineage
 
     m = Manifest.model_validate(
         {

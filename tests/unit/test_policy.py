@@ -142,7 +142,7 @@ def test_segment_children_retry_any_failure_train_and_commit_a_lost_host_only():
 
 
 def test_index_job_names_carry_the_rerun_and_the_stage_and_parse_back():
-    from sluice.control.index_jobs import is_index_job, job_name, parse_name
+    from sluice.control.indexing.jobs import is_index_job, job_name, parse_name
 
     run = "a-index-b"  # a run id that itself holds "-index"
     assert (

@@ -1,4 +1,5 @@
-"""A map worker reads a key list exactly as sluice.input.sources does: same keys, same reasons, same line numbers."""
+"""A map worker reads a key list exactly as sluice.input.sources does: same keys, same reasons, same line numbers;
+it routes a key to the same reduce partition every time."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.contracts import KeyListRange
+from sluice.contracts.prepare import KeyListRange
 from sluice.input.sources import Problems, keylist_pairs
-from sluice.prepare.keylist import map_keylist
-from sluice.prepare.mapparts import Parts, TaskProblems
-from sluice.prepare.router import KeyRouter
-from sluice.prepare.store import PrepareStore
+from sluice.prepare import prepare_store
+from sluice.prepare.mapper.keylist import map_keylist
+from sluice.prepare.mapper.parts import Parts, TaskProblems, partitions_of
+from sluice.prepare.mapper.router import KeyRouter
 from sluice.shards import ShardReader
 from tests.properties import examples
 
@@ -83,7 +84,7 @@ def test_map_reads_a_key_list_as_the_manifest_lambda_does(keylist, default):
         problems = TaskProblems()
         parts = Parts(tmp, 1)
         sink = KeyRouter(parts, problems, frozenset(), None)
-        lines = map_keylist(KeyListRange(uri=path, format=fmt, start=0, end=len(data)), PrepareStore(), default, sink)
+        lines = map_keylist(KeyListRange(uri=path, format=fmt, start=0, end=len(data)), prepare_store(), default, sink)
         parts.close()
         with open(parts.paths[0], "rb") as fh:
             got = sorted(ShardReader(fh.read()).pairs())
@@ -93,3 +94,12 @@ def test_map_reads_a_key_list_as_the_manifest_lambda_does(keylist, default):
     assert got == want
     assert [f"{uri} line {p.line}: {p.reason}" for p in problems.kept] == want_problems.reasons
     assert lines == (data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0))
+
+
+def test_partition_is_stable_and_spread():
+    pairs = [("images", f"k/{i}.jpg") for i in range(4000)]
+    parts = partitions_of(pairs, 8)
+    assert parts == partitions_of(pairs, 8) and parts[17] == partitions_of([("images", "k/17.jpg")], 8)[0]
+    counts = [parts.count(r) for r in range(8)]
+    assert min(counts) > 400  # ~500 each
+    assert partitions_of([("a", "b/c")], 1000) == [465]  # fixed forever: a retried worker must route alike

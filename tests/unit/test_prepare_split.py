@@ -11,12 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.aws.store import ObjectStore
 from sluice.errors import Rejection
 from sluice.input.inventory import InventoryReport, read_inventory_manifest
-from sluice.prepare.keylist import OwnedLines
-from sluice.prepare.mapparts import Parts, TaskProblems
-from sluice.prepare.mapper import map_prefix
-from sluice.prepare.router import KeyRouter
+from sluice.prepare import prepare_store
+from sluice.prepare.mapper.keylist import OwnedLines
+from sluice.prepare.mapper.parts import Parts, TaskProblems
+from sluice.prepare.mapper.router import KeyRouter
+from sluice.prepare.mapper.worker import map_prefix
 from sluice.prepare.split import (
     choose_partitions,
     choose_workers,
@@ -25,7 +27,6 @@ from sluice.prepare.split import (
     keylist_tasks,
     prefix_tasks,
 )
-from sluice.prepare.store import PrepareStore
 from tests.properties import examples
 
 EXAMPLES = examples(12)
@@ -49,7 +50,7 @@ def test_byte_ranges_own_every_line_exactly_once(lines: list[str], final_newline
             fh.write(data)
         tasks = keylist_tasks(path, len(data), ".txt", None, workers)
         assert [t.start for t in tasks] == [0, *(t.end for t in tasks[:-1])] and tasks[-1].end == len(data)
-        owned = [OwnedLines(PrepareStore(), t, chunk=chunk) for t in tasks]
+        owned = [OwnedLines(prepare_store(), t, chunk=chunk) for t in tasks]
         pieces = [b"".join(o.chunks()) for o in owned]
     assert b"".join(pieces) == data  # contiguous, in order, nothing twice
     offset = 0
@@ -65,16 +66,16 @@ def test_keylist_estimate_reads_only_the_head(tmp_path):
     path = tmp_path / "big.csv"
     rows = ["bucket,key"] + [f"images,photos/{i:08d}.jpg" for i in range(20_000)]
     path.write_text("\n".join(rows) + "\n")
-    est = estimate_keylist(PrepareStore(), str(path))
+    est = estimate_keylist(prepare_store(), str(path))
     assert est.header == ["bucket", "key"] and not est.exact and est.format == ".csv"
     assert abs(est.keys_estimate - 20_000) < 200  # equal-length lines: within 1%
     small = tmp_path / "small.txt"
     small.write_text("a\n\nb\nc")
-    est = estimate_keylist(PrepareStore(), str(small))
+    est = estimate_keylist(prepare_store(), str(small))
     assert est.exact and est.keys_estimate == 3 and est.header is None
     headerless = tmp_path / "h.csv"
     headerless.write_text("images,a.jpg\n")
-    assert estimate_keylist(PrepareStore(), str(headerless)).header is None
+    assert estimate_keylist(prepare_store(), str(headerless)).header is None
 
 
 def test_sizing_numbers():
@@ -155,7 +156,7 @@ class FakeLister:
         return resp
 
 
-def _listed(store: PrepareStore, tasks: list[Any]) -> list[str]:
+def _listed(store: ObjectStore, tasks: list[Any]) -> list[str]:
     out: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         problems = TaskProblems()
@@ -184,7 +185,7 @@ def test_prefix_ranges_cover_every_key_exactly_once(
     assert all(t.start_after == s for t, s in zip(tasks[1:], bounds)) and bounds == sorted(set(bounds))
     assert all(b is not None and b.endswith("/") for b in bounds)  # only a folder marker can equal one
     expected = sorted(k for k in keys if k.startswith(prefix) and not k.endswith("/"))
-    assert sorted(_listed(PrepareStore(fake), tasks)) == expected
+    assert sorted(_listed(prepare_store(fake), tasks)) == expected
 
 
 def test_prefix_fan_out_shapes():
@@ -194,7 +195,7 @@ def test_prefix_fan_out_shapes():
     flat = {f"p/{i:032x}.jpg" for i in range(0, 2**128, 2**128 // 2000)}
     tasks = prefix_tasks(FakeLister(flat, 1000), "b", "p/", 8)
     assert len(tasks) >= 16  # no common prefixes: cut on the next characters
-    listed = _listed(PrepareStore(FakeLister(flat, 1000)), tasks)
+    listed = _listed(prepare_store(FakeLister(flat, 1000)), tasks)
     assert sorted(listed) == sorted(flat)
     biggest = max(len([k for k in flat if (t.start_after or "") < k < (t.stop_at or "\uffff")]) for t in tasks)
     assert biggest < len(flat) / 4  # reasonably even

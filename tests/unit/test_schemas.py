@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sluice.contracts import EVENT_DETAILS, RunFailed, RunSucceeded, parse_detail
+from sluice.contracts.events import EVENT_DETAILS, RunFailed, RunSucceeded, parse_detail
 from sluice.ops import schemas
 
 

@@ -1,10 +1,11 @@
-"""The sweep's pure rules: which attempt is stalled (sluice.control.stall), which RUNNABLE causes to tell (waiting)."""
+"""The sweep's pure rules: which attempt is stalled (control.sweep.stall), which RUNNABLE causes to tell (waiting)."""
 
 from __future__ import annotations
 
-from sluice.contracts import JobStatus, ShardItem
-from sluice.control.stall import Beat, candidates, still_running
-from sluice.control.waiting import NO_REASON, causes
+from sluice.contracts.status import JobStatus
+from sluice.control.sweep.stall import Beat, candidates, still_running
+from sluice.control.sweep.waiting import NO_REASON, causes
+from sluice.control.table.items import ShardItem
 
 NOW = 10_000.0
 

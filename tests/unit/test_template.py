@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.control import indexing
+from sluice.contracts.manifest import JobSpec
 from sluice.control.batch import prepare_request
-from sluice.control.ledger import Ledger
+from sluice.control.indexing import stage as indexing
 from sluice.control.policy import EVALUATE_ON_EXIT, PREPARE_ATTEMPTS, PREPARE_TIMEOUT_S
-from sluice.local.infra import load_template
-from sluice.models import JobSpec
+from sluice.control.table.ledger import Ledger
+from sluice.local.emulator.template import load_template
 from sluice.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ def test_job_state_role_reads_for_the_sweep() -> None:
     gets = {r for a, r, _ in grants if a == "dynamodb:GetItem"}
     assert "${RunsTable.Arn}" in gets, gets
     reads = {r for a, r, _ in grants if a == "s3:GetObject"}
-    # ... and the index stage's outcome, written beside the index (sluice.control.indexing).
+    # ... and the index stage's outcome, written beside the index (sluice.control.indexing.stage).
     assert reads == {f"{CONTROL}/runs/*", f"{CONTROL}/indexes/*/_results/*"}, reads
     query = {r for a, r, _ in grants if a == "dynamodb:Query"}
     # The beats table too: the sweep reads a run's progress beats to find stalled attempts.
@@ -347,7 +347,7 @@ def test_functions_write_only_under_runs() -> None:
     assert retry == {
         f"{CONTROL}/runs/*/shards/*",
         f"{CONTROL}/runs/*/plan-retry-*",
-        f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.control.prepared)
+        f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.control.intake.prepared)
     }, "retry pass and prepared plan only"
 
 
@@ -629,7 +629,7 @@ def test_prepare_worker_reads_lists_and_heads_input_keys_and_writes_only_prepare
         elif action == "s3:GetObject":
             if resource == f"{INPUTS}/*":
                 # HeadObject (authorized by s3:GetObject) of each key of an incremental run's key list
-                # or inline keys (sluice.prepare.versions_map); the control bucket's inputs/ stays list-only.
+                # or inline keys (sluice.prepare.mapper.versions); the control bucket's inputs/ stays list-only.
                 continue
             if resource.startswith(INPUTS) or resource.startswith(f"{CONTROL}/inputs/"):
                 assert resource.endswith(LIST_SUFFIXES) and not resource.endswith("/*"), resource
@@ -666,8 +666,8 @@ def test_index_job_definition_runs_the_index_stage_on_the_prepare_platform() -> 
     env = T["Globals"]["Function"]["Environment"]["Variables"]
     assert env["SLUICE_INDEX_JOB_DEFINITION"] == {"Ref": "IndexJobDefinition"}
     assert props["Type"] == "container" and props["PlatformCapabilities"] == ["FARGATE"] and props["PropagateTags"]
-    # The retry strategy and timeout SubmitJob passes (sluice.control.indexing.request), in PascalCase.
-    from sluice.contracts import IndexItem, RunItem
+    # The retry strategy and timeout SubmitJob passes (sluice.control.indexing.stage.request), in PascalCase.
+    from sluice.control.table.items import IndexItem, RunItem
 
     run = RunItem(
         pk="r", sk="RUN", gsi1pk="RUNS", run_id="r", status="SUCCEEDED", manifest_uri="s3://c/manifests/m.json",
@@ -741,8 +741,8 @@ FLEET = {
 
 @pytest.mark.parametrize("stage", sorted(FLEET))
 def test_fleet_index_stage_job_definitions_match_their_requests(stage: str) -> None:
-    from sluice.contracts import IndexItem, RunItem
     from sluice.control.policy import INDEX_RESOURCES
+    from sluice.control.table.items import IndexItem, RunItem
 
     logical, suffix, role = FLEET[stage]
     props = RES[logical]["Properties"]

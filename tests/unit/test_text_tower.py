@@ -61,7 +61,8 @@ def test_the_tower_file_is_a_text_artifact_for_text_runs(clip):
     from gpu_worker.config import WorkerConfig
     from gpu_worker.kinds.base import Loading
     from gpu_worker.kinds.textmodel import load_text
-    from sluice.models import ContentSpec, ModelSpec, PlannedModel
+    from sluice.contracts.plan import PlannedModel
+    from sluice.contracts.sections import ContentSpec, ModelSpec
 
     path = clip[0] + ".text.pt"
     planned = PlannedModel.of(ModelSpec(uri=path))

@@ -13,14 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.decode.video import (
-    VideoFailure,
-    VideoFailureReason,
-    VideoLimits,
-    open_video,
-    plan_targets,
-    sample_frames,
-)
+from gpu_worker.decode.video import open_video, sample_frames
+from gpu_worker.decode.videolimits import VideoFailure, VideoFailureReason, VideoLimits
+from gpu_worker.decode.videosampler import plan_targets
 from tests.properties import examples
 from tests.videos import colour_of, make_video
 

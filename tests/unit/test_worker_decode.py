@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from gpu_worker.config import MAX_IMAGE_PIXELS
 from gpu_worker.decode.image import decode_image
 from gpu_worker.errors import ObjectFailure
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 from tests.worker_images import (
     bad_and_special_objects,
     bomb_png,
@@ -22,7 +23,7 @@ from tests.worker_images import (
     png_image,
 )
 
-LIMIT = 89_478_485
+LIMIT = MAX_IMAGE_PIXELS
 
 
 def test_demo_images_are_deterministic_and_varied():

@@ -9,23 +9,13 @@ import pytest
 from gpu_worker.config import WorkerConfig, settings_table
 from gpu_worker.env import plan_uri, select
 from gpu_worker.errors import ConfigError
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
+from tests.plans import run_plan
 
 
 def plan(mode: str = "array", n_shards: int = 4, run_id: str = "r1") -> RunPlan:
-    return RunPlan.standalone(
-        run_id,
-        "s3://c/runs/r1/",
-        n_shards=n_shards,
-        total_keys=10,
-        mode=mode,  # type: ignore[arg-type]
-        manifest_uri="s3://c/m.json",
-        keys_per_shard=3,
-        nodes=n_shards,
-        gpus_per_node=1,
-        spot_allowed=True,
-        created_at="now",
-    )
+    job = {"mode": mode, "nodes": n_shards} if mode == "multinode" else {}
+    return run_plan(run_id, "s3://c/runs/r1/", n_shards=n_shards, total_keys=10, keys_per_shard=3, job=job)
 
 
 def test_array_child_uses_offset_plus_index():
@@ -163,7 +153,7 @@ def test_docs_list_the_current_settings():
     ],
 )
 def test_loader_plan_per_device(monkeypatch, device, cpus, world, cfg, expected):
-    import gpu_worker.passes.loaders as rank
+    import gpu_worker.passes.loader_pool as rank
 
     monkeypatch.setattr(rank, "cpu_count", lambda: cpus)  # the machine's size, not our logic
     assert rank.plan_loaders(cfg, device, world) == expected

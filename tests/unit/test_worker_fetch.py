@@ -12,7 +12,7 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import ObjectFailure, WorkerError
 from gpu_worker.sources.fetch import Fetcher, classify
 from gpu_worker.telemetry.stats import Stats
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 
 
 def client_error(code: str, status: int) -> ClientError:

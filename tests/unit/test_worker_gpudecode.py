@@ -19,6 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
+from gpu_worker.config import MAX_IMAGE_PIXELS
 from gpu_worker.decode.image import decode_image
 from gpu_worker.decode.nvjpeg import (
     DeviceBatcher,
@@ -32,7 +33,7 @@ from gpu_worker.decode.nvjpeg import (
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.models.engine import Engine
 from gpu_worker.models.load import load_model
-from sluice.contracts import FailureReason
+from sluice.contracts.status import FailureReason
 from tests.worker_images import (
     bomb_png,
     cmyk_jpeg,
@@ -43,7 +44,7 @@ from tests.worker_images import (
     png_image,
 )
 
-LIMIT = 89_478_485  # PIL.Image's own default MAX_IMAGE_PIXELS
+LIMIT = MAX_IMAGE_PIXELS
 
 
 class Recording:

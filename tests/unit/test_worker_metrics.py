@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import urllib.request
+import weakref
 
 import pytest
 from prometheus_client import exposition
@@ -13,9 +15,10 @@ from gpu_worker.telemetry.collector import RankCollector, rank_registry, series_
 from gpu_worker.telemetry.families import CRITICAL, FAMILIES, FETCH_BUCKETS, INFER_BUCKETS, LABELS, keep_list
 from gpu_worker.telemetry.observe import count_retry, observe, retry_class
 from gpu_worker.telemetry.remote_write import PushPolicy, RemoteWriter
+from gpu_worker.telemetry.serve import RankMetrics
 from gpu_worker.telemetry.stats import Stats
 from gpu_worker.telemetry.write_request import registry_series
-from sluice.contracts import KIND_FAILURE_REASONS, FailureReason
+from sluice.contracts.status import KIND_FAILURE_REASONS, FailureReason
 
 LBL = {
     "run_id": "r1",
@@ -151,7 +154,7 @@ def test_a_cpu_rank_sends_no_empty_gpu_label():
 def test_served_on_metrics_endpoint():
     from prometheus_client import start_http_server
 
-    from sluice.local.server import free_port
+    from sluice.local.emulator.server import free_port
 
     port = free_port()
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=_worst_case_registry())
@@ -160,6 +163,35 @@ def test_served_on_metrics_endpoint():
         assert "sluice_images_processed_total" in body
     finally:
         server.shutdown()
+
+
+def test_stopped_metrics_leave_no_thread_and_let_go_of_the_rank_on_its_thread():
+    """stop() joins the server's thread and the collector drops the rank's readers: the pass dies on our thread.
+
+    The server's thread used to outlive stop() and hold the pass (through the registry and the
+    collector's queue_depth), so the rank's torch models were freed on that daemon thread, at times
+    while the interpreter finalized: a rank that had committed everything then aborted (exit -6).
+    """
+    from sluice.local.emulator.server import free_port
+
+    class Pass:  # stands for the rank's pass: its queue depth is a reader the collector calls
+        def queue_depth(self) -> int:
+            return 3
+
+    freed_on: list[str] = []
+    p, stats = Pass(), Stats()
+    stats.incr("images", 5)
+    weakref.finalize(p, lambda: freed_on.append(threading.current_thread().name))
+    before = set(threading.enumerate())
+    collector = RankCollector(stats.snapshot, LBL, queue_depth=p.queue_depth)
+    metrics = RankMetrics(collector, port=free_port())
+    assert [t for t in threading.enumerate() if t not in before], "the server should be running"
+    metrics.stop()
+    assert [t.name for t in threading.enumerate() if t not in before] == []
+    del p
+    assert freed_on == [threading.current_thread().name]
+    values = {smp.name: smp.value for fam in collector.collect() for smp in fam.samples}
+    assert values["sluice_images_processed_total"] == 5 and values["sluice_prefetch_queue_depth"] == 3
 
 
 def test_remote_writer_counts_its_drops_in_the_same_registry_with_the_rank_identity():

@@ -11,10 +11,10 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.output import intervals
 from gpu_worker.output.commits import MAIN, RETRY, Marker, ShardState
 from gpu_worker.passes.work import RankContext, RankSpec, RankWork
-from gpu_worker.sources.store import RunStore
 from gpu_worker.telemetry.stats import Stats
-from sluice.models import ModelSpec, RunPlan
+from sluice.aws.store import ObjectStore
 from sluice.shards import encode_shard
+from tests.plans import run_plan
 
 spans = st.lists(st.tuples(st.integers(0, 300), st.integers(1, 40)).map(lambda t: (t[0], t[0] + t[1])), max_size=6)
 
@@ -40,7 +40,7 @@ def test_ranks_walk_every_owed_key_once(tmp_path_factory, n, world, block, cover
     root = tmp_path_factory.mktemp("run")
     deferred = [p for p in deferred if p < n]
     keys = [f"k{i:05d}" for i in range(n)]
-    plan = RunPlan.standalone("r", f"{root}/", n_shards=1, total_keys=n, model=ModelSpec(), attempts=1)
+    plan = run_plan("r", f"{root}/", total_keys=n, job={"attempts": 1})
     Path(plan.shard_uri(0)).parent.mkdir(parents=True, exist_ok=True)
     Path(plan.shard_uri(0)).write_bytes(encode_shard([("bkt", keys)], sort=False, block_keys=block))
     state = _state(n, covered, deferred)
@@ -48,7 +48,7 @@ def test_ranks_walk_every_owed_key_once(tmp_path_factory, n, world, block, cover
     walked = []
     for r in range(world):
         spec = RankSpec(0, 0, 2, r, world, "cpu", ["builtin:reference-cnn"], [str(root / "state.json")], n, "")
-        ctx = RankContext(spec, WorkerConfig(), plan, RunStore(), Stats())
+        ctx = RankContext(spec, WorkerConfig(), plan, ObjectStore(), Stats())
         walked += list(RankWork.of(ctx).keys())
     owed_main = set(range(n)) - set(intervals.positions(state.claimed))
     main = [(pos, key) for pos, _, key, phase in walked if phase == MAIN]

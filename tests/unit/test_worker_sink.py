@@ -14,9 +14,10 @@ from gpu_worker.output.commits import Marker, Paths, ShardState, load_state, rem
 from gpu_worker.output.parquet import RecordLabel
 from gpu_worker.output.result import write_shard_result
 from gpu_worker.output.sink import ChunkSink, SinkSpec
-from gpu_worker.sources.store import RunStore
 from sluice import outputs
-from sluice.contracts import FailureLine, FailureReason, ShardResult
+from sluice.aws.store import ObjectStore
+from sluice.contracts.results import FailureLine, ShardResult
+from sluice.contracts.status import FailureReason
 
 # The fields of result.json only the node knows (gpu_worker.main fills them in).
 INFO = {
@@ -54,7 +55,7 @@ def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=()):
         label=LABEL,
         retry=retry,
     )
-    return ChunkSink(RunStore(), paths, spec)
+    return ChunkSink(ObjectStore(), paths, spec)
 
 
 def emb(*rows: int) -> np.ndarray:
@@ -64,14 +65,19 @@ def emb(*rows: int) -> np.ndarray:
     return out
 
 
+def objs(*rows: int) -> list[tuple[str, str | None, int]]:
+    """The (etag, version id, size) each row's object was read as."""
+    return [(f"etag{r}", None, 100 + r) for r in rows]
+
+
 def test_windows_commit_when_settled_in_any_order(paths):
     s = sink(paths, [[(0, 3)], [(3, 5), (8, 9)]])
-    s.add_rows([4, 8], ["u4", "u8"], [0, 0], emb(4, 8))
+    s.add_rows([4, 8], ["u4", "u8"], [0, 0], emb(4, 8), objs(4, 8))
     s.add_failure(1, "u1", 0, "corrupt", "bad", False)
-    s.add_rows([3, 0], ["u3", "u0"], [0, 0], emb(3, 0))  # window 2 complete here (3, 4, 8)
-    s.add_rows([2], ["u2"], [0], emb(2))
+    s.add_rows([3, 0], ["u3", "u0"], [0, 0], emb(3, 0), objs(3, 0))  # window 2 complete here (3, 4, 8)
+    s.add_rows([2], ["u2"], [0], emb(2), objs(2))
     s.close()
-    state = load_state(RunStore(), paths)
+    state = load_state(ObjectStore(), paths)
     names = [m.name for m in state.markers]
     assert names == ["part-0005-000000000", "part-0005-000000003"]
     first, second = state.markers
@@ -85,14 +91,14 @@ def test_windows_commit_when_settled_in_any_order(paths):
 
 def test_deferred_keys_go_to_a_retry_chunk(paths):
     s = sink(paths, [[(0, 4)]], attempt=2)
-    s.add_rows([0, 1], ["u0", "u1"], [0, 0], emb(0, 1))
+    s.add_rows([0, 1], ["u0", "u1"], [0, 0], emb(0, 1), objs(0, 1))
     s.add_failure(2, "u2", 0, "s3_error_transient", "SlowDown", True)
     s.add_failure(3, "u3", 0, "s3_error_transient", "SlowDown", True)
-    s.add_rows([2], ["u2"], [1], emb(2))  # the final pass recovered u2
+    s.add_rows([2], ["u2"], [1], emb(2), objs(2))  # the final pass recovered u2
     s.add_failure(3, "u3", 1, "s3_error_transient", "SlowDown", True)  # deferred again: ignored
     s.add_failure(3, "u3", 1, "s3_error_transient", "SlowDown", False)  # final verdict
     s.close()
-    state = load_state(RunStore(), paths)
+    state = load_state(ObjectStore(), paths)
     rng, retry = state.markers
     assert rng.kind == "range" and rng.covers == [(0, 2)] and rng.deferred == [(2, "u2"), (3, "u3")]
     assert retry.name == "part-0005-000000002-r2" and retry.kind == "retry"
@@ -114,20 +120,20 @@ def test_resume_state_from_markers():
 
 def test_incomplete_window_is_an_error(paths):
     s = sink(paths, [[(0, 3)]])
-    s.add_rows([0], ["u0"], [0], emb(0))
+    s.add_rows([0], ["u0"], [0], emb(0), objs(0))
     with pytest.raises(WorkerError, match="1 chunks never completed"):
         s.close()
     with pytest.raises(WorkerError, match="not in this rank's remaining work"):
-        sink(paths, [[(0, 3)]]).add_rows([7], ["u7"], [0], emb(7))
+        sink(paths, [[(0, 3)]]).add_rows([7], ["u7"], [0], emb(7), objs(7))
 
 
 def test_shard_result_writes_failures_and_result(paths):
     s = sink(paths, [[(0, 4)]])
-    s.add_rows([0, 2], ["u0", "u2"], [0, 0], emb(0, 2))
+    s.add_rows([0, 2], ["u0", "u2"], [0, 0], emb(0, 2), objs(0, 2))
     s.add_failure(3, "u3", 0, "missing", "NoSuchKey", False)
     s.add_failure(1, "u1", 0, "bomb", "too many pixels", False)
     s.close()
-    store = RunStore()
+    store = ObjectStore()
     result = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.25, info=INFO)
     assert (result.processed, result.failed, result.ok) == (2, 2, False)
     assert result.failed_by_reason == {FailureReason.BOMB: 1, FailureReason.MISSING: 1}
@@ -143,12 +149,12 @@ def test_transient_failures_never_fail_the_shard(paths):
     # Heavy throttling: 3 of 4 keys outlived every retry. They go to the run's retry pass, so
     # the threshold judges only the data failure.
     s = sink(paths, [[(0, 4)]])
-    s.add_rows([0], ["u0"], [0], emb(0))
+    s.add_rows([0], ["u0"], [0], emb(0), objs(0))
     for pos in (1, 2):
         s.add_failure(pos, f"u{pos}", 0, "s3_error_transient", "SlowDown", False)
     s.add_failure(3, "u3", 0, "corrupt", "truncated", False)
     s.close()
-    store = RunStore()
+    store = ObjectStore()
     result = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.25, info=INFO)
     assert (result.failed, result.failed_transient, result.failed_fraction, result.ok) == (3, 2, 0.25, True)
     strict = write_shard_result(store, paths, {"m": load_state(store, paths)}, 4, threshold=0.2, info=INFO)
@@ -156,7 +162,7 @@ def test_transient_failures_never_fail_the_shard(paths):
 
 
 def test_shard_result_refuses_gaps_and_double_coverage(paths):
-    store = RunStore()
+    store = ObjectStore()
     with pytest.raises(WorkerError, match="3 of 3 keys were never settled"):
         write_shard_result(store, paths, {"m": ShardState([])}, 3, threshold=1.0, info=INFO)
     dup = ShardState(
@@ -169,14 +175,17 @@ def test_shard_result_refuses_gaps_and_double_coverage(paths):
 
 def test_orphan_parquet_files_are_removed(paths):
     s = sink(paths, [[(0, 1)]])
-    s.add_rows([0], ["u0"], [0], emb(0))
+    s.add_rows([0], ["u0"], [0], emb(0), objs(0))
     s.close()
-    store = RunStore()
+    store = ObjectStore()
     orphan = paths.parquet("part-0001-000000007")
     store.put(orphan, b"half written attempt")
     state = load_state(store, paths)
     assert remove_orphans(store, paths, state) == [orphan]
-    assert store.list(paths.output_dir) == [paths.marker("part-0005-000000000"), paths.parquet("part-0005-000000000")]
+    assert list(store.list(paths.output_dir)) == [
+        paths.marker("part-0005-000000000"),
+        paths.parquet("part-0005-000000000"),
+    ]
 
 
 def test_rows_carry_what_an_index_upserts(paths):
@@ -193,12 +202,13 @@ def test_rows_carry_what_an_index_upserts(paths):
     assert {(r["model"], r["model_version"], r["model_id"], r["run"]) for r in rows} == {("m", "v1", "sha256:abc", "r")}
 
 
-def test_a_fetcher_without_versions_writes_nulls(paths):
+def test_an_object_read_without_etag_or_version_writes_nulls(paths):
+    """An unversioned bucket gives no version id, and an S3-compatible store may give no ETag: both null."""
     s = sink(paths, [[(0, 1)]])
-    s.add_rows([0], ["u0"], [0], emb(0))
+    s.add_rows([0], ["u0"], [0], emb(0), [("", None, 7)])
     s.close()
     (row,) = pq.read_table(paths.parquet("part-0005-000000000")).to_pylist()
-    assert row["etag"] is None and row["version_id"] is None and row["size"] is None
+    assert row["etag"] is None and row["version_id"] is None and row["size"] == 7
 
 
 def test_owns_what_is_still_owed(paths):
@@ -210,13 +220,13 @@ def test_owns_what_is_still_owed(paths):
 
 
 def test_a_key_is_failed_when_any_model_failed_it(tmp_path):
-    store = RunStore()
+    store = ObjectStore()
     a = Paths.for_shard(f"{tmp_path}/out/model=a/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
     b = Paths.for_shard(f"{tmp_path}/out/model=b/", f"{tmp_path}/failures/", f"{tmp_path}/shards/", 3)
     sa, sb = sink(a, [[(0, 3)]]), sink(b, [[(0, 3)]])
-    sa.add_rows([0, 1], ["u0", "u1"], [0, 0], emb(0, 1))
+    sa.add_rows([0, 1], ["u0", "u1"], [0, 0], emb(0, 1), objs(0, 1))
     sa.add_failure(2, "u2", 0, "corrupt", "bad", deferred=False)
-    sb.add_rows([0], ["u0"], [0], emb(0))
+    sb.add_rows([0], ["u0"], [0], emb(0), objs(0))
     sb.add_failure(1, "u1", 0, "corrupt", "bad", deferred=False)
     sb.add_failure(2, "u2", 0, "corrupt", "bad", deferred=False)
     sa.close()
@@ -234,9 +244,9 @@ def test_a_final_pass_result_is_taken_once(paths):
     """Two fetches of one deferred key (each model's own) give the sink one result, not two."""
     s = sink(paths, [[(0, 1)]], retry=[5])
     assert s.owns(5, 1)
-    s.add_rows([5], ["u5"], [1], emb(5))
+    s.add_rows([5], ["u5"], [1], emb(5), objs(5))
     assert not s.owns(5, 1)
-    s.add_rows([0], ["u0"], [0], emb(0))
+    s.add_rows([0], ["u0"], [0], emb(0), objs(0))
     s.close()
-    state = load_state(RunStore(), paths)
+    state = load_state(ObjectStore(), paths)
     assert sorted(state.covered) == [(0, 1), (5, 6)] and not state.overlaps()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.output.verdict import exit_reason, judge, threshold
-from sluice.contracts import FailureLine, FailureReason, ShardResult
-from sluice.models import RunPlan
+from sluice.contracts.results import FailureLine, ShardResult
+from sluice.contracts.status import FailureReason
+from tests.plans import run_plan
 
 
 def _lines(*reasons: str) -> list[FailureLine]:
@@ -13,7 +14,7 @@ def _lines(*reasons: str) -> list[FailureLine]:
 
 
 def test_the_worker_setting_overrides_the_plans_threshold():
-    plan = RunPlan.standalone("r", "s3://c/runs/r/", n_shards=1, total_keys=1, max_failed_fraction=0.05)
+    plan = run_plan("r", "s3://c/runs/r/", total_keys=1, max_failed_fraction=0.05)
     assert threshold(WorkerConfig(), plan) == 0.05  # unset (-1): the plan's
     assert threshold(WorkerConfig(max_failed_fraction=0.0), plan) == 0.0
     assert threshold(WorkerConfig(max_failed_fraction=0.5), plan) == 0.5
@@ -39,7 +40,7 @@ def test_transient_failures_alone_never_fail_a_shard():
 
 
 def test_the_node_exits_with_the_shards_reason():
-    plan = RunPlan.standalone("r", "s3://c/runs/r/", n_shards=1, total_keys=4)
+    plan = run_plan("r", "s3://c/runs/r/", total_keys=4)
     v = judge(_lines("bomb", "bomb"), 4, plan.max_failed_fraction)
     result = ShardResult(
         run_id="r", shard=3, node=3, attempt=1, kind="array", device="cpu", world=1, seconds=1.0,

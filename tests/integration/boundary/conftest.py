@@ -26,7 +26,7 @@ def aws() -> Iterator[AwsClients]:
 @pytest.fixture(scope="module")
 def stack(aws: AwsClients) -> Any:
     from sluice.aws import clients as sluice_aws
-    from sluice.local.infra import create_local
+    from sluice.local.emulator.infra import create_local
 
     sluice_aws.reset_clients()
     return create_local(aws, template=local_template())

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from sluice.control.ledger import Ledger
+from sluice.control.table.ledger import Ledger
 from tests.integration.helpers import (
     DEFAULT_MODEL_ENV,
     INPUT_BUCKET,

@@ -13,9 +13,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sluice.aws import clients as sluice_aws
-from sluice.control.ledger import Ledger
+from sluice.contracts.plan import RunPlan
+from sluice.control.table.ledger import Ledger
 from sluice.errors import RetriableError
-from sluice.models import RunPlan
 from tests.integration.helpers import (
     DEFAULT_MODEL_ENV,
     INPUT_BUCKET,
@@ -203,7 +203,7 @@ def _fail_once(op: str, code: str, status: int, match: str):
     fired = []
 
     def hook(params, **_: object) -> None:
-        # Ranged GETs are the input sizing's (sluice.prepare.store retries those in process).
+        # Ranged GETs are the input sizing's (sluice.prepare.prepare_store retries those in process).
         if not fired and match in params.get("url_path", "") and "Range" not in params.get("headers", {}):
             fired.append(op)
             raise ClientError(

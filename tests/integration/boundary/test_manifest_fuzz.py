@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sluice.control.ledger import Ledger
-from sluice.models import RunPlan
+from sluice.contracts.plan import RunPlan
+from sluice.control.table.ledger import Ledger
 from tests.integration.helpers import INPUT_BUCKET, bus_events, put_manifest, shard_pairs
 from tests.properties import examples
 
@@ -51,7 +51,7 @@ def env(aws, fuzz_stack) -> dict[str, Any]:
 def upload(aws: Any, stack: Any, suffix: str, body: bytes) -> dict[str, Any]:
     """Put `body` under manifests/, deliver its event to the real handler, and check the invariant."""
     from functions.handle_manifest_upload import handler
-    from sluice.local.lambda_context import LocalContext
+    from sluice.local.emulator.lambda_context import LocalContext
 
     control = stack.names["ControlBucket"]
     out = handler(put_manifest(aws, stack, f"manifests/fuzz-{next(_names)}{suffix}", body), LocalContext("fuzz"))

@@ -1,0 +1,94 @@
+"""--images DIR (or --texts, --videos) read before anything starts: its files of the kind by name, the rest named."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluice.local.manifest import KIND_SUFFIXES
+
+
+def is_image_name(path: Path, kind: str = "image") -> bool:
+    """An image (or a text, a video) by its name: a known suffix, not hidden (.DS_Store, ._x.jpg from macOS)."""
+    return path.suffix.lower() in KIND_SUFFIXES[kind] and not path.name.startswith(".")
+
+
+@dataclass(frozen=True)
+class Folder:
+    """--images DIR, read before anything starts: its images by name, and the other files."""
+
+    root: Path
+    images: list[Path]
+    skipped: list[str]  # files that are not of the kind by name
+    kind: str = "image"
+    unreadable: list[str] = field(default_factory=list)  # dangling symlinks, folders reached twice: named, skipped
+
+    @classmethod
+    def read(cls, images: str, kind: str = "image") -> Folder:
+        """DIR's files of the kind; SystemExit when it is missing or holds none (before any server starts)."""
+        root = Path(images).expanduser()
+        flag = f"--{kind}s"
+        if not root.is_dir():
+            raise SystemExit(f"sluice: {flag} {root}: " + ("not a directory" if root.exists() else "no such folder"))
+        files, unreadable = walk(root)
+        images_ = [p for p in files if is_image_name(p, kind)]
+        skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p, kind)]
+        if not images_:
+            raise SystemExit(
+                f"sluice: {flag} {root}: no {kind} files ({len(skipped) + len(unreadable)} other files; "
+                f"{kind}s are named {', '.join(KIND_SUFFIXES[kind])})"
+            )
+        for p in images_:
+            if any(ord(ch) < 32 or ord(ch) == 127 for ch in p.name):  # a key S3 cannot take as given
+                raise SystemExit(
+                    f"sluice: {flag} {root}: the file {p.relative_to(root).as_posix()!r} has a control character "
+                    "(a newline?) in its name: rename it, then run again (nothing was uploaded)"
+                )
+        return cls(root, images_, skipped, kind, unreadable)
+
+
+def walk(root: Path) -> tuple[list[Path], list[str]]:
+    """Every file under root, sorted, symlinked subfolders followed; and what was left out, named with why.
+
+    Each real folder is read once: a link back up (a cycle) or a second link to one folder is
+    named, not followed again. A symlink to nothing is named too: skipped, never silently.
+    """
+    files: list[Path] = []
+    unreadable: list[str] = []
+    seen: dict[str, str] = {}  # real folder -> the path it was first read under
+    for top, dirs, names in os.walk(root, followlinks=True):
+        here = Path(top)
+        rel = here.relative_to(root).as_posix()
+        real = os.path.realpath(top)
+        if real in seen:
+            unreadable.append(f"{rel}/ (the folder {seen[real] or '.'}/ again: read once)")
+            dirs[:] = []
+            continue
+        seen[real] = "" if rel == "." else rel
+        dirs.sort()
+        for name in names:
+            p = here / name
+            if p.is_file():
+                files.append(p)
+            elif p.is_symlink() and not p.exists():
+                unreadable.append(f"{p.relative_to(root).as_posix()} (a symlink to {os.readlink(p)}, which is missing)")
+            else:
+                unreadable.append(f"{p.relative_to(root).as_posix()} (not a regular file)")
+    return sorted(files), sorted(unreadable)
+
+
+def say_skipped(skipped: list[str], kind: str = "image", unreadable: list[str] | None = None) -> None:
+    """The files a folder run leaves out, named (the first five of each kind of reason)."""
+
+    def shown(names: list[str]) -> str:
+        return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+
+    unreadable = unreadable or []
+    if skipped and not unreadable:
+        print(f"sluice: skipped {len(skipped)} file(s) that are not {kind}s by name: {shown(skipped)}", file=sys.stderr)
+    elif unreadable:
+        parts = [f"{len(skipped)} not {kind}s by name ({shown(skipped)})"] if skipped else []
+        parts.append(f"{len(unreadable)} not read ({shown(unreadable)})")
+        print(f"sluice: skipped {len(skipped) + len(unreadable)} file(s): {'; '.join(parts)}", file=sys.stderr)

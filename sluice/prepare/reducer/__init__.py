@@ -1,0 +1,1 @@
+"""The prepare stage's reduce side: each reduce worker deduplicates its partition and writes its shards."""
