@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -80,16 +81,21 @@ def _folder(root: Path, good: int, corrupt: int, non_image: int) -> None:
         (root / f"notes-{i}.jpg").write_text("this is not an image\n" * 10)
 
 
-def test_a_folder_with_a_few_bad_files_succeeds_through_the_prepare_stage_with_each_readable_image_once(tmp_path):
+def test_a_folder_with_a_few_bad_files_goes_through_the_prepare_stage_and_ends_with_its_index(tmp_path):
     """--images DIR through the prepare stage (3 workers), decoded on the CPU (--decode cpu): the bad files
     are listed with their reasons, every readable image is embedded exactly once, subfolders kept. Beside
-    the small flat JPEGs, 12 unseen photos-like ones of 60-300 px that the decode scales down."""
+    the small flat JPEGs, 12 unseen photo-like ones of 60-300 px that the decode scales down.
+
+    The run ends with its index (the index stage's job, run by the local executor after "Run Succeeded",
+    copied to OUT/<run id>/index/): one `sluice search` process embeds each unseen photo again with the
+    index's own model and finds it first."""
     _folder(tmp_path / "imgs", good=196, corrupt=3, non_image=1)  # 2 shards: each under 5% failed
-    (tmp_path / "imgs" / "unseen").mkdir()
+    unseen = tmp_path / "imgs" / "unseen"
+    unseen.mkdir()
     for name, data in make_demo_images(12, seed=31337, min_side=60, max_side=300):
-        (tmp_path / "imgs" / "unseen" / name).write_bytes(data)
+        (unseen / name).write_bytes(data)
     args = ("--images", str(tmp_path / "imgs"), "--prepare-workers", "3", "--shards", "2", "--decode", "cpu")
-    proc = _run(*args, "--json", "--out", str(tmp_path / "out"))
+    proc = _run(*args, "--json", "--no-prometheus", "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert (s["outcome"], s["processed"], s["failed"]) == ("succeeded", 208, 4)
@@ -101,6 +107,24 @@ def test_a_folder_with_a_few_bad_files_succeeds_through_the_prepare_stage_with_e
     keys = [r["key"] for r in _rows(s["output_dir"])]
     assert len(keys) == 208 == len(set(keys)) and all(k.endswith(".jpg") for k in keys)
     assert {k.rsplit("/", 2)[-2] for k in keys} == {"cats", "dogs", "unseen"}  # subfolders kept as key prefixes
+
+    assert s["events"][-2:] == ["Run Succeeded", "Run Indexed"], s["events"]
+    assert s["index"] == os.path.join(s["output_dir"], "index") and s["index_rows"] == 208
+    assert re.fullmatch(r"s3://.+/indexes/local-images-\d{8}-\d{6}-[0-9a-f]{4}/", s["index_uri"])  # its own
+    photos = sorted(unseen.iterdir())
+    queries = [a for photo in photos for a in ("--image", str(photo))]
+    found = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "search", s["index"], *queries, "-k", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert found.returncode == 0, found.stderr[-3000:]
+    results = json.loads(found.stdout)["results"]
+    assert len(results) == len(photos) == 12
+    for photo, hits in zip(photos, results, strict=True):
+        assert hits[0]["key"].endswith("/unseen/" + photo.name), (photo.name, hits)
+        assert hits[0]["score"] > 0.99
 
 
 def test_bad_manifest_exits_non_zero_with_reason(tmp_path):
