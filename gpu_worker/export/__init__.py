@@ -11,7 +11,8 @@
 The artifact is a TorchScript (`torch.jit.save`) or torch.export (`*.pt2`) file plus its spec
 (`<file>.json`, also embedded): input size, mean/std, output dim, name, version, weights
 hash (docs/models.md). Pretrained weights are fetched here, the way each library fetches
-them, on a machine with internet; the worker only ever loads the file. Before the file is
+them, on a machine with internet, or read from a local state dict (`--weights FILE`:
+gpu_worker.export.weights); the worker only ever loads the file. Before the file is
 written, it is loaded the way the worker loads it and compared with the eager model.
 """
 
@@ -40,8 +41,11 @@ class ExportResult:
     text: Any = None  # gpu_worker.models.texttower.TextSpec when the text tower was written beside it (CLIP-style)
 
 
-def load_source(spec: str, *, pretrained: bool = True, image_size: int | None = None) -> Source:
-    """The eager encoder a spec names (LIBRARY:NAME), with its preprocessing."""
+def load_source(
+    spec: str, *, pretrained: bool = True, image_size: int | None = None, weights: str | None = None
+) -> Source:
+    """The eager encoder a spec names (LIBRARY:NAME), with its preprocessing; `weights`: a local state dict
+    loaded into the architecture built with random weights (gpu_worker.export.weights)."""
     lib, sep, name = spec.partition(":")
     if not sep or not name or lib not in PREFIXES:
         raise ExportError(f"model spec {spec!r}: expected one of {', '.join(p + ':NAME' for p in PREFIXES)}")
@@ -53,7 +57,14 @@ def load_source(spec: str, *, pretrained: bool = True, image_size: int | None = 
         "open_clip": sources.load_open_clip,
         "hf": hf.load_hf,
     }
-    return loaders[lib](name, pretrained, image_size)
+    if weights is None:
+        return loaders[lib](name, pretrained, image_size)
+    if lib == "hf":
+        raise ExportError(f"{spec}: hf: takes a local folder already (its config.json and weights): no --weights")
+    from gpu_worker.export.weights import load_weights, read_weights
+
+    state = read_weights(weights)  # a file that cannot be read is refused before the model is built
+    return load_weights(loaders[lib](name, False, image_size), state)
 
 
 def _target(spec: str, out: str, fmt: str | None) -> tuple[str, str]:
@@ -73,9 +84,16 @@ def _target(spec: str, out: str, fmt: str | None) -> tuple[str, str]:
 
 
 def export(
-    spec: str, out: str, *, pretrained: bool = True, fmt: str | None = None, image_size: int | None = None
+    spec: str,
+    out: str,
+    *,
+    pretrained: bool = True,
+    fmt: str | None = None,
+    image_size: int | None = None,
+    weights: str | None = None,
 ) -> ExportResult:
-    """Export `spec` to `out` (a path, an s3:// URI, or either ending in / for a folder)."""
+    """Export `spec` to `out` (a path, an s3:// URI, or either ending in / for a folder); `weights`: a local
+    state dict instead of the pretrained weights."""
     from gpu_worker.export.artifact import FORMATS
 
     if fmt is not None and fmt not in FORMATS:
@@ -83,10 +101,10 @@ def export(
     uri, fmt = _target(spec, out, fmt)
     from gpu_worker.export.textrun import text_source
 
-    text_model = text_source(spec, pretrained)
+    text_model = None if weights else text_source(spec, pretrained)
     if text_model is not None:
         return _export_text(text_model, uri, fmt)
-    src = load_source(spec, pretrained=pretrained, image_size=image_size)
+    src = load_source(spec, pretrained=pretrained, image_size=image_size, weights=weights)
     if not uri.startswith("s3://"):
         meta, result, text = _write(src, fmt, uri)
     else:

@@ -31,8 +31,14 @@ def add_commands(sub: Subparsers) -> None:
         metavar="FILE",
         help="file path or s3:// URI (*.pt2 for torch.export); ending in /: a folder",
     )
-    mexp.add_argument(
+    weights = mexp.add_mutually_exclusive_group()
+    weights.add_argument(
         "--no-pretrained", action="store_true", help="random weights, same architecture (tests; needs no internet)"
+    )
+    weights.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="a local state dict (.pth, .pt, .safetensors) for the architecture SPEC names (not hf:)",
     )
     mexp.add_argument("--format", choices=["torchscript", "pt2"], help="default: pt2 if --out ends in .pt2")
     mexp.add_argument("--image-size", type=int_from(8), metavar="N", help="input side (default: the weights' own)")
@@ -50,13 +56,18 @@ def cmd_model_export(args: argparse.Namespace, inv: Invocation) -> int:
         return EXIT_FAIL
     try:
         result = export(
-            args.spec, args.out, pretrained=not args.no_pretrained, fmt=args.format, image_size=args.image_size
+            args.spec,
+            args.out,
+            pretrained=not args.no_pretrained,
+            fmt=args.format,
+            image_size=args.image_size,
+            weights=args.weights,
         )
     except ExportError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
     except Exception as exc:
-        if args.no_pretrained or not _download_failed(exc):
+        if args.no_pretrained or args.weights or not _download_failed(exc):
             raise
         print(
             f"sluice: error: {args.spec}: its pretrained weights could not be downloaded ({type(exc).__name__}: "
@@ -66,6 +77,8 @@ def cmd_model_export(args: argparse.Namespace, inv: Invocation) -> int:
         )
         return EXIT_FAIL
     _print_export(result)
+    if args.weights:
+        print(f"weights: {args.weights}, loaded into the {args.spec} architecture (the spec's version names it)")
     return EXIT_OK
 
 
