@@ -23,6 +23,7 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.decode.bench import MAX_PIXELS, sample_jpegs
 from gpu_worker.decode.image import decode_image
 from gpu_worker.decode.nvjpeg import loader_decode
+from gpu_worker.decode.preprocess import legacy
 
 
 def _rate(fn: Callable[[bytes], object], images: list[bytes]) -> float:
@@ -41,7 +42,7 @@ def main() -> int:
     images = sample_jpegs(args.images)
     size = args.size
     before = lambda d: decode_image(d, size, MAX_PIXELS)  # noqa: E731
-    after = loader_decode(WorkerConfig(device="cpu"), size)
+    after = loader_decode(WorkerConfig(device="cpu"), legacy(size))
     rows = []
     for i in range(args.rounds):  # ABBA: which runs first alternates, so a drifting VM favours neither
         if i % 2:

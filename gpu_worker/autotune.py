@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_seconds > 0:  # what feeds the model: CPU decode per core, GPU decode (docs/decode.md)
         from gpu_worker.decode.bench import decode_report
 
-        print("\n" + "\n".join(decode_report(info.image_size, device, args.decode_seconds)))
+        print("\n" + "\n".join(decode_report(info.preprocess, device, args.decode_seconds)))
     return 0
 
 

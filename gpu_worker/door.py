@@ -60,7 +60,7 @@ def embed_images(model_path: str, image_size: int, images: list[tuple[str, bytes
     arrays = []
     for name, data in images:
         try:
-            arrays.append(decode_image(data, info.image_size, MAX_IMAGE_PIXELS))
+            arrays.append(decode_image(data, info.preprocess, MAX_IMAGE_PIXELS))
         except ObjectFailure as exc:
             raise ConfigError(f"{name}: cannot be embedded ({exc.reason.value}: {exc.detail})") from None
     engine = Engine(model, info, "cpu", len(arrays))

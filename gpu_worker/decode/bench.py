@@ -15,6 +15,7 @@ from PIL import Image
 from gpu_worker.config import MAX_IMAGE_PIXELS
 from gpu_worker.decode.image import decode_image
 from gpu_worker.decode.nvjpeg import DeviceDecoder, JpegDecode, nvjpeg_problem, torchvision_jpeg
+from gpu_worker.decode.preprocess import Preprocess
 
 
 def sample_jpegs(n: int, side: int = 500, seed: int = 0) -> list[bytes]:
@@ -32,20 +33,20 @@ def sample_jpegs(n: int, side: int = 500, seed: int = 0) -> list[bytes]:
     return out
 
 
-def cpu_per_core(images: list[bytes], size: int, seconds: float) -> float:
-    """Images/s one thread decodes and preprocesses to `size` through decode_image."""
+def cpu_per_core(images: list[bytes], prep: Preprocess, seconds: float) -> float:
+    """Images/s one thread decodes and preprocesses by `prep` through decode_image."""
     done, t0 = 0, time.perf_counter()
     while done < len(images) or time.perf_counter() - t0 < seconds:
-        decode_image(images[done % len(images)], size, MAX_IMAGE_PIXELS)
+        decode_image(images[done % len(images)], prep, MAX_IMAGE_PIXELS)
         done += 1
     return done / (time.perf_counter() - t0)
 
 
 def device_rate(
-    images: list[bytes], size: int, device: str, seconds: float, jpeg: JpegDecode = torchvision_jpeg
+    images: list[bytes], prep: Preprocess, device: str, seconds: float, jpeg: JpegDecode = torchvision_jpeg
 ) -> float:
     """Images/s DeviceDecoder turns into (size, size, 3) host arrays, in batches of len(images)."""
-    dec = DeviceDecoder(device, size, MAX_IMAGE_PIXELS, jpeg)
+    dec = DeviceDecoder(device, prep, MAX_IMAGE_PIXELS, jpeg)
     dec.decode_batch(images)  # warm-up: decoder handles, kernels
     done, t0 = 0, time.perf_counter()
     while done < 2 * len(images) or time.perf_counter() - t0 < seconds:
@@ -54,10 +55,11 @@ def device_rate(
     return done / (time.perf_counter() - t0)
 
 
-def decode_report(size: int, device: str, seconds: float, batch: int = 128) -> list[str]:
-    """Lines for autotune: CPU decode per core, and GPU decode where CUDA and nvJPEG run."""
+def decode_report(prep: Preprocess, device: str, seconds: float, batch: int = 128) -> list[str]:
+    """Lines for autotune: CPU decode per core, and GPU decode where CUDA and nvJPEG run, by the model's `prep`."""
     images = sample_jpegs(min(batch, 64) if not device.startswith("cuda") else batch)
-    per_core = cpu_per_core(images, size, seconds)
+    size = prep.size
+    per_core = cpu_per_core(images, prep, seconds)
     lines = [
         f"CPU decode: {per_core:,.0f} images/s per core at {size} px (sluice plan --decode-per-core-s {per_core:.0f})"
     ]
@@ -66,5 +68,5 @@ def decode_report(size: int, device: str, seconds: float, batch: int = 128) -> l
     why = nvjpeg_problem(device)
     if why:
         return [*lines, f"GPU decode: not measured ({why})"]
-    rate = device_rate(images, size, device, seconds)
+    rate = device_rate(images, prep, device, seconds)
     return [*lines, f"GPU decode: {rate:,.0f} images/s (nvJPEG, batches of {len(images)}, to {size} px on the device)"]

@@ -1,9 +1,11 @@
-"""Bytes -> an RGB uint8 array of size x size: Pillow, JPEG draft mode, EXIF orientation, bomb guard.
+"""Bytes -> an RGB uint8 array of size x size by a model's preprocessing (gpu_worker.decode.preprocess).
 
-Preprocessing: shorter side scaled to `size`, centre crop (one resize call with a box).
-JPEGs are decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still covers the crop, which
-makes big photos several times cheaper to decode. Every failure becomes an ObjectFailure with
-a FailureReason; nothing here raises anything else for bad input.
+Pillow decodes; the bomb guard runs on the header's dimensions first. A model exported with
+its library's pipeline gets that pipeline exactly; the legacy preprocessing decodes JPEGs at
+the smallest DCT scale (1/2, 1/4, 1/8) that still covers the crop (draft mode), which makes big
+photos several times cheaper to decode but changes pixels by up to tens of levels. Every
+failure becomes an ObjectFailure with a FailureReason; nothing here raises anything else for
+bad input.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import warnings
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
+from gpu_worker.decode.preprocess import Preprocess, legacy, on_white, resize_crop
 from gpu_worker.errors import ObjectFailure
 from sluice.contracts.status import FailureReason
 
@@ -36,8 +39,10 @@ def _looks_like_image(data: bytes) -> bool:
     return data.startswith(_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
 
 
-def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
-    """Decode and preprocess one image to a (size, size, 3) uint8 array (HWC, RGB)."""
+def decode_image(data: bytes, prep: Preprocess | int, max_pixels: int) -> np.ndarray:
+    """Decode and preprocess one image to a (size, size, 3) uint8 array (HWC, RGB); an int: legacy at that size."""
+    if isinstance(prep, int):
+        prep = legacy(prep)
     if not data:  # reported as not_image (the reasons are a fixed set: a metrics label), said plainly
         raise ObjectFailure(FailureReason.NOT_IMAGE, "empty: the object has 0 bytes")
     if max_pixels != Image.MAX_IMAGE_PIXELS:
@@ -55,7 +60,7 @@ def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
         reason = FailureReason.CORRUPT if _looks_like_image(data) else FailureReason.NOT_IMAGE
         raise ObjectFailure(reason, f"{type(exc).__name__}: {exc}") from None
     try:
-        return _preprocess(im, size, max_pixels)
+        return _preprocess(im, prep, max_pixels)
     except ObjectFailure:
         raise
     except Image.DecompressionBombError as exc:
@@ -69,34 +74,41 @@ def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
         im.close()
 
 
-def _preprocess(im: Image.Image, size: int, max_pixels: int) -> np.ndarray:
+def _preprocess(im: Image.Image, prep: Preprocess, max_pixels: int) -> np.ndarray:
     w, h = im.size
     if w < 1 or h < 1:
         raise ObjectFailure(FailureReason.UNSUPPORTED, f"empty image {w}x{h}")
     if w * h > max_pixels:
         raise ObjectFailure(FailureReason.BOMB, f"{w}x{h} = {w * h} pixels > {max_pixels}")
-    if im.format == "JPEG":
+    if im.format == "JPEG" and not prep.exact:
         # Scale the request by the crop's aspect so the short side still covers `size`.
-        short = min(w, h)
+        short, size = min(w, h), prep.size
         im.draft("RGB", (max(1, size * w // short), max(1, size * h // short)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # EXIF parse warnings on odd files are not failures
         im.load()
-        im = ImageOps.exif_transpose(im) or im
-    if im.mode != "RGB":
-        if im.mode.startswith(("I", "F")):  # 16/32-bit greyscale: scale the range to 8 bits
-            a = np.asarray(im, dtype=np.float32)
-            top = float(a.max()) or 1.0
-            im = Image.fromarray((a * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
-        try:
-            im = im.convert("RGB")
-        except ValueError as exc:
-            raise ObjectFailure(FailureReason.UNSUPPORTED, f"image mode {im.mode}: {exc}") from None
-    w, h = im.size
-    short = min(w, h)
-    left, top = (w - short) // 2, (h - short) // 2
-    out = im.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + short, top + short))
+        if prep.orientation == "exif":
+            im = ImageOps.exif_transpose(im) or im
+    out = resize_crop(_rgb(im, prep.alpha), prep)
     arr = np.asarray(out)
-    if arr.shape != (size, size, 3):  # pragma: no cover - Pillow contract
+    if arr.shape != (prep.size, prep.size, 3):  # pragma: no cover - Pillow contract
         raise ObjectFailure(FailureReason.UNSUPPORTED, f"decoded shape {arr.shape}")
     return arr
+
+
+def _rgb(im: Image.Image, alpha: str) -> Image.Image:
+    """Any mode -> RGB as Image.convert("RGB") does (alpha "white": Hugging Face's composite on white).
+
+    16- and 32-bit greyscale is the exception, on purpose: Pillow's convert clips it to 255 (a
+    16-bit scan becomes nearly all white), so its range is stretched by its maximum instead.
+    """
+    if im.mode == "RGB":
+        return im
+    if im.mode.startswith(("I", "F")):  # 16/32-bit greyscale: scale the range to 8 bits
+        a = np.asarray(im, dtype=np.float32)
+        top = float(a.max()) or 1.0
+        im = Image.fromarray((a * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
+    try:
+        return on_white(im) if alpha == "white" else im.convert("RGB")
+    except ValueError as exc:
+        raise ObjectFailure(FailureReason.UNSUPPORTED, f"image mode {im.mode}: {exc}") from None

@@ -12,13 +12,16 @@
    decodes the routed images as one batch; when the batch call fails, each image is tried
    alone, and an image the device decoder refuses (or returns at other dimensions than its
    header's) falls back to the CPU path.
-3. On the device: centre crop of the shorter side, antialiased bilinear resize to `size`
-   (Pillow's BILINEAR resize is antialiased too), rounding to uint8. Normalisation stays in
-   gpu_worker.models.engine.Engine, as for CPU-decoded batches.
+3. On the device, by the model's preprocessing (gpu_worker.decode.preprocess): for an exact one,
+   the shorter side resized with the recorded interpolation, antialiased as Pillow's filters
+   are, rounded to uint8, then the centre crop with the library's offset rule (filters Pillow
+   has and torch has not, box, hamming and lanczos, go to the CPU path); for the legacy one,
+   an area average by the CPU path's draft scale, then the centre square resized bilinearly.
+   Normalisation stays in gpu_worker.models.engine.Engine, as for CPU-decoded batches.
 
-The CPU path decodes JPEGs at a reduced DCT scale (draft mode) before resizing; the device
-path decodes at full size. Both then resample to the same crop, so pixels differ slightly,
-embeddings barely (tests/unit/test_worker_gpudecode.py checks cosine >= 0.99 per image).
+The device's JPEG decoder and its resampling are not Pillow's: pixels differ from the CPU
+path's by a few levels at most (docs/decode.md has the measured bound;
+tests/unit/test_worker_gpudecode.py checks it with torchvision's CPU decoder).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from gpu_worker.decode.image import decode_image
+from gpu_worker.decode.preprocess import Preprocess, crop_box, legacy, resized_size
 from gpu_worker.errors import ObjectFailure
 from sluice.contracts.status import FailureReason
 
@@ -113,19 +117,36 @@ def draft_scale(w: int, h: int, size: int) -> int:
     """The DCT scale (1, 2, 4, 8) the CPU path's JPEG draft mode decodes a w x h image at (Pillow's rule)."""
     short = min(w, h)
     fit = min(w // max(1, size * w // short), h // max(1, size * h // short))
-    return next(s for s in (8, 4, 2, 1) if fit >= s)
+    return next((s for s in (8, 4, 2) if fit >= s), 1)  # an image smaller than the crop: full scale
 
 
-def crop_resize(img: Any, size: int) -> Any:
-    """(3, H, W) uint8 on any device -> (size, size, 3) uint8: centre square, antialiased bilinear.
+# Pillow's filters that torch's interpolate has (antialiased like Pillow's when downscaling).
+DEVICE_FILTERS = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic"}
 
-    First an area average by the CPU path's draft scale, as its reduced-size JPEG decode low-passes
-    (ceil sizes, like libjpeg's), so both resample the same picture.
-    """
+
+def crop_resize(img: Any, prep: Preprocess | int) -> Any:
+    """(3, H, W) uint8 on any device -> (size, size, 3) uint8 by `prep` (an int: legacy at that size)."""
     import torch
     import torch.nn.functional as F
 
+    if isinstance(prep, int):
+        prep = legacy(prep)
     x = img.unsqueeze(0).float()
+    if prep.exact:
+        nw, nh = resized_size(int(img.shape[2]), int(img.shape[1]), prep.resize)
+        mode = DEVICE_FILTERS[prep.interpolation]
+        smooth = {} if mode == "nearest" else {"antialias": True, "align_corners": False}
+        # Two passes, rows then columns, each rounded to uint8 as Pillow's resampler stores its
+        # first pass: bicubic overshoots at edges, and Pillow clips it between the passes.
+        if nw != x.shape[3]:
+            x = F.interpolate(x, size=(x.shape[2], nw), mode=mode, **smooth).round_().clamp_(0, 255)
+        if nh != x.shape[2]:
+            x = F.interpolate(x, size=(nh, nw), mode=mode, **smooth).round_().clamp_(0, 255)
+        left, top, right, bottom = crop_box(nw, nh, prep.size, prep.crop_offset)
+        return x[0, :, top:bottom, left:right].to(torch.uint8).permute(1, 2, 0)
+    # Legacy: an area average by the CPU path's draft scale first, as its reduced-size JPEG decode
+    # low-passes (ceil sizes, like libjpeg's), so both resample the same picture.
+    size = prep.size
     s = draft_scale(int(img.shape[2]), int(img.shape[1]), size)
     if s > 1:
         x = F.avg_pool2d(x, s, ceil_mode=True)
@@ -143,7 +164,7 @@ class DeviceDecoder:
     """Decodes batches of object bytes on `device`; see the module docstring."""
 
     device: str
-    size: int
+    prep: Preprocess
     max_pixels: int
     jpeg: JpegDecode = torchvision_jpeg
     counts: dict[str, int] = field(default_factory=lambda: {"device": 0, "cpu": 0, "refused": 0})
@@ -158,7 +179,7 @@ class DeviceDecoder:
             except ObjectFailure as f:
                 out[i] = f
                 continue
-            if dims is None:
+            if dims is None or not self._resizes_here:
                 out[i] = self._cpu(data)
             else:
                 on_device[i] = dims
@@ -167,10 +188,15 @@ class DeviceDecoder:
             out[i] = arr if arr is not None else self._cpu(datas[i], refused=True)
         return [r if r is not None else ObjectFailure(FailureReason.CORRUPT, "no result") for r in out]
 
+    @property
+    def _resizes_here(self) -> bool:
+        """Whether the device has the preprocessing's filter (Pillow's box, hamming and lanczos it has not)."""
+        return not self.prep.exact or self.prep.interpolation in DEVICE_FILTERS
+
     def _cpu(self, data: bytes, *, refused: bool = False) -> Decoded:
         self.counts["refused" if refused else "cpu"] += 1
         try:
-            return decode_image(data, self.size, self.max_pixels)
+            return decode_image(data, self.prep, self.max_pixels)
         except ObjectFailure as f:
             return f
 
@@ -184,7 +210,7 @@ class DeviceDecoder:
         except Exception:  # one bad image fails a batched call: find it
             imgs = [self._one(d) for d in datas]
         arrays: list[np.ndarray | None] = []
-        resized = [crop_resize(img, self.size) if _rgb(img, wh) else None for img, wh in zip(imgs, dims)]
+        resized = [crop_resize(img, self.prep) if _rgb(img, wh) else None for img, wh in zip(imgs, dims)]
         ok = [r for r in resized if r is not None]
         host = iter(_to_host(ok))
         for r in resized:
@@ -288,12 +314,12 @@ def decode_device(requested: str, binds: bool, device: str, problem: Callable[[s
     return "", ""
 
 
-def loader_decode(cfg: Any, size: int, jpeg: JpegDecode | None = None) -> Callable[[bytes], np.ndarray]:
+def loader_decode(cfg: Any, prep: Preprocess, jpeg: JpegDecode | None = None) -> Callable[[bytes], np.ndarray]:
     """The loader's decode step: decode_image, or a DeviceBatcher on cfg.decode_device."""
     if not cfg.decode_device:
         max_pixels = cfg.max_image_pixels
-        return lambda data: decode_image(data, size, max_pixels)
-    decoder = DeviceDecoder(cfg.decode_device, size, cfg.max_image_pixels, jpeg or torchvision_jpeg)
+        return lambda data: decode_image(data, prep, max_pixels)
+    decoder = DeviceDecoder(cfg.decode_device, prep, cfg.max_image_pixels, jpeg or torchvision_jpeg)
     return DeviceBatcher(decoder, max_batch=cfg.fetch_concurrency).decode
 
 

@@ -69,7 +69,7 @@ def build_spec(src: Source, fmt: str, output_dim: int, digest: str) -> dict[str,
     versions: dict[str, str] = {"torch": str(torch.__version__)}
     with contextlib.suppress(metadata.PackageNotFoundError):  # the library was just imported: found
         versions[src.library] = metadata.version(src.library)
-    return {
+    spec: dict[str, Any] = {
         "name": src.name,
         "version": src.version,
         "source": src.name,
@@ -81,6 +81,9 @@ def build_spec(src: Source, fmt: str, output_dim: int, digest: str) -> dict[str,
         "weights_sha256": digest,
         "exported_with": versions,
     }
+    if src.preprocess is not None:  # the library's pipeline, applied exactly by the worker
+        spec["preprocess"] = src.preprocess.to_spec()
+    return spec
 
 
 BF16_MIN_COSINE = 0.999  # bf16 autocast is kept only when every sample embedding stays this close to fp32

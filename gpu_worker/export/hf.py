@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from gpu_worker.errors import ExportError
+from gpu_worker.export.pipelines import hf_preprocess
 from gpu_worker.export.sources import RANDOM_INIT, Source, _rgb
 from gpu_worker.export.tvcompat import ensure_importable
 
@@ -53,13 +54,19 @@ def _family(model_type: str) -> tuple[str, str, tuple[float, ...], tuple[float, 
     return "AutoModel", "pooler_output", IMAGENET_MEAN, IMAGENET_STD
 
 
-def _normalization(repo: str, mean: Any, std: Any) -> tuple[Any, Any]:
-    """(mean, std) from the repository's image processor, else the family's defaults."""
+def _processor(repo: str) -> Any:
+    """The repository's image processor (its Pillow backend: the reference), or None when it has none."""
     from transformers import AutoImageProcessor
 
     try:
-        proc = AutoImageProcessor.from_pretrained(repo)
+        return AutoImageProcessor.from_pretrained(repo, backend="pil")
     except (OSError, ValueError):
+        return None
+
+
+def _normalization(proc: Any, mean: Any, std: Any) -> tuple[Any, Any]:
+    """(mean, std) from the repository's image processor, else the family's defaults."""
+    if proc is None:
         return mean, std
     return getattr(proc, "image_mean", None) or mean, getattr(proc, "image_std", None) or std
 
@@ -83,7 +90,8 @@ def load_hf(repo: str, pretrained: bool, image_size: int | None) -> Source:
             vcfg.projection_dim = config.projection_dim
         model = cls.from_pretrained(repo, config=vcfg) if pretrained else cls(vcfg)
     native = int(getattr(model.config, "image_size", 0) or 224)
-    mean, std = _normalization(repo, mean, std)
+    proc = _processor(repo)
+    mean, std = _normalization(proc, mean, std)
     if image_size and image_size != native:
         raise ExportError(f"hf:{repo} runs at its config's image_size {native}; --image-size {image_size} differs")
     return Source(
@@ -94,4 +102,6 @@ def load_hf(repo: str, pretrained: bool, image_size: int | None) -> Source:
         mean=_rgb(mean),
         std=_rgb(std),
         library="transformers",
+        # without an image processor the folder says nothing of its pipeline: the legacy one
+        preprocess=hf_preprocess(proc, native) if proc is not None else None,
     )

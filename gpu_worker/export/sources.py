@@ -15,7 +15,9 @@ from typing import Any
 
 from torch import nn
 
+from gpu_worker.decode.preprocess import Preprocess
 from gpu_worker.errors import ExportError
+from gpu_worker.export.pipelines import open_clip_preprocess, timm_preprocess, torchvision_preprocess
 from gpu_worker.export.tvcompat import ensure_importable
 
 RANDOM_INIT = "random-init"
@@ -34,6 +36,8 @@ class Source:
     library: str  # the package whose version the spec records
     # (whole model, spec, version) of a CLIP-style model: gpu_worker.export.text exports its text tower
     text: tuple[nn.Module, str, str] | None = None
+    # the library's eval pipeline (gpu_worker.export.pipelines); None: the legacy preprocessing
+    preprocess: Preprocess | None = None
 
 
 def _rgb(values: Any) -> tuple[float, float, float]:
@@ -71,14 +75,16 @@ def load_torchvision(name: str, pretrained: bool, image_size: int | None) -> Sou
     model = torchvision.models.get_model(name, weights=weights if pretrained else None)
     _drop_classifier(model, name)
     tf = weights.transforms()  # the weights' own preprocessing: crop size, mean, std
+    size = image_size or int(tf.crop_size[0])
     return Source(
         module=model.eval(),
         name=f"torchvision:{name}",
         version=str(weights) if pretrained else RANDOM_INIT,
-        image_size=image_size or int(tf.crop_size[0]),
+        image_size=size,
         mean=_rgb(tf.mean),
         std=_rgb(tf.std),
         library="torchvision",
+        preprocess=torchvision_preprocess(weights, size),
     )
 
 
@@ -100,14 +106,16 @@ def load_timm(name: str, pretrained: bool, image_size: int | None) -> Source:
     used: dict[str, Any] = dict(getattr(model, "pretrained_cfg", None) or {})
     tag = used.get("tag") or ""
     arch = used.get("architecture") or name
+    size = image_size or int(data["input_size"][-1])
     return Source(
         module=model.eval(),
         name=f"timm:{name}",
         version=(f"{arch}.{tag}" if tag else arch) if pretrained else RANDOM_INIT,
-        image_size=image_size or int(data["input_size"][-1]),
+        image_size=size,
         mean=_rgb(data["mean"]),
         std=_rgb(data["std"]),
         library="timm",
+        preprocess=timm_preprocess(model, size),
     )
 
 
@@ -131,11 +139,13 @@ def load_open_clip(spec: str, pretrained: bool, image_size: int | None) -> Sourc
     pre = open_clip.get_model_preprocess_cfg(model)
     size = pre.get("size", image_size or 224)
     version = f"{name}/{tag}" if pretrained else RANDOM_INIT
+    side = int(size[0] if isinstance(size, tuple | list) else size)
     return Source(
         module=model.visual.eval(),
         name=f"open_clip:{spec}",
         version=version,
-        image_size=int(size[0] if isinstance(size, tuple | list) else size),
+        image_size=side,
+        preprocess=open_clip_preprocess(model, side),
         mean=_rgb(pcfg.get("mean") or pre["mean"]),
         std=_rgb(pcfg.get("std") or pre["std"]),
         library="open_clip_torch",

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from gpu_worker.decode.preprocess import Preprocess, from_spec, legacy
 from gpu_worker.errors import ConfigError
 from gpu_worker.models.builtins import BUILTINS, build_builtin
 from gpu_worker.models.spec import IMAGENET_MEAN, IMAGENET_STD, META_NAME, parse_spec
@@ -39,6 +40,12 @@ class ModelInfo:
     version: str = ""  # the spec's version (exported artifacts: the weights' tag)
     eager: bool = False  # a plain nn.Module (may be traced on CPU)
     precision: str = "bf16"  # the spec's: "fp32" when bf16 changed its embeddings at export (no autocast)
+    prep: Preprocess | None = field(default=None, compare=False)  # the spec's `preprocess`; None: legacy
+
+    @property
+    def preprocess(self) -> Preprocess:
+        """How images become this model's input (gpu_worker.decode.preprocess)."""
+        return self.prep if self.prep is not None and self.prep.size == self.image_size else legacy(self.image_size)
 
 
 def _apply_meta(info: ModelInfo, meta: dict[str, Any]) -> ModelInfo:
@@ -57,6 +64,8 @@ def _apply_meta(info: ModelInfo, meta: dict[str, Any]) -> ModelInfo:
         changes["output_dim"] = int(meta["output_dim"])
     if meta.get("precision") in ("bf16", "fp32"):
         changes["precision"] = str(meta["precision"])
+    if meta.get("preprocess") is not None:  # parse_spec checked it
+        changes["prep"] = from_spec(meta["preprocess"], int(changes.get("image_size", info.image_size)))
     return replace(info, **changes)
 
 

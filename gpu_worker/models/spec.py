@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_worker.decode.preprocess import Preprocess, from_spec
 from gpu_worker.errors import ConfigError, WorkerError
 from sluice.aws.errors import AwsFailure, AwsFatalError, AwsRetriableError, Kind
 
@@ -61,6 +62,7 @@ SPEC_KEYS = {
     "lower_case",
     "normalize",
     "reference",  # what the export compared the file with (sentence-transformers' encode), and how close
+    "preprocess",  # the library's image pipeline (gpu_worker.decode.preprocess); absent: the legacy one
 }
 
 
@@ -91,6 +93,10 @@ def parse_spec(path: str, embedded: str | bytes | None) -> dict[str, Any]:
     for k in ("mean", "std"):
         if k in meta and (not isinstance(meta[k], list) or len(meta[k]) != 3):
             raise ConfigError(f"model spec for {path}: {k} must be a list of 3 numbers")
+    try:
+        from_spec(meta.get("preprocess"), int(meta.get("image_size", 224)))
+    except ValueError as exc:
+        raise ConfigError(f"model spec for {path}: {exc}; export the model again (sluice model export)") from None
     why = torch_problem(meta)
     if why:
         raise ConfigError(f"model {path}: {why}")
@@ -127,12 +133,12 @@ def _installed_torch() -> str:
         return ""
 
 
-def input_size(uri: str, plan_size: int) -> int:
-    """The side the model's input must have: its spec's image_size, else the plan's."""
+def input_preprocess(uri: str, plan_size: int) -> Preprocess:
+    """How images become the model's input: its spec's image_size (else the plan's) and `preprocess`."""
     if uri.startswith("builtin:"):
-        return plan_size
+        return from_spec(None, plan_size)
     meta = parse_spec(uri, embedded_spec(uri))
-    return int(meta.get("image_size", plan_size))
+    return from_spec(meta.get("preprocess"), int(meta.get("image_size", plan_size)))
 
 
 def resolve_uri(uri: str, work_dir: str, store: ObjectStore) -> str:

@@ -13,6 +13,8 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from gpu_worker.decode.preprocess import Preprocess, legacy
+
 
 @dataclass(frozen=True)
 class BufferSpec:
@@ -22,6 +24,12 @@ class BufferSpec:
     count: int
     batch_size: int
     image_size: int
+    prep: Preprocess | None = None  # how the loader decodes into them; None: the legacy preprocessing at image_size
+
+    @property
+    def preprocess(self) -> Preprocess:
+        """How images are decoded into these buffers."""
+        return self.prep if self.prep is not None else legacy(self.image_size)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

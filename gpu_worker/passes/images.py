@@ -14,9 +14,10 @@ import threading
 import time
 from typing import Any
 
+from gpu_worker.decode.preprocess import shared
 from gpu_worker.errors import ConfigError, RankFailed, WorkerError
 from gpu_worker.log import logger
-from gpu_worker.models.spec import input_size
+from gpu_worker.models.spec import input_preprocess
 from gpu_worker.output.sink import ChunkSink
 from gpu_worker.passes.base import RankPass, open_sinks, torch_setup
 from gpu_worker.passes.loader_loop import BatchMsg, DoneMsg, ErrorMsg, FailMsg
@@ -49,8 +50,13 @@ class ImagePass(RankPass):
         """Start the loaders and the feeder, then load the models and open their sinks."""
         ctx = self.ctx
         threads = plan_loaders(ctx.cfg, ctx.spec.device, ctx.spec.world)
-        sizes = [input_size(path, m.image_size) for path, m in zip(ctx.spec.model_paths, ctx.plan.models)]
-        self.loaders = loaders = RankLoaders(ctx, LoaderShape(threads, ctx.batch, max(sizes)))
+        preps = [input_preprocess(path, m.image_size) for path, m in zip(ctx.spec.model_paths, ctx.plan.models)]
+        try:
+            prep = shared(preps)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        sizes = [p.size for p in preps]
+        self.loaders = loaders = RankLoaders(ctx, LoaderShape(threads, ctx.batch, prep))
         args = (loaders, self.work.keys(), self._feed_errors)
         self._feeder = threading.Thread(target=feed, args=args, name="feeder", daemon=True)
         self._feeder.start()

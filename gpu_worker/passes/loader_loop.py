@@ -128,8 +128,7 @@ class Loader:
         self._stats = Stats()
         self._fetcher = Fetcher(cfg, observer=MetricsObserver(self._stats))
         self._alive = alive or _always
-        self._size = buffers.spec.image_size
-        self._decode = loader_decode(cfg, self._size)  # Pillow, or batches on the GPU (gpu_worker.decode.nvjpeg)
+        self._decode = loader_decode(cfg, buffers.spec.preprocess)  # Pillow, or GPU batches (decode.nvjpeg)
         self._cond = threading.Condition()
         self._inflight = 0
         self._held = 0

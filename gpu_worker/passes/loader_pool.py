@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.decode.nvjpeg import rank_decode_cfg
+from gpu_worker.decode.preprocess import Preprocess
 from gpu_worker.passes.buffers import BufferSet, BufferSpec
 from gpu_worker.passes.keys import Item
 from gpu_worker.passes.loader_loop import Loader, LoaderLink, process_main
@@ -64,7 +65,12 @@ class LoaderShape:
 
     threads: RankThreads
     batch: int  # images per model step, the same for every model of the pass
-    size: int  # the side images are decoded at: the largest any model of the pass needs
+    prep: Preprocess  # how images are decoded: every model's, or the legacy one at the largest side any needs
+
+    @property
+    def size(self) -> int:
+        """The side images are decoded at."""
+        return self.prep.size
 
 
 class RankLoaders:
@@ -89,7 +95,7 @@ class RankLoaders:
         prefix = shm_prefix(ctx.plan.run_id, spec.shard)
         for i in range(self.n):
             name = f"{prefix}-r{spec.global_rank}-l{i}" if self.processes else None
-            self._start(i, BufferSpec(name, count, shape.batch, shape.size), cfg)
+            self._start(i, BufferSpec(name, count, shape.batch, shape.size, shape.prep), cfg)
 
     def _queue(self, maxsize: int = 0) -> Any:
         return self._ctx.Queue(maxsize) if self.processes else queue.Queue(maxsize)

@@ -72,7 +72,7 @@ def test_cli_exports_to_s3_and_a_node_embeds_with_it(s3, tmp_path: Path, capsys)
     got = dict(zip(table.column("key").to_pylist(), np.array(table.column("embedding").to_pylist())))
     model, info = load_model(resolve_uri(MODEL_URI, str(tmp_path / "here"), ObjectStore()), 224)
     engine = Engine(model, info, "cpu", len(keys))
-    batch = np.stack([decode_image(IMAGES[k], 32, MAX_IMAGE_PIXELS) for k in keys])
+    batch = np.stack([decode_image(IMAGES[k], info.preprocess, MAX_IMAGE_PIXELS) for k in keys])  # the spec's pipeline
     [(_, want)] = engine.submit(torch.from_numpy(batch), None)
     assert sorted(got) == [f"s3://bkt/{k}" for k in keys]
     for key, emb in zip(keys, want):

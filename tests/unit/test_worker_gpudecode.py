@@ -30,6 +30,7 @@ from gpu_worker.decode.nvjpeg import (
     route,
     torchvision_jpeg,
 )
+from gpu_worker.decode.preprocess import legacy
 from gpu_worker.errors import ObjectFailure
 from gpu_worker.models.engine import Engine
 from gpu_worker.models.load import load_model
@@ -103,7 +104,7 @@ def _cpu(data: bytes, size: int) -> np.ndarray | ObjectFailure:
 def test_one_mixed_batch_takes_the_right_paths_and_reasons():
     objs = mixed_batch()
     rec = Recording()
-    dec = DeviceDecoder("cpu", 32, LIMIT, rec)
+    dec = DeviceDecoder("cpu", legacy(32), LIMIT, rec)
     out = dict(zip(objs, dec.decode_batch(list(objs.values()))))
     by_bytes = {v: k for k, v in objs.items()}
     # JPEGs nvJPEG takes went to the device as one batch; the truncated one (no end marker) did not.
@@ -139,7 +140,7 @@ def test_what_the_device_decoder_refuses_goes_to_the_cpu_path():
             raise RuntimeError("nvjpegDecode failed")
         return [torch.zeros(3, 10, 10, dtype=torch.uint8)]  # the wrong size for a 120x90 image
 
-    dec = DeviceDecoder("cpu", 32, LIMIT, nvjpeg_like)
+    dec = DeviceDecoder("cpu", legacy(32), LIMIT, nvjpeg_like)
     out = dec.decode_batch([good, damaged])
     assert calls == [2, 1, 1]  # the batch, then each alone
     assert np.array_equal(out[0], decode_image(good, 32, LIMIT))
@@ -177,7 +178,7 @@ def test_a_failing_batch_call_is_retried_one_by_one():
         return pillow_standin_jpeg(datas, device)
 
     imgs = [d for _, d in make_demo_images(3, seed=41)]
-    out = DeviceDecoder("cpu", 24, LIMIT, picky).decode_batch(imgs)
+    out = DeviceDecoder("cpu", legacy(24), LIMIT, picky).decode_batch(imgs)
     assert calls == [3, 1, 1, 1]
     assert all(isinstance(a, np.ndarray) and a.shape == (24, 24, 3) for a in out)
 
@@ -204,7 +205,7 @@ def test_embeddings_through_the_device_path_match_the_pillow_path():
     size = 64
     imgs = [d for _, d in make_demo_images(24, seed=9137, min_side=140, max_side=420)]
     cpu = [decode_image(d, size, LIMIT) for d in imgs]
-    device = DeviceDecoder("cpu", size, LIMIT, torchvision_jpeg).decode_batch(imgs)  # the real decoder
+    device = DeviceDecoder("cpu", legacy(size), LIMIT, torchvision_jpeg).decode_batch(imgs)  # the real decoder
     assert all(isinstance(a, np.ndarray) for a in device)
     a, b = _embed(cpu, size), _embed([x for x in device if isinstance(x, np.ndarray)], size)
     cos = (a * b).sum(axis=1)
@@ -215,7 +216,7 @@ def test_embeddings_through_the_device_path_match_the_pillow_path():
 
 def test_the_batcher_gathers_threads_into_device_batches():
     rec = Recording()
-    batcher = DeviceBatcher(DeviceDecoder("cpu", 16, LIMIT, rec), max_batch=8, linger_s=0.5)
+    batcher = DeviceBatcher(DeviceDecoder("cpu", legacy(16), LIMIT, rec), max_batch=8, linger_s=0.5)
     imgs = [d for _, d in make_demo_images(16, seed=77)] + [b"not an image"]
     results: dict[int, Any] = {}
 
@@ -269,8 +270,8 @@ def test_the_real_torchvision_decoder_loads_beside_the_pinned_torch():
 
 def test_real_torchvision_decoder_matches_the_standin():
     imgs = [d for _, d in make_demo_images(6, seed=5150, min_side=60, max_side=200)]
-    real = DeviceDecoder("cpu", 48, LIMIT, torchvision_jpeg).decode_batch(imgs)
-    stand = DeviceDecoder("cpu", 48, LIMIT, pillow_standin_jpeg).decode_batch(imgs)
+    real = DeviceDecoder("cpu", legacy(48), LIMIT, torchvision_jpeg).decode_batch(imgs)
+    stand = DeviceDecoder("cpu", legacy(48), LIMIT, pillow_standin_jpeg).decode_batch(imgs)
     for r, s in zip(real, stand):
         assert isinstance(r, np.ndarray) and isinstance(s, np.ndarray)
         assert np.abs(r.astype(int) - s.astype(int)).mean() < 3
@@ -278,7 +279,7 @@ def test_real_torchvision_decoder_matches_the_standin():
 
 def test_real_torchvision_decoder_on_the_mixed_batch():
     objs = mixed_batch()
-    out = dict(zip(objs, DeviceDecoder("cpu", 32, LIMIT, torchvision_jpeg).decode_batch(list(objs.values()))))
+    out = dict(zip(objs, DeviceDecoder("cpu", legacy(32), LIMIT, torchvision_jpeg).decode_batch(list(objs.values()))))
     assert {k for k, v in out.items() if isinstance(v, ObjectFailure)} == {
         "truncated",
         "bomb",
@@ -291,7 +292,7 @@ def test_real_torchvision_decoder_on_the_mixed_batch():
 def test_decode_rates_for_autotune():
     from gpu_worker.decode.bench import decode_report, device_rate, sample_jpegs
 
-    lines = decode_report(32, "cpu", 0.05)
+    lines = decode_report(legacy(32), "cpu", 0.05)
     assert lines[0].startswith("CPU decode: ") and "--decode-per-core-s" in lines[0]
     assert lines[1] == "GPU decode: not measured (no CUDA device)"
-    assert device_rate(sample_jpegs(4, side=64), 32, "cpu", 0.01, pillow_standin_jpeg) > 0
+    assert device_rate(sample_jpegs(4, side=64), legacy(32), "cpu", 0.01, pillow_standin_jpeg) > 0
