@@ -47,7 +47,8 @@ def source(name: str) -> Image.Image:
         return im
 
 
-def _variant(name: str, long_side: int, portrait: bool, fmt: str) -> bytes:
+def variant(name: str, long_side: int, portrait: bool, fmt: str) -> bytes:
+    """One photograph as a file: portrait (the central 2:3 strip) or not, long side `long_side` (0: as stored)."""
     im = source(name)
     w, h = im.size
     if portrait and w > h:  # a portrait crop of a landscape photo: the central 2:3 strip
@@ -70,5 +71,5 @@ def photos() -> dict[str, bytes]:
         stem = name.rsplit(".", 1)[0].replace("_", "-")
         ext = "jpg" if fmt == "JPEG" else "png"
         label = f"{stem}-{long_side or 'orig'}-{'portrait' if portrait else 'landscape'}.{ext}"
-        out[label] = _variant(name, long_side, portrait, fmt)
+        out[label] = variant(name, long_side, portrait, fmt)
     return out
