@@ -15,7 +15,7 @@ Two kinds (docs/decode.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PIL import Image
@@ -78,8 +78,11 @@ def from_spec(raw: Any, size: int) -> Preprocess:
     """A spec's `preprocess` object (None: legacy) at input side `size`; ValueError says which field is wrong."""
     if raw is None:
         return legacy(size)
-    if not isinstance(raw, dict) or set(raw) - set(FIELDS):
-        raise ValueError(f"preprocess must be an object with keys among {list(FIELDS)}")
+    if not isinstance(raw, dict):
+        raise ValueError(f"preprocess must be an object with keys among {list(FIELDS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"preprocess.{unknown[0]} is not one of its keys {list(FIELDS)}")
     resize = raw.get("resize")
     if not isinstance(resize, int) or isinstance(resize, bool) or resize < size:
         raise ValueError(f"preprocess.resize must be a whole number >= image_size {size}, got {resize!r}")
@@ -120,7 +123,7 @@ def crop_box(w: int, h: int, size: int, offset: str) -> tuple[int, int, int, int
 
 
 def on_white(im: Image.Image) -> Image.Image:
-    """Hugging Face's convert_to_rgb: any mode but RGB composited on white (alpha 0 becomes white)."""
+    """Hugging Face's convert_to_rgb: composited on white (alpha 0 becomes white; a transparent colour too)."""
     rgba = im.convert("RGBA")
     white = Image.new("RGBA", rgba.size, (255, 255, 255))
     return Image.alpha_composite(white, rgba).convert("RGB")
@@ -147,11 +150,10 @@ def shared(preps: list[Preprocess]) -> Preprocess:
     before); a model with its library's pipeline is fed exactly that, so every model of its
     pass must have the same one.
     """
-    exact = {p for p in preps if p.exact}
-    if not exact:
+    if not any(p.exact for p in preps):
         return legacy(max(p.size for p in preps))
-    if len(exact) == 1 and len(exact) == len(set(preps)):
-        return exact.pop()
+    if len({replace(p, library="") for p in preps}) == 1:  # `library` names a pipeline; it is not one
+        return preps[0]
     lines = "; ".join(f"model {i + 1}: {p.describe()}" for i, p in enumerate(preps))
     raise ValueError(
         f"the models of this run preprocess images differently ({lines}): one decode feeds every model of a "
