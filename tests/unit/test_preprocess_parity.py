@@ -6,7 +6,8 @@ is the reference. Pixel differences do not depend on a model's weights, so these
 none (tests/e2e/test_real_image_model.py checks a trained network's vectors). Both decode
 paths: the CPU one is the library's Pillow calls, so it is exact (0 levels; 1 against Hugging
 Face's torchvision backend, whose tensor resize is not Pillow's); the GPU one (nvJPEG, then
-resampling on the device, run here on the CPU with torchvision's decoder) is within 2 levels.
+resampling on the device, run here on the CPU with torchvision's decoder) is within 4 levels at
+single pixels and 0.1 on average.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from gpu_worker.export import pipelines  # noqa: E402
 from tests.photos import photos  # noqa: E402
 
 LIMIT = 10**9
-GPU_PATH_LEVELS = 2  # the documented bound of the device path (docs/decode.md)
+# The documented bound of the device path (docs/decode.md): a few levels at isolated pixels (sharp
+# edges, where the two resamplers' rounding between passes differs), a tiny fraction of a level on average.
+GPU_PATH_LEVELS = 4
+GPU_PATH_MEAN = 0.1
 
 Reference = Callable[[Image.Image], torch.Tensor]  # the library's transform: a normalised (3, H, W) tensor
 
@@ -55,8 +59,9 @@ def _worst(prep: Preprocess, library: Callable[[bytes], np.ndarray]) -> tuple[fl
     jpegs = [d for name, d in files.items() if name.endswith(".jpg")]
     device = DeviceDecoder("cpu", prep, LIMIT, torchvision_jpeg).decode_batch(jpegs)
     assert all(isinstance(a, np.ndarray) for a in device), device
-    gpu = max(float(np.abs(a - library(d)).max()) for a, d in zip(device, jpegs, strict=True))
-    return cpu, gpu
+    diffs = [np.abs(a - library(d)) for a, d in zip(device, jpegs, strict=True)]
+    assert max(float(d.mean()) for d in diffs) < GPU_PATH_MEAN
+    return cpu, max(float(d.max()) for d in diffs)
 
 
 @pytest.mark.parametrize("size", [224, 256])
@@ -105,19 +110,38 @@ def test_open_clip_preprocess(tmp_path):
     assert cpu == 0 and gpu <= GPU_PATH_LEVELS
 
 
-@pytest.mark.parametrize(("backend", "cpu_levels"), [("pil", 0), ("torchvision", 1)])
-def test_hugging_face_clip_processor(backend, cpu_levels):
+@pytest.mark.parametrize(
+    ("processor", "cpu_levels", "mode"),
+    [
+        ("CLIPImageProcessorPil", 0, "shortest"),
+        ("CLIPImageProcessor", 1, "shortest"),  # the torchvision backend, transformers' default
+        ("SiglipImageProcessorPil", 0, "squash"),
+    ],
+)
+def test_hugging_face_processors(processor, cpu_levels, mode):
     import transformers
 
-    proc = transformers.CLIPImageProcessorPil() if backend == "pil" else transformers.CLIPImageProcessor()
+    proc = getattr(transformers, processor)()
     prep = pipelines.hf_preprocess(proc, 224)
-    assert (prep.resize, prep.interpolation, prep.crop_offset, prep.alpha) == (224, "bicubic", "floor", "white")
+    assert (prep.resize, prep.resize_mode, prep.crop_offset, prep.alpha) == (224, mode, "floor", "white")
 
     def ref(im: Image.Image) -> torch.Tensor:
         return proc(images=im, return_tensors="pt")["pixel_values"][0]
 
     cpu, gpu = _worst(prep, _levels(ref, proc.image_mean, proc.image_std))
     assert cpu <= cpu_levels and gpu <= GPU_PATH_LEVELS
+
+
+def test_timm_squash_mode():
+    import timm
+    from timm.data import create_transform, resolve_data_config
+
+    model = timm.create_model("efficientnet_lite0", pretrained=False, num_classes=0)
+    data = {**resolve_data_config(model=model), "crop_mode": "squash"}
+    prep = pipelines.from_compose(create_transform(**data), 224, "timm squash")
+    assert (prep.resize, prep.resize_mode) == (256, "squash")
+    cpu, gpu = _worst(prep, _levels(create_transform(**data), data["mean"], data["std"]))
+    assert cpu == 0 and gpu <= GPU_PATH_LEVELS
 
 
 def test_the_legacy_preprocessing_is_not_the_librarys():
@@ -137,9 +161,11 @@ def test_a_pipeline_the_worker_cannot_reproduce_is_refused():
 
     from gpu_worker.errors import ExportError
 
-    squash = transforms.Compose([transforms.Resize((224, 224)), transforms.ToTensor()])
-    with pytest.raises(ExportError, match="not a shorter-side size"):
-        pipelines.from_compose(squash, 224, "lib")
+    squash = transforms.Compose([transforms.Resize((256, 256)), transforms.CenterCrop(224), transforms.ToTensor()])
+    assert pipelines.from_compose(squash, 224, "lib").resize_mode == "squash"  # timm's crop_mode squash
+    wide = transforms.Compose([transforms.Resize((224, 300)), transforms.ToTensor()])
+    with pytest.raises(ExportError, match="not a square"):
+        pipelines.from_compose(wide, 224, "lib")
     padded = transforms.Compose([transforms.Resize(200), transforms.CenterCrop(224)])
     with pytest.raises(ExportError, match="pads"):
         pipelines.from_compose(padded, 224, "lib")
