@@ -35,7 +35,10 @@ CROP_OFFSETS = ("round", "floor")
 ALPHAS = ("drop", "white")
 # stored: the pixels as stored, as every library reads them; exif: turned upright by the EXIF orientation tag.
 ORIENTATIONS = ("stored", "exif")
-FIELDS = ("resize", "interpolation", "crop_offset", "alpha", "orientation", "library")
+# shortest: the shorter side to `resize`, aspect kept (torchvision, timm "center", open_clip "shortest");
+# squash: the whole image to resize x resize, aspect dropped (timm "squash", open_clip "squash", SigLIP's processor).
+RESIZE_MODES = ("shortest", "squash")
+FIELDS = ("resize", "resize_mode", "interpolation", "crop_offset", "alpha", "orientation", "library")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class Preprocess:
     """One model's preprocessing: the crop side, and how the image is resized, cropped and converted."""
 
     size: int  # the model's input side: the crop
-    resize: int = 0  # the shorter side before the crop; 0: the legacy preprocessing
+    resize: int = 0  # the shorter side (squash: both sides) before the crop; 0: the legacy preprocessing
+    resize_mode: str = "shortest"
     interpolation: str = "bilinear"
     crop_offset: str = "round"
     alpha: str = "drop"
@@ -59,8 +63,9 @@ class Preprocess:
         """One line for messages and logs."""
         if not self.exact:
             return f"legacy (centre square to {self.size}, bilinear, draft JPEG decode, EXIF applied)"
+        what = "shorter side to" if self.resize_mode == "shortest" else "squashed to a square of"
         return (
-            f"shorter side to {self.resize} ({self.interpolation}), centre crop {self.size} "
+            f"{what} {self.resize} ({self.interpolation}), centre crop {self.size} "
             f"(offset {self.crop_offset}), alpha {self.alpha}, orientation {self.orientation}"
         )
 
@@ -89,6 +94,7 @@ def from_spec(raw: Any, size: int) -> Preprocess:
     prep = Preprocess(
         size=size,
         resize=resize,
+        resize_mode=raw.get("resize_mode", "shortest"),
         interpolation=raw.get("interpolation", "bilinear"),
         crop_offset=raw.get("crop_offset", "round"),
         alpha=raw.get("alpha", "drop"),
@@ -96,6 +102,7 @@ def from_spec(raw: Any, size: int) -> Preprocess:
         library=str(raw.get("library", "")),
     )
     for name, allowed in (
+        ("resize_mode", RESIZE_MODES),
         ("interpolation", tuple(INTERPOLATIONS)),
         ("crop_offset", CROP_OFFSETS),
         ("alpha", ALPHAS),
@@ -111,6 +118,11 @@ def resized_size(w: int, h: int, short_to: int) -> tuple[int, int]:
     if w <= h:
         return short_to, int(short_to * h / w)
     return int(short_to * w / h), short_to
+
+
+def resized(w: int, h: int, prep: Preprocess) -> tuple[int, int]:
+    """(width, height) an exact pipeline resizes a w x h image to, before its crop."""
+    return (prep.resize, prep.resize) if prep.resize_mode == "squash" else resized_size(w, h, prep.resize)
 
 
 def crop_box(w: int, h: int, size: int, offset: str) -> tuple[int, int, int, int]:
@@ -137,7 +149,7 @@ def resize_crop(im: Image.Image, prep: Preprocess) -> Image.Image:
         left, top = (w - short) // 2, (h - short) // 2
         box = (left, top, left + short, top + short)
         return im.resize((prep.size, prep.size), Image.Resampling.BILINEAR, box=box)
-    nw, nh = resized_size(w, h, prep.resize)
+    nw, nh = resized(w, h, prep)
     if (nw, nh) != (w, h):  # torchvision's resize returns the image itself when the size already matches
         im = im.resize((nw, nh), INTERPOLATIONS[prep.interpolation])
     return im.crop(crop_box(nw, nh, prep.size, prep.crop_offset))
