@@ -127,6 +127,15 @@ def _print_export(result: Any) -> None:
         low = f"bf16 vs fp32: lowest cosine {spec['bf16_min_cosine']:.5f} on sample inputs"
         kept = "bf16 autocast on GPU" if spec["precision"] == "bf16" else "fp32 kept (bf16 is below 0.999)"
         print(f"precision: {kept}; {low}")
+    prep = spec.get("preprocess")
+    if prep:  # the library's eval pipeline, which the worker applies exactly (docs/models.md, "Preprocessing")
+        how = "shorter side to" if prep.get("resize_mode", "shortest") == "shortest" else "squashed to"
+        print(
+            f"preprocessing, as {prep['library']}: {how} {prep['resize']} ({prep['interpolation']}), centre crop "
+            f"{spec['image_size']}, alpha {prep['alpha']}, orientation {prep['orientation']}"
+        )
+    else:
+        print("preprocessing: legacy (no pipeline recorded: the worker's own, not the library's; docs/models.md)")
     if result.text is not None:  # a CLIP-style model: `sluice search --text` (docs/models.md, "Text tower")
         print(f"text tower: {result.uri}.text.pt, .text.json, .tokenizer.json ({result.text.output_dim}-d)")
 
