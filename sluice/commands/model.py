@@ -120,9 +120,6 @@ def _print_export(result: Any) -> None:
         f"{spec['output_dim']}-d, weights sha256 {spec['weights_sha256'][:16]}..., max |exported - eager| "
         f"{result.max_abs_diff:.2e}\nspec: {result.uri}.json; {use}"
     )
-    pre = spec.get("preprocess")
-    if pre:  # the library's eval pipeline, which the worker applies exactly
-        print(f"images: {pre['library']}'s eval pipeline, orientation {pre['orientation']}")
     if "precision" in spec:  # bf16 autocast on GPU, or fp32 when it changed the embeddings
         low = f"bf16 vs fp32: lowest cosine {spec['bf16_min_cosine']:.5f} on sample inputs"
         kept = "bf16 autocast on GPU" if spec["precision"] == "bf16" else "fp32 kept (bf16 is below 0.999)"
