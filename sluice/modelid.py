@@ -13,6 +13,8 @@ The artifact's identity, then the preprocessing that changes its vectors, `;name
                                        text: the window (default: the model's own, which its artifact fixes)
     ;frames_per_second=<f|default> or ;frames_per_video=<n>
                                        video: the frame sampling
+    ;pipeline=<digest>                 image and video: the sidecar's image pipeline (`preprocess`, written by
+                                       `sluice model export`), when it has one
 
 e.g. builtin:reference-cnn@1;image_size=128. Resolved once, when the run is planned, and written
 into the plan (PlannedModel.model_id); every output record carries it, an incremental run skips
@@ -70,8 +72,20 @@ def resolve(uri: str, s3: S3Client | None = None) -> str:
 
 def identity(spec: ModelSpec, content: ContentSpec, s3: S3Client | None = None) -> str:
     """The model_id a run records for `spec`: its artifact (`resolve`) and the preprocessing the worker uses."""
-    size = spec.image_size if content.kind == "text" else (sidecar_image_size(spec.uri, s3) or spec.image_size)
-    return resolve(spec.uri, s3) + preprocessing(content.kind, size, content)
+    if content.kind == "text":
+        return resolve(spec.uri, s3) + preprocessing(content.kind, spec.image_size, content)
+    sidecar = read_sidecar(spec.uri, s3)
+    size = _image_size(sidecar) or spec.image_size
+    return resolve(spec.uri, s3) + preprocessing(content.kind, size, content) + pipeline(sidecar)
+
+
+def pipeline(sidecar: Mapping[str, Any] | None) -> str:
+    """`;pipeline=<digest>` of a sidecar's image pipeline (`preprocess`): a sidecar edited beside the
+    same file changes the vectors, so it changes the id; "" without one (legacy ids unchanged)."""
+    prep = (sidecar or {}).get("preprocess")
+    if not isinstance(prep, dict):
+        return ""
+    return ";pipeline=" + hashlib.sha256(json.dumps(prep, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def read_sidecar(uri: str, s3: S3Client | None) -> dict[str, Any] | None:
@@ -100,12 +114,6 @@ def read_sidecar(uri: str, s3: S3Client | None) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
-def sidecar_image_size(uri: str, s3: S3Client | None) -> int | None:
-    """The image_size a model file's sidecar spec fixes, overriding the manifest's; None: none read.
-
-    A 503 must not change the id, so it raises (read_sidecar); no sidecar: the manifest's size (may
-    re-embed, never mix).
-    """
-    spec = read_sidecar(uri, s3)
+def _image_size(spec: Mapping[str, Any] | None) -> int | None:
     size = spec.get("image_size") if spec else None
     return size if isinstance(size, int) and not isinstance(size, bool) else None

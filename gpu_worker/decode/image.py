@@ -102,8 +102,8 @@ def _rgb(im: Image.Image, alpha: str) -> Image.Image:
     16- and 32-bit greyscale is the exception, on purpose: Pillow's convert clips it to 255 (a
     16-bit scan becomes nearly all white), so its range is stretched by its maximum instead.
     """
-    if im.mode == "RGB":
-        return im
+    if im.mode == "RGB" and (alpha == "drop" or "transparency" not in im.info):
+        return im  # "white": an RGB PNG's transparent colour (tRNS) is alpha too, as Hugging Face reads it
     if im.mode.startswith(("I", "F")):  # 16/32-bit greyscale: scale the range to 8 bits
         a = np.asarray(im, dtype=np.float32)
         top = float(a.max()) or 1.0

@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image
 
 from gpu_worker.decode.image import decode_image
-from gpu_worker.decode.preprocess import Preprocess, crop_box, legacy, resized_size
+from gpu_worker.decode.preprocess import Preprocess, crop_box, legacy, resized
 from gpu_worker.errors import ObjectFailure
 from sluice.contracts.status import FailureReason
 
@@ -133,7 +133,7 @@ def crop_resize(img: Any, prep: Preprocess | int) -> Any:
         prep = legacy(prep)
     x = img.unsqueeze(0).float()
     if prep.exact:
-        nw, nh = resized_size(int(img.shape[2]), int(img.shape[1]), prep.resize)
+        nw, nh = resized(int(img.shape[2]), int(img.shape[1]), prep)
         mode = DEVICE_FILTERS[prep.interpolation]
         smooth = {} if mode == "nearest" else {"antialias": True, "align_corners": False}
         # Two passes, rows then columns, each rounded to uint8 as Pillow's resampler stores its

@@ -15,7 +15,7 @@ Two kinds (docs/decode.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PIL import Image
@@ -35,7 +35,10 @@ CROP_OFFSETS = ("round", "floor")
 ALPHAS = ("drop", "white")
 # stored: the pixels as stored, as every library reads them; exif: turned upright by the EXIF orientation tag.
 ORIENTATIONS = ("stored", "exif")
-FIELDS = ("resize", "interpolation", "crop_offset", "alpha", "orientation", "library")
+# shortest: the shorter side to `resize`, aspect kept (torchvision, timm "center", open_clip "shortest");
+# squash: the whole image to resize x resize, aspect dropped (timm "squash", open_clip "squash", SigLIP's processor).
+RESIZE_MODES = ("shortest", "squash")
+FIELDS = ("resize", "resize_mode", "interpolation", "crop_offset", "alpha", "orientation", "library")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class Preprocess:
     """One model's preprocessing: the crop side, and how the image is resized, cropped and converted."""
 
     size: int  # the model's input side: the crop
-    resize: int = 0  # the shorter side before the crop; 0: the legacy preprocessing
+    resize: int = 0  # the shorter side (squash: both sides) before the crop; 0: the legacy preprocessing
+    resize_mode: str = "shortest"
     interpolation: str = "bilinear"
     crop_offset: str = "round"
     alpha: str = "drop"
@@ -59,8 +63,9 @@ class Preprocess:
         """One line for messages and logs."""
         if not self.exact:
             return f"legacy (centre square to {self.size}, bilinear, draft JPEG decode, EXIF applied)"
+        what = "shorter side to" if self.resize_mode == "shortest" else "squashed to a square of"
         return (
-            f"shorter side to {self.resize} ({self.interpolation}), centre crop {self.size} "
+            f"{what} {self.resize} ({self.interpolation}), centre crop {self.size} "
             f"(offset {self.crop_offset}), alpha {self.alpha}, orientation {self.orientation}"
         )
 
@@ -78,14 +83,18 @@ def from_spec(raw: Any, size: int) -> Preprocess:
     """A spec's `preprocess` object (None: legacy) at input side `size`; ValueError says which field is wrong."""
     if raw is None:
         return legacy(size)
-    if not isinstance(raw, dict) or set(raw) - set(FIELDS):
-        raise ValueError(f"preprocess must be an object with keys among {list(FIELDS)}")
+    if not isinstance(raw, dict):
+        raise ValueError(f"preprocess must be an object with keys among {list(FIELDS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"preprocess.{unknown[0]} is not one of its keys {list(FIELDS)}")
     resize = raw.get("resize")
     if not isinstance(resize, int) or isinstance(resize, bool) or resize < size:
         raise ValueError(f"preprocess.resize must be a whole number >= image_size {size}, got {resize!r}")
     prep = Preprocess(
         size=size,
         resize=resize,
+        resize_mode=raw.get("resize_mode", "shortest"),
         interpolation=raw.get("interpolation", "bilinear"),
         crop_offset=raw.get("crop_offset", "round"),
         alpha=raw.get("alpha", "drop"),
@@ -93,6 +102,7 @@ def from_spec(raw: Any, size: int) -> Preprocess:
         library=str(raw.get("library", "")),
     )
     for name, allowed in (
+        ("resize_mode", RESIZE_MODES),
         ("interpolation", tuple(INTERPOLATIONS)),
         ("crop_offset", CROP_OFFSETS),
         ("alpha", ALPHAS),
@@ -110,6 +120,11 @@ def resized_size(w: int, h: int, short_to: int) -> tuple[int, int]:
     return int(short_to * w / h), short_to
 
 
+def resized(w: int, h: int, prep: Preprocess) -> tuple[int, int]:
+    """(width, height) an exact pipeline resizes a w x h image to, before its crop."""
+    return (prep.resize, prep.resize) if prep.resize_mode == "squash" else resized_size(w, h, prep.resize)
+
+
 def crop_box(w: int, h: int, size: int, offset: str) -> tuple[int, int, int, int]:
     """The centre `size` square of a w x h image, its offset rounded (torchvision) or floored (Hugging Face)."""
     if offset == "floor":
@@ -120,7 +135,7 @@ def crop_box(w: int, h: int, size: int, offset: str) -> tuple[int, int, int, int
 
 
 def on_white(im: Image.Image) -> Image.Image:
-    """Hugging Face's convert_to_rgb: any mode but RGB composited on white (alpha 0 becomes white)."""
+    """Hugging Face's convert_to_rgb: composited on white (alpha 0 becomes white; a transparent colour too)."""
     rgba = im.convert("RGBA")
     white = Image.new("RGBA", rgba.size, (255, 255, 255))
     return Image.alpha_composite(white, rgba).convert("RGB")
@@ -134,7 +149,7 @@ def resize_crop(im: Image.Image, prep: Preprocess) -> Image.Image:
         left, top = (w - short) // 2, (h - short) // 2
         box = (left, top, left + short, top + short)
         return im.resize((prep.size, prep.size), Image.Resampling.BILINEAR, box=box)
-    nw, nh = resized_size(w, h, prep.resize)
+    nw, nh = resized(w, h, prep)
     if (nw, nh) != (w, h):  # torchvision's resize returns the image itself when the size already matches
         im = im.resize((nw, nh), INTERPOLATIONS[prep.interpolation])
     return im.crop(crop_box(nw, nh, prep.size, prep.crop_offset))
@@ -147,11 +162,10 @@ def shared(preps: list[Preprocess]) -> Preprocess:
     before); a model with its library's pipeline is fed exactly that, so every model of its
     pass must have the same one.
     """
-    exact = {p for p in preps if p.exact}
-    if not exact:
+    if not any(p.exact for p in preps):
         return legacy(max(p.size for p in preps))
-    if len(exact) == 1 and len(exact) == len(set(preps)):
-        return exact.pop()
+    if len({replace(p, library="") for p in preps}) == 1:  # `library` names a pipeline; it is not one
+        return preps[0]
     lines = "; ".join(f"model {i + 1}: {p.describe()}" for i, p in enumerate(preps))
     raise ValueError(
         f"the models of this run preprocess images differently ({lines}): one decode feeds every model of a "

@@ -12,8 +12,10 @@ The artifact is a TorchScript (`torch.jit.save`) or torch.export (`*.pt2`) file 
 (`<file>.json`, also embedded): input size, mean/std, output dim, name, version, weights
 hash (docs/models.md). Pretrained weights are fetched here, the way each library fetches
 them, on a machine with internet, or read from a local state dict (`--weights FILE`:
-gpu_worker.export.weights); the worker only ever loads the file. Before the file is
-written, it is loaded the way the worker loads it and compared with the eager model.
+gpu_worker.export.weights); the worker only ever loads the file. The spec also records the
+library's eval image pipeline (gpu_worker.export.pipelines): pixels as stored, or turned upright
+by their EXIF tag with `orientation="exif"`. Before the file is written, it is loaded the way
+the worker loads it and compared with the eager model.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypedDict, Unpack
 
+from gpu_worker.decode.preprocess import ORIENTATIONS
 from gpu_worker.errors import ExportError
 from gpu_worker.export.sources import Source
 
@@ -41,14 +44,30 @@ class ExportResult:
     text: Any = None  # gpu_worker.models.texttower.TextSpec when the text tower was written beside it (CLIP-style)
 
 
+class SourceArgs(TypedDict, total=False):
+    """How `export` builds the encoder: load_source's keywords."""
+
+    pretrained: bool
+    image_size: int | None
+    weights: str | None
+    orientation: str | None
+
+
 def load_source(
-    spec: str, *, pretrained: bool = True, image_size: int | None = None, weights: str | None = None
+    spec: str,
+    *,
+    pretrained: bool = True,
+    image_size: int | None = None,
+    weights: str | None = None,
+    orientation: str | None = None,
 ) -> Source:
     """The eager encoder a spec names (LIBRARY:NAME), with its preprocessing; `weights`: a local state dict
-    loaded into the architecture built with random weights (gpu_worker.export.weights)."""
+    loaded into the architecture built with random weights (gpu_worker.export.weights); `orientation`: the
+    pipeline's (None: the library's own, the pixels as stored)."""
     lib, sep, name = spec.partition(":")
     if not sep or not name or lib not in PREFIXES:
         raise ExportError(f"model spec {spec!r}: expected one of {', '.join(p + ':NAME' for p in PREFIXES)}")
+    _check_orientation(orientation)
     from gpu_worker.export import hf, sources
 
     loaders = {
@@ -58,13 +77,31 @@ def load_source(
         "hf": hf.load_hf,
     }
     if weights is None:
-        return loaders[lib](name, pretrained, image_size)
+        return _oriented(loaders[lib](name, pretrained, image_size), orientation, spec)
     if lib == "hf":
         raise ExportError(f"{spec}: hf: takes a local folder already (its config.json and weights): no --weights")
     from gpu_worker.export.weights import load_weights, read_weights
 
     state = read_weights(weights)  # a file that cannot be read is refused before the model is built
-    return load_weights(loaders[lib](name, False, image_size), state)
+    return _oriented(load_weights(loaders[lib](name, False, image_size), state), orientation, spec)
+
+
+def _check_orientation(orientation: str | None) -> None:
+    if orientation is not None and orientation not in ORIENTATIONS:
+        raise ExportError(f"--orientation {orientation}: expected one of {', '.join(ORIENTATIONS)}")
+
+
+def _oriented(src: Source, orientation: str | None, spec: str) -> Source:
+    """`src` with its pipeline's orientation set; refused where the export records no pipeline."""
+    if orientation is None:
+        return src
+    if src.preprocess is None:
+        raise ExportError(
+            f"{spec}: --orientation sets the orientation of the library's image pipeline, and this export "
+            "records none (a Hugging Face folder without an image processor): its images are preprocessed "
+            "the legacy way, which always turns them upright by their EXIF tag; leave --orientation out"
+        )
+    return replace(src, preprocess=replace(src.preprocess, orientation=orientation))
 
 
 def _target(spec: str, out: str, fmt: str | None) -> tuple[str, str]:
@@ -83,28 +120,23 @@ def _target(spec: str, out: str, fmt: str | None) -> tuple[str, str]:
     return out, fmt
 
 
-def export(
-    spec: str,
-    out: str,
-    *,
-    pretrained: bool = True,
-    fmt: str | None = None,
-    image_size: int | None = None,
-    weights: str | None = None,
-) -> ExportResult:
-    """Export `spec` to `out` (a path, an s3:// URI, or either ending in / for a folder); `weights`: a local
-    state dict instead of the pretrained weights."""
+def export(spec: str, out: str, *, fmt: str | None = None, **source: Unpack[SourceArgs]) -> ExportResult:
+    """Export `spec` to `out` (a path, an s3:// URI, or either ending in / for a folder); `source`: how the
+    encoder is built (load_source's keywords: pretrained, image_size, weights, orientation)."""
     from gpu_worker.export.artifact import FORMATS
 
     if fmt is not None and fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     uri, fmt = _target(spec, out, fmt)
+    _check_orientation(source.get("orientation"))
     from gpu_worker.export.textrun import text_source
 
-    text_model = None if weights else text_source(spec, pretrained)
+    text_model = None if source.get("weights") else text_source(spec, source.get("pretrained", True))
     if text_model is not None:
+        if source.get("orientation") is not None:
+            raise ExportError(f"{spec} is a text encoder: --orientation is for image models")
         return _export_text(text_model, uri, fmt)
-    src = load_source(spec, pretrained=pretrained, image_size=image_size, weights=weights)
+    src = load_source(spec, **source)
     if not uri.startswith("s3://"):
         meta, result, text = _write(src, fmt, uri)
     else:

@@ -42,27 +42,29 @@ def _interp(mode: Any, where: str) -> str:
     return name
 
 
-def _side(size: Any, what: str, where: str) -> int:
-    """A transform's int size (or a one-element list); ExportError for (h, w), a resize to a fixed shape."""
+def _side(size: Any, where: str) -> tuple[int, str]:
+    """A Resize's size -> (side, resize mode): an int (or [int]) the shorter side, a square (s, s) a squash."""
     if isinstance(size, int):
-        return size
+        return size, "shortest"
     if isinstance(size, list | tuple) and len(size) == 1:
-        return int(size[0])
+        return int(size[0]), "shortest"
+    if isinstance(size, list | tuple) and len(size) == 2 and size[0] == size[1]:
+        return int(size[0]), "squash"
     raise ExportError(
-        f"{where}: {what} {tuple(size)} is not a shorter-side size; the worker resizes the shorter side and "
-        "crops the centre, so this pipeline cannot be reproduced exactly"
+        f"{where}: Resize to {tuple(size)}, not a square: the worker feeds square inputs, so this pipeline "
+        "cannot be reproduced exactly"
     )
 
 
 def from_compose(compose: Any, size: int, library: str) -> Preprocess:
     """A torchvision Compose of Resize(shorter side), CenterCrop(size) and colour-only steps -> Preprocess."""
-    resize, interpolation, crop = 0, "bilinear", 0
+    resize, mode, interpolation, crop = 0, "shortest", "bilinear", 0
     for t in getattr(compose, "transforms", [compose]):
         kind = type(t).__name__
         if kind == "Resize":
             if getattr(t, "max_size", None):
                 raise ExportError(f"{library}: Resize with max_size {t.max_size} cannot be reproduced exactly")
-            resize, interpolation = _side(t.size, "Resize", library), _interp(t.interpolation, library)
+            (resize, mode), interpolation = _side(t.size, library), _interp(t.interpolation, library)
         elif kind == "CenterCrop":
             sides = {int(v) for v in (t.size if isinstance(t.size, list | tuple) else (t.size,))}
             if len(sides) != 1:
@@ -74,9 +76,10 @@ def from_compose(compose: Any, size: int, library: str) -> Preprocess:
             raise ExportError(f"{library}: its pipeline converts images to {t.mode}; the worker feeds RGB")
         elif kind not in COLOUR_ONLY + CONVERTS:
             raise ExportError(f"{library}: its eval pipeline has {kind}, which the worker does not reproduce exactly")
+    crop = crop or (resize if mode == "squash" else 0)  # a squash needs no crop
     if not resize or crop != size:
         raise ExportError(f"{library}: expected Resize then CenterCrop({size}), got {compose}")
-    return Preprocess(size=size, resize=resize, interpolation=interpolation, orientation="stored", library=library)
+    return Preprocess(size, resize, mode, interpolation, orientation="stored", library=library)
 
 
 def torchvision_preprocess(weights: Any, size: int) -> Preprocess:
@@ -116,20 +119,28 @@ def open_clip_preprocess(model: Any, size: int) -> Preprocess:
     return from_compose(compose, size, f"{_version('open_clip_torch')} image_transform_v2")
 
 
+def _sizes(sizes: Any) -> dict[str, Any]:
+    """A processor's size (a dict, or transformers' SizeDict with every key, unset ones None): the set ones."""
+    return {k: v for k, v in dict(sizes or {}).items() if v is not None}
+
+
 def hf_preprocess(proc: Any, size: int) -> Preprocess:
     """A Hugging Face image processor: shortest_edge resize, centre crop (offset floored), alpha on white."""
     where = f"{_version('transformers')} {type(proc).__name__}"
-    resize_to = dict(getattr(proc, "size", None) or {})
-    crop = dict(getattr(proc, "crop_size", None) or {})
+    resize_to = _sizes(getattr(proc, "size", None))
+    crop = _sizes(getattr(proc, "crop_size", None))
     if getattr(proc, "do_rescale", True) and abs(float(getattr(proc, "rescale_factor", 1 / 255)) - 1 / 255) > 1e-9:
         raise ExportError(f"{where}: rescale_factor {proc.rescale_factor}: the worker scales by 1/255")
-    if "shortest_edge" not in resize_to or not getattr(proc, "do_center_crop", False):
-        raise ExportError(
-            f"{where}: size {resize_to}, do_center_crop {getattr(proc, 'do_center_crop', None)}: only a "
-            "shortest_edge resize then a centre crop is reproduced exactly"
-        )
+    if "shortest_edge" in resize_to:
+        resize, mode = int(resize_to["shortest_edge"]), "shortest"
+    elif resize_to.get("height") and resize_to.get("height") == resize_to.get("width"):
+        resize, mode = int(resize_to["height"]), "squash"
+    else:
+        raise ExportError(f"{where}: size {resize_to}: only a shortest_edge or a square resize is reproduced exactly")
+    if not getattr(proc, "do_center_crop", False):
+        crop = {"height": resize, "width": resize} if mode == "squash" else {}
     if crop.get("height") != size or crop.get("width") != size:
-        raise ExportError(f"{where}: crop_size {crop} is not the model's input {size}x{size}")
+        raise ExportError(f"{where}: size {resize_to}, crop {crop or None}: the result is not {size}x{size}")
     resample = getattr(proc, "resample", None)
     name = PIL_FILTERS.get(int(resample)) if resample is not None else "bicubic"
     if name is None:
@@ -137,7 +148,8 @@ def hf_preprocess(proc: Any, size: int) -> Preprocess:
     convert = bool(getattr(proc, "do_convert_rgb", True))
     return Preprocess(
         size=size,
-        resize=int(resize_to["shortest_edge"]),
+        resize=resize,
+        resize_mode=mode,
         interpolation=name,
         crop_offset="floor",
         alpha="white" if convert else "drop",

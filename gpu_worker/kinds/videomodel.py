@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from gpu_worker.decode.preprocess import Preprocess, legacy, resize_crop
 from gpu_worker.decode.video import open_video
 from gpu_worker.decode.videolimits import VideoFailure, VideoLimits
 from gpu_worker.errors import ObjectFailure
@@ -26,13 +27,9 @@ from gpu_worker.models.load import load_model
 from sluice.contracts.status import FailureReason
 
 
-def frame_array(image: Image.Image, size: int) -> np.ndarray:
-    """One RGB frame as the image path preprocesses an image: shorter side to `size`, centre crop, uint8 HWC."""
-    w, h = image.size
-    short = min(w, h)
-    left, top = (w - short) // 2, (h - short) // 2
-    box = (left, top, left + short, top + short)
-    return np.asarray(image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=box))
+def frame_array(image: Image.Image, prep: Preprocess) -> np.ndarray:
+    """One frame as the image path preprocesses an image (the model's pipeline, or the legacy one), uint8 HWC."""
+    return np.asarray(resize_crop(image.convert("RGB"), prep))
 
 
 class VideoEmbedder:
@@ -45,11 +42,13 @@ class VideoEmbedder:
         self.output_dim = engine.output_dim
         self.sort_batches = 1  # frames are one size: nothing to sort
         self._size = engine.input_size
+        # the model's own pipeline; a legacy model at the engine's input side, as before
+        self._prep = engine.info.preprocess if engine.info.preprocess.exact else legacy(self._size)
 
     def split(self, data: bytes) -> list[Part]:
         try:
             with open_video(data, self.limits) as video:
-                arrays = [(f.part, f.timestamp_s, frame_array(f.image, self._size)) for f in video]
+                arrays = [(f.part, f.timestamp_s, frame_array(f.image, self._prep)) for f in video]
                 duration, note = video.duration_s, video.note if video.damaged else ""
         except VideoFailure as f:
             raise ObjectFailure(FailureReason(f.reason.value), f.detail) from None

@@ -42,6 +42,13 @@ def add_commands(sub: Subparsers) -> None:
     )
     mexp.add_argument("--format", choices=["torchscript", "pt2"], help="default: pt2 if --out ends in .pt2")
     mexp.add_argument("--image-size", type=int_from(8), metavar="N", help="input side (default: the weights' own)")
+    mexp.add_argument(
+        "--orientation",
+        choices=["stored", "exif"],
+        help="stored (default): images as their pixels are stored, as every model library reads them; exif: "
+        "photos turned upright by their EXIF orientation tag before the library's pipeline (rotated photos then "
+        "no longer get the library's own vectors); for models whose export records their library's pipeline",
+    )
     mexp.set_defaults(func=cmd_model_export)
 
 
@@ -62,6 +69,7 @@ def cmd_model_export(args: argparse.Namespace, inv: Invocation) -> int:
             fmt=args.format,
             image_size=args.image_size,
             weights=args.weights,
+            orientation=args.orientation,
         )
     except ExportError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
@@ -116,6 +124,15 @@ def _print_export(result: Any) -> None:
         low = f"bf16 vs fp32: lowest cosine {spec['bf16_min_cosine']:.5f} on sample inputs"
         kept = "bf16 autocast on GPU" if spec["precision"] == "bf16" else "fp32 kept (bf16 is below 0.999)"
         print(f"precision: {kept}; {low}")
+    prep = spec.get("preprocess")
+    if prep:  # the library's eval pipeline, which the worker applies exactly (docs/models.md, "Preprocessing")
+        how = "shorter side to" if prep.get("resize_mode", "shortest") == "shortest" else "squashed to"
+        print(
+            f"preprocessing, as {prep['library']}: {how} {prep['resize']} ({prep['interpolation']}), centre crop "
+            f"{spec['image_size']}, alpha {prep['alpha']}, orientation {prep['orientation']}"
+        )
+    else:
+        print("preprocessing: legacy (no pipeline recorded: the worker's own, not the library's; docs/models.md)")
     if result.text is not None:  # a CLIP-style model: `sluice search --text` (docs/models.md, "Text tower")
         print(f"text tower: {result.uri}.text.pt, .text.json, .tokenizer.json ({result.text.output_dim}-d)")
 

@@ -90,6 +90,7 @@ def test_a_fine_tuned_checkpoint_embeds_photographs_as_timm_does(weights, tmp_pa
     assert spec["image_size"] == size and spec["version"].startswith("file:efficientnet_lite0.pth@sha256:")
     resize = int(size / 0.875)  # timm's crop_pct for this model: 256 for 224, 292 for 256
     assert (spec["preprocess"]["resize"], spec["preprocess"]["interpolation"]) == (resize, "bicubic")
+    assert f"preprocessing, as timm 1.0.31 create_transform: shorter side to {resize} (bicubic)" in proc.stdout
 
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -140,3 +140,9 @@ def test_the_models_own_files_set_the_window_and_its_tokenizers_padding_changes_
     both = embedder.embed([short, parts[0].payload])  # one batch of unlike lengths
     alone = embedder.embed([short])  # padded to 16, not 24
     assert np.abs(both[0] - alone[0]).max() < 1e-5
+
+
+def test_orientation_is_refused_for_a_text_encoder(tiny_bert, tmp_path):
+    with pytest.raises(ExportError, match="is a text encoder: --orientation is for image models"):
+        export(f"hf:{tiny_bert}", str(tmp_path / "bert.pt"), pretrained=False, orientation="exif")
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -140,3 +140,12 @@ def test_bad_requests_say_what_is_wrong(tmp_path: Path, spec, out, fmt, message)
 def test_hf_image_size_is_the_configs(tiny_repos):
     with pytest.raises(ExportError, match="runs at its config's image_size 32"):
         load_source("hf:" + tiny_repos["clip"], pretrained=False, image_size=64)
+
+
+def test_orientation_needs_the_librarys_pipeline(tiny_repos):
+    with pytest.raises(ExportError, match=r"--orientation sets .* records none"):  # no image processor
+        load_source("hf:" + tiny_repos["siglip"], pretrained=False, orientation="exif")
+    with pytest.raises(ExportError, match=r"--orientation sideways: expected one of stored, exif$"):
+        load_source("hf:" + tiny_repos["clip"], pretrained=False, orientation="sideways")
+    src = load_source("hf:" + tiny_repos["clip"], pretrained=False, orientation="exif")  # its image processor's
+    assert src.preprocess is not None and (src.preprocess.orientation, src.preprocess.alpha) == ("exif", "white")

@@ -64,6 +64,21 @@ def test_a_model_files_sidecar_size_wins_over_the_manifests(tmp_path):
     assert _id(ModelSpec(uri=str(f), image_size=128)) == _id(ModelSpec(uri=str(f))) == art + ";image_size=336"
 
 
+def test_a_sidecars_image_pipeline_is_part_of_the_identity(tmp_path):
+    f = tmp_path / "m.pt"
+    f.write_bytes(b"weights")
+    art = modelid.file_id(str(f))
+    prep = {"resize": 256, "interpolation": "bicubic", "orientation": "stored"}
+    (tmp_path / "m.pt.json").write_text(json.dumps({"image_size": 224, "preprocess": prep}))
+    exact = _id(ModelSpec(uri=str(f)))
+    assert exact.startswith(art + ";image_size=224;pipeline=") and len(exact.rsplit("=", 1)[1]) == 12
+    # The same file beside an edited sidecar embeds differently: another id, so nothing is skipped.
+    (tmp_path / "m.pt.json").write_text(json.dumps({"image_size": 224, "preprocess": {**prep, "orientation": "exif"}}))
+    assert _id(ModelSpec(uri=str(f))) not in (exact, art + ";image_size=224")
+    (tmp_path / "m.pt.json").write_text(json.dumps({"image_size": 224}))  # legacy: the id as before
+    assert _id(ModelSpec(uri=str(f))) == art + ";image_size=224"
+
+
 def test_a_plan_made_without_the_coordinator_records_the_preprocessing_too():
     from sluice.plan.layout import PlanInputs, build_plan, layout
     from sluice.preflight import Capacity
