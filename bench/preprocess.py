@@ -10,7 +10,7 @@ mode, one boxed bilinear resize of the centre square). Image sets, by size class
 
     photos        tests/photos.py's 12 files as they are (JPEG and PNG, 200-3000 px)
     large         6 JPEGs of 3000-4000 px: the same photographs enlarged (Lanczos; quality 90)
-    large-mosaic  3 JPEGs of 3000-4000 px tiled with the photographs at about their own scale
+    large-mosaic  3 JPEGs of 3600-4000 px tiled with the photographs at about their own scale
     huge          3 JPEGs of 5000-8000 px, enlarged
     huge-mosaic   2 JPEGs of 6000-8000 px, tiled
 
@@ -20,9 +20,9 @@ and a little faster to decode); a mosaic is as detailed per pixel as a downscale
 
 speed    decode + preprocess images/s on one thread, per set: exact (gpu_worker.decode.image),
          legacy, the exact path's full decode alone (no resize: where its time goes), and the
-         alternatives below. Each round times every variant on every set (the
-         order rotates per round) so a drifting VM hits all alike; medians of per-round rates
-         and of per-round ratios to exact.
+         alternatives below. Each round times every variant on every set (the order rotates
+         per round) so a drifting VM hits all alike; medians of per-round rates and of
+         per-round ratios to exact.
 reduced  each alternative's output against the exact path's, per set: max and mean abs
          difference in levels of 255 over the images the alternative changed (the others come
          out as the exact path's), and how many of those stay within 1 level:
@@ -63,7 +63,7 @@ from PIL.JpegImagePlugin import JpegImageFile  # noqa: E402
 
 from gpu_worker.config import MAX_IMAGE_PIXELS  # noqa: E402
 from gpu_worker.decode.image import decode_image  # noqa: E402
-from gpu_worker.decode.preprocess import INTERPOLATIONS, Preprocess, crop_box, legacy, resized_size  # noqa: E402
+from gpu_worker.decode.preprocess import INTERPOLATIONS, Preprocess, crop_box, legacy, resized  # noqa: E402
 from tests.photos import SKIMAGE, SKLEARN, photos, source, variant  # noqa: E402
 
 EXACT = Preprocess(size=224, resize=256, interpolation="bicubic", orientation="stored")
@@ -132,7 +132,7 @@ def alternative(data: bytes, prep: Preprocess, how: str, k: float) -> tuple[np.n
     """
     im: Image.Image = Image.open(io.BytesIO(data))
     w, h = im.size
-    nw, nh = resized_size(w, h, prep.resize)
+    nw, nh = resized(w, h, prep)
     if how == "draft" and isinstance(im, JpegImageFile):
         im.draft("RGB", (int(k * nw), int(k * nh)))  # Pillow picks the smallest 1/2, 1/4, 1/8 scale that covers it
     im = im.convert("RGB")
@@ -224,30 +224,32 @@ def sizes(images: list[bytes]) -> str:
 
 
 def report_reduced(sets: dict[str, list[bytes]]) -> None:
-    """Max and mean abs difference to the exact path, per alternative and set, over the images it changed."""
-    exact = {
-        s: [np.asarray(decode_image(d, EXACT, MAX_IMAGE_PIXELS), np.int16) for d in imgs] for s, imgs in sets.items()
-    }
-    print("\n| alternative | set (long side) | changed | max abs diff | mean abs diff | within 1 level |")
-    print("|---|---|---:|---:|---:|---:|")
+    """Per alternative and set: max / mean abs difference to the exact path over the images it changed."""
+    exact = {s: [decode_image(d, EXACT, MAX_IMAGE_PIXELS).astype(np.int16) for d in imgs] for s, imgs in sets.items()}
+    print("\nmax / mean abs difference to the exact path, levels of 255, over the images each changed (changed of all)")
+    print(
+        "| alternative | "
+        + " | ".join(f"{s} ({sizes(v)})" for s, v in sets.items())
+        + " | changed images within 1 level |"
+    )
+    print("|---|" + "---:|" * (len(sets) + 1))
     for name, how, k in ALTERNATIVES:
+        cells, within, changed = [], 0, 0
         for s, images in sets.items():
             diffs = []
             for d, ref in zip(images, exact[s]):
-                arr, changed = alternative(d, EXACT, how, k)
-                if changed:
+                arr, applied = alternative(d, EXACT, how, k)
+                if applied:
                     diffs.append(np.abs(arr.astype(np.int16) - ref))
+            within += sum(int(x.max()) <= 1 for x in diffs)
+            changed += len(diffs)
             if not diffs:
-                print(f"| {name} | {s} ({sizes(images)}) | 0/{len(images)} | - | - | - |")
+                cells.append(f"- (0 of {len(images)})")
                 continue
-            worst = max(int(x.max()) for x in diffs)
             mean = float(np.mean([x.mean() for x in diffs]))
-            within = sum(int(x.max()) <= 1 for x in diffs)
-            print(
-                f"| {name} | {s} ({sizes(images)}) | {len(diffs)}/{len(images)} | {worst} | "
-                f"{'< 0.001' if 0 < mean < 0.001 else f'{mean:.3f}'} | "
-                f"{within}/{len(diffs)} |"
-            )
+            shown = "< 0.001" if 0 < mean < 0.001 else f"{mean:.3f}"
+            cells.append(f"{max(int(x.max()) for x in diffs)} / {shown} ({len(diffs)} of {len(images)})")
+        print(f"| {name} | " + " | ".join(cells) + f" | {within} of {changed} |")
 
 
 def model_files(folder: Path, model: str, given: str) -> dict[str, str]:
