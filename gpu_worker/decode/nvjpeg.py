@@ -84,11 +84,13 @@ def cuda_problem() -> str | None:
     return f"nvJPEG does not run on CUDA here ({why})" if why else None
 
 
-def route(data: bytes, max_pixels: int) -> tuple[int, int] | None:
+def route(data: bytes, max_pixels: int, *, upright: bool = True) -> tuple[int, int] | None:
     """The header's (width, height) when the device should decode these bytes, else None (the CPU path).
 
     Raises BOMB from the header's dimensions. A JPEG without its end marker (truncated) goes to
     the CPU path, whose decoder reports it as corrupt; a GPU decoder may fill the rest in grey.
+    With `upright` (a pipeline that applies the EXIF orientation) a rotated JPEG goes to the CPU
+    path, which turns it; without, its pixels are used as stored, so the device may decode it.
     """
     if not data.startswith(JPEG_MAGIC) or JPEG_END not in data[-TAIL:]:
         return None
@@ -106,6 +108,8 @@ def route(data: bytes, max_pixels: int) -> tuple[int, int] | None:
             raise ObjectFailure(FailureReason.BOMB, f"{w}x{h} = {w * h} pixels > {max_pixels}")
         if im.format != "JPEG" or im.mode not in DEVICE_MODES or w < 1 or h < 1:
             return None
+        if not upright:
+            return w, h
         try:
             orientation = im.getexif().get(EXIF_ORIENTATION, 1)
         except Exception:
@@ -175,7 +179,7 @@ class DeviceDecoder:
         on_device: dict[int, tuple[int, int]] = {}
         for i, data in enumerate(datas):
             try:
-                dims = route(data, self.max_pixels)
+                dims = route(data, self.max_pixels, upright=self.prep.orientation == "exif")
             except ObjectFailure as f:
                 out[i] = f
                 continue
