@@ -4,9 +4,10 @@
 (size, size, 3) uint8 RGB array or the ObjectFailure the CPU path (gpu_worker.decode.image) gives:
 
 1. A header probe on the host (Pillow reads the header only; no pixel is decoded) routes each
-   image: a baseline or progressive YCbCr/greyscale JPEG with its end marker and without an
-   EXIF rotation goes to the device; anything else (PNG, CMYK, rotated, truncated, unreadable
-   headers) goes to the CPU path one by one, which gives its usual reason. The bomb guard runs
+   image: a baseline or progressive YCbCr/greyscale JPEG with its end marker goes to the device
+   (a rotated one only when the pipeline uses pixels as stored); anything else (PNG, CMYK,
+   rotated photos to be turned upright, truncated, unreadable headers) goes to the CPU path one
+   by one, which gives its usual reason. The bomb guard runs
    here, on the header's dimensions, before any device allocation.
 2. The device JPEG decoder (injectable: `JpegDecode`, bytes -> uint8 CHW tensors on `device`)
    decodes the routed images as one batch; when the batch call fails, each image is tried
