@@ -41,7 +41,7 @@ def main() -> int:
     args = ap.parse_args()
     images = sample_jpegs(args.images)
     size = args.size
-    before = lambda d: decode_image(d, size, MAX_PIXELS)  # noqa: E731
+    before = lambda d: decode_image(d, legacy(size), MAX_PIXELS)  # noqa: E731
     after = loader_decode(WorkerConfig(device="cpu"), legacy(size))
     rows = []
     for i in range(args.rounds):  # ABBA: which runs first alternates, so a drifting VM favours neither

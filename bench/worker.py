@@ -188,8 +188,9 @@ def plain_decode(data: bytes, size: int) -> np.ndarray:
 def our_decode(data: bytes, size: int) -> np.ndarray:
     from gpu_worker.config import MAX_IMAGE_PIXELS
     from gpu_worker.decode.image import decode_image
+    from gpu_worker.decode.preprocess import legacy
 
-    return decode_image(data, size, MAX_IMAGE_PIXELS).copy()
+    return decode_image(data, legacy(size), MAX_IMAGE_PIXELS).copy()
 
 
 def bench_naive(keys: list[str], model_uri: str, size: int) -> float:

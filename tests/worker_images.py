@@ -116,3 +116,25 @@ def pillow_standin_jpeg(datas: Sequence[bytes], device: str) -> list[Any]:
             rgb = np.asarray(im.convert("RGB"))
         out.append(torch.from_numpy(rgb.copy()).permute(2, 0, 1).to(device))
     return out
+
+
+def decode_on_threads(decode: Any, datas: Sequence[bytes], timeout_s: float) -> dict[int, Any]:
+    """{i: decode(datas[i]) or the ObjectFailure it raised}, every call on its own thread at once."""
+    import threading
+
+    from gpu_worker.errors import ObjectFailure
+
+    results: dict[int, Any] = {}
+
+    def one(i: int) -> None:
+        try:
+            results[i] = decode(datas[i])
+        except ObjectFailure as f:
+            results[i] = f
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(datas))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    return results

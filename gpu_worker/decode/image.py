@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from gpu_worker.decode.preprocess import Preprocess, legacy, on_white, resize_crop
+from gpu_worker.decode.preprocess import Preprocess, on_white, resize_crop
 from gpu_worker.errors import ObjectFailure
 from sluice.contracts.status import FailureReason
 
@@ -39,10 +39,8 @@ def _looks_like_image(data: bytes) -> bool:
     return data.startswith(_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
 
 
-def decode_image(data: bytes, prep: Preprocess | int, max_pixels: int) -> np.ndarray:
-    """Decode and preprocess one image to a (size, size, 3) uint8 array (HWC, RGB); an int: legacy at that size."""
-    if isinstance(prep, int):
-        prep = legacy(prep)
+def decode_image(data: bytes, prep: Preprocess, max_pixels: int) -> np.ndarray:
+    """Decode and preprocess one image by `prep` to a (size, size, 3) uint8 array (HWC, RGB)."""
     if not data:  # reported as not_image (the reasons are a fixed set: a metrics label), said plainly
         raise ObjectFailure(FailureReason.NOT_IMAGE, "empty: the object has 0 bytes")
     if max_pixels != Image.MAX_IMAGE_PIXELS:

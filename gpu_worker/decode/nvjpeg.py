@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image
 
 from gpu_worker.decode.image import decode_image
-from gpu_worker.decode.preprocess import Preprocess, crop_box, legacy, resized
+from gpu_worker.decode.preprocess import Preprocess, crop_box, resized
 from gpu_worker.errors import ObjectFailure
 from sluice.contracts.status import FailureReason
 
@@ -125,21 +125,19 @@ def draft_scale(w: int, h: int, size: int) -> int:
     return next((s for s in (8, 4, 2) if fit >= s), 1)  # an image smaller than the crop: full scale
 
 
-# Pillow's filters that torch's interpolate has (antialiased like Pillow's when downscaling).
-DEVICE_FILTERS = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic"}
+# Pillow's filters that torch's interpolate has, by the same names (antialiased like Pillow's when downscaling).
+DEVICE_FILTERS = ("nearest", "bilinear", "bicubic")
 
 
-def crop_resize(img: Any, prep: Preprocess | int) -> Any:
-    """(3, H, W) uint8 on any device -> (size, size, 3) uint8 by `prep` (an int: legacy at that size)."""
+def crop_resize(img: Any, prep: Preprocess) -> Any:
+    """(3, H, W) uint8 on any device -> (size, size, 3) uint8 by `prep`."""
     import torch
     import torch.nn.functional as F
 
-    if isinstance(prep, int):
-        prep = legacy(prep)
     x = img.unsqueeze(0).float()
     if prep.exact:
         nw, nh = resized(int(img.shape[2]), int(img.shape[1]), prep)
-        mode = DEVICE_FILTERS[prep.interpolation]
+        mode = prep.interpolation
         smooth = {} if mode == "nearest" else {"antialias": True, "align_corners": False}
         # Two passes, rows then columns, each rounded to uint8 as Pillow's resampler stores its
         # first pass: bicubic overshoots at edges, and Pillow clips it between the passes.

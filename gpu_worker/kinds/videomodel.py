@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gpu_worker.decode.preprocess import Preprocess, legacy, resize_crop
+from gpu_worker.decode.preprocess import Preprocess, resize_crop
 from gpu_worker.decode.video import open_video
 from gpu_worker.decode.videolimits import VideoFailure, VideoLimits
 from gpu_worker.errors import ObjectFailure
@@ -42,8 +42,7 @@ class VideoEmbedder:
         self.output_dim = engine.output_dim
         self.sort_batches = 1  # frames are one size: nothing to sort
         self._size = engine.input_size
-        # the model's own pipeline; a legacy model at the engine's input side, as before
-        self._prep = engine.info.preprocess if engine.info.preprocess.exact else legacy(self._size)
+        self._prep = engine.info.preprocess  # the model's pipeline, or the legacy one at its input side
 
     def split(self, data: bytes) -> list[Part]:
         try:

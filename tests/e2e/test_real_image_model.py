@@ -61,6 +61,7 @@ def _library_vectors(weights: Path, size: int, names: list[str]) -> tuple[np.nda
     from timm.data import create_transform, resolve_data_config
 
     from gpu_worker.decode.image import decode_image
+    from gpu_worker.decode.preprocess import legacy as legacy_prep
 
     model = timm.create_model("efficientnet_lite0", pretrained=False, num_classes=0)
     state = {k: v for k, v in torch.load(weights, weights_only=True).items() if not k.startswith("classifier.")}
@@ -71,7 +72,7 @@ def _library_vectors(weights: Path, size: int, names: list[str]) -> tuple[np.nda
     imgs = photos()
     exact = torch.stack([tf(Image.open(io.BytesIO(imgs[n])).convert("RGB")) for n in names])
     mean, std = torch.tensor(data["mean"])[:, None, None], torch.tensor(data["std"])[:, None, None]
-    legacy = [torch.from_numpy(decode_image(imgs[n], size, 10**9).copy()).permute(2, 0, 1) for n in names]
+    legacy = [torch.from_numpy(decode_image(imgs[n], legacy_prep(size), 10**9).copy()).permute(2, 0, 1) for n in names]
     old = torch.stack([(x.float() / 255 - mean) / std for x in legacy])
     with torch.no_grad():
         vecs = [torch.nn.functional.normalize(model(x), dim=1).numpy() for x in (exact, old)]

@@ -255,6 +255,7 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
 
     from gpu_worker.config import MAX_IMAGE_PIXELS
     from gpu_worker.decode.image import decode_image
+    from gpu_worker.decode.preprocess import legacy
     from gpu_worker.models.engine import Engine, EngineOptions
     from gpu_worker.models.load import load_model
 
@@ -264,7 +265,7 @@ def expected_embeddings(dataset: Dataset, keys: set[str], image_size: int = 64) 
     out: dict[str, Any] = {}
     for i in range(0, len(names), 8):
         chunk = names[i : i + 8]
-        arrs = [decode_image(dataset.images[n.split("/", 3)[3]], image_size, MAX_IMAGE_PIXELS) for n in chunk]
+        arrs = [decode_image(dataset.images[n.split("/", 3)[3]], legacy(image_size), MAX_IMAGE_PIXELS) for n in chunk]
         arrs += [np.zeros_like(arrs[0])] * (8 - len(arrs))
         ((_, emb),) = engine.submit(torch.from_numpy(np.stack(arrs)), None)
         out.update(zip(chunk, emb))

@@ -90,6 +90,7 @@ def test_a_slow_object_does_not_hold_back_the_batches_behind_it(gets):
 
 def test_batch_slots_hold_the_decoded_image_of_their_key():
     from gpu_worker.decode.image import decode_image
+    from gpu_worker.decode.preprocess import legacy
 
     out_q, free_q, buffers, _ = start(NAMES[:10], batch=4)
     checked = 0
@@ -100,7 +101,7 @@ def test_batch_slots_hold_the_decoded_image_of_their_key():
         assert isinstance(msg, BatchMsg)
         for slot, (pos, uri) in enumerate(zip(msg.positions[: msg.n], msg.uris)):
             assert uri == f"s3://bucket/{NAMES[pos]}"
-            assert (buffers.array(msg.buffer)[slot] == decode_image(IMAGES[NAMES[pos]], 16, 10**8)).all()
+            assert (buffers.array(msg.buffer)[slot] == decode_image(IMAGES[NAMES[pos]], legacy(16), 10**8)).all()
             checked += 1
         free_q.put(msg.buffer)
     assert checked == 10

@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +27,10 @@ from gpu_worker.config import MAX_IMAGE_PIXELS
 from gpu_worker.decode.image import decode_image
 from gpu_worker.decode.nvjpeg import DeviceBatcher, DeviceDecoder, draft_scale, torchvision_jpeg
 from gpu_worker.decode.preprocess import Preprocess, legacy, shared
-from gpu_worker.errors import ConfigError, ObjectFailure
+from gpu_worker.errors import ConfigError
 from gpu_worker.models.spec import input_preprocess, parse_spec
 from sluice.cli import main
-from tests.worker_images import exif_rotated_jpeg, jpeg
+from tests.worker_images import decode_on_threads, exif_rotated_jpeg, jpeg
 
 LIMIT = MAX_IMAGE_PIXELS
 SIZE, RESIZE = 32, 36
@@ -198,19 +197,7 @@ def test_a_jpeg_smaller_than_the_input_does_not_fail_its_batch(prep: Preprocess)
     imgs = [jpeg(_picture(w, h, i)) for i, (w, h) in enumerate(sides)]
     decoder = DeviceDecoder("cpu", prep, LIMIT, torchvision_jpeg)
     batcher = DeviceBatcher(decoder, max_batch=len(imgs), linger_s=10.0)  # one batch: the last caller fills it
-    results: dict[int, np.ndarray | ObjectFailure] = {}
-
-    def one(i: int) -> None:
-        try:
-            results[i] = batcher.decode(imgs[i])
-        except ObjectFailure as f:
-            results[i] = f
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(imgs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    results = decode_on_threads(batcher.decode, imgs, timeout_s=60)
     assert [type(results.get(i)).__name__ for i in range(len(imgs))] == ["ndarray"] * len(imgs), results
     assert all(r.shape == (224, 224, 3) for r in results.values() if isinstance(r, np.ndarray))
     assert decoder.counts["device"] == len(imgs)

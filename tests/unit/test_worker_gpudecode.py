@@ -10,7 +10,6 @@ crop/resize, fallback, failure reasons) is the real code either way.
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ from sluice.contracts.status import FailureReason
 from tests.worker_images import (
     bomb_png,
     cmyk_jpeg,
+    decode_on_threads,
     exif_rotated_jpeg,
     jpeg,
     make_demo_images,
@@ -96,7 +96,7 @@ def mixed_batch() -> dict[str, bytes]:
 
 def _cpu(data: bytes, size: int) -> np.ndarray | ObjectFailure:
     try:
-        return decode_image(data, size, LIMIT)
+        return decode_image(data, legacy(size), LIMIT)
     except ObjectFailure as f:
         return f
 
@@ -143,7 +143,7 @@ def test_what_the_device_decoder_refuses_goes_to_the_cpu_path():
     dec = DeviceDecoder("cpu", legacy(32), LIMIT, nvjpeg_like)
     out = dec.decode_batch([good, damaged])
     assert calls == [2, 1, 1]  # the batch, then each alone
-    assert np.array_equal(out[0], decode_image(good, 32, LIMIT))
+    assert np.array_equal(out[0], decode_image(good, legacy(32), LIMIT))
     cpu = _cpu(damaged, 32)
     assert type(out[1]) is type(cpu)
     if isinstance(cpu, ObjectFailure):
@@ -189,7 +189,7 @@ def test_device_crop_resize_follows_the_cpu_crop():
     arr[:, :60] = (255, 0, 0)
     arr[:, 60:120] = (0, 255, 0)
     arr[:, 120:] = (0, 0, 255)
-    out = crop_resize(torch.from_numpy(arr).permute(2, 0, 1), 20).numpy()
+    out = crop_resize(torch.from_numpy(arr).permute(2, 0, 1), legacy(20)).numpy()
     assert out.shape == (20, 20, 3)
     assert (out[..., 1] > 250).all() and (out[..., 0] < 5).all() and (out[..., 2] < 5).all()
 
@@ -204,7 +204,7 @@ def test_embeddings_through_the_device_path_match_the_pillow_path():
     """Unseen images (a seed no other test uses), big enough for the CPU path's draft mode."""
     size = 64
     imgs = [d for _, d in make_demo_images(24, seed=9137, min_side=140, max_side=420)]
-    cpu = [decode_image(d, size, LIMIT) for d in imgs]
+    cpu = [decode_image(d, legacy(size), LIMIT) for d in imgs]
     device = DeviceDecoder("cpu", legacy(size), LIMIT, torchvision_jpeg).decode_batch(imgs)  # the real decoder
     assert all(isinstance(a, np.ndarray) for a in device)
     a, b = _embed(cpu, size), _embed([x for x in device if isinstance(x, np.ndarray)], size)
@@ -218,19 +218,7 @@ def test_the_batcher_gathers_threads_into_device_batches():
     rec = Recording()
     batcher = DeviceBatcher(DeviceDecoder("cpu", legacy(16), LIMIT, rec), max_batch=8, linger_s=0.5)
     imgs = [d for _, d in make_demo_images(16, seed=77)] + [b"not an image"]
-    results: dict[int, Any] = {}
-
-    def one(i: int) -> None:
-        try:
-            results[i] = batcher.decode(imgs[i])
-        except ObjectFailure as f:
-            results[i] = f
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(imgs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    results = decode_on_threads(batcher.decode, imgs, timeout_s=30)
     assert len(results) == len(imgs)
     assert all(np.array_equal(results[i], pillow_path(imgs[i], 16)) for i in range(16))
     assert isinstance(results[16], ObjectFailure) and results[16].reason == FailureReason.NOT_IMAGE
@@ -241,7 +229,7 @@ def pillow_path(data: bytes, size: int) -> np.ndarray:
     """What the device path gives for one baseline JPEG: full decode, device crop and resize."""
     with Image.open(io.BytesIO(data)) as im:
         rgb = np.asarray(im.convert("RGB"))
-    return crop_resize(torch.from_numpy(rgb.copy()).permute(2, 0, 1), size).numpy()
+    return crop_resize(torch.from_numpy(rgb.copy()).permute(2, 0, 1), legacy(size)).numpy()
 
 
 @pytest.mark.parametrize(

@@ -66,9 +66,10 @@ def test_reference_cnn_tells_pictures_apart():
     """Calibrated BatchNorm: embeddings of different images are far apart (a raw random CNN maps
     everything to one direction, which would make every 'is this the right embedding' check moot)."""
     from gpu_worker.decode.image import decode_image
+    from gpu_worker.decode.preprocess import legacy
     from tests.worker_images import make_demo_images
 
-    arrs = np.stack([decode_image(d, 64, 10**8) for _, d in make_demo_images(64, seed=11)])
+    arrs = np.stack([decode_image(d, legacy(64), 10**8) for _, d in make_demo_images(64, seed=11)])
     emb = run(Engine(*load_model("builtin:reference-cnn", 64), "cpu", 64), torch.from_numpy(arrs))
     dist = np.linalg.norm(emb[:, None] - emb[None], axis=2) + np.eye(64) * 9
     assert dist.min() > 0.1
