@@ -28,10 +28,18 @@ class JobLayoutItem(Written):
 
 
 class PassItem(Written):
-    """One pass over shards: the first pass, then each retry pass."""
+    """One pass over shards: the first pass, then each retry pass; or a split child's shard (split_of set)."""
 
     first_shard: int
     n_shards: int
+    # A shard split off a slow shard's slice (sluice.control.sweep.tail): it belongs to the pass of
+    # the shard it was split from, and is not a retry pass of its own.
+    split_of: int | None = None
+
+
+def main_passes(passes: list[PassItem]) -> list[PassItem]:
+    """The first pass and the retry passes, without split children's shards."""
+    return [p for p in passes if p.split_of is None]
 
 
 class UploadItem(Written):
