@@ -129,6 +129,7 @@ def make_images(n: int) -> Path:
 
     folder = Path(tempfile.mkdtemp(prefix="tail-images-"))
     for name, data in demo_images(n):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
     return folder
 

@@ -230,10 +230,11 @@ def _splits(s: dict[str, Any]) -> str | None:
 
 def _stalled_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
     """One row per attempt the sweep ended for a stall."""
-    return [
-        ("stalled", f"shard {st['shard']} attempt {st['attempt']}: ended after {st['after_s']} s " + _STILL[st.get("cause")])
-        for st in s.get("stalled") or []
-    ]
+    rows = []
+    for st in s.get("stalled") or []:
+        rows.append(("stalled", f"shard {st['shard']} attempt {st['attempt']}: ended after {st['after_s']} s "))
+        rows[-1] = ("stalled", rows[-1][1] + _STILL[st.get("cause")])
+    return rows
 
 
 def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
