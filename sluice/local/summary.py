@@ -230,11 +230,8 @@ def _splits(s: dict[str, Any]) -> str | None:
 
 def _stalled_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
     """One row per attempt the sweep ended for a stall."""
-    rows = []
-    for st in s.get("stalled") or []:
-        rows.append(("stalled", f"shard {st['shard']} attempt {st['attempt']}: ended after {st['after_s']} s "))
-        rows[-1] = ("stalled", rows[-1][1] + _STILL[st.get("cause")])
-    return rows
+    line = "shard {shard} attempt {attempt}: ended after {after_s} s {still}"
+    return [("stalled", line.format(**st, still=_STILL[st.get("cause")])) for st in s.get("stalled") or []]
 
 
 def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:

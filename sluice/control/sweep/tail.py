@@ -10,7 +10,8 @@ more than SLUICE_SPLIT_AFTER x the median is split:
 1. **decide** (pure: sluice.control.sweep.stragglers): the split point is where the slow rank
    and a new child, started now at the median rate after the run's start-up, would finish
    together, at or past the rank's reservation (sluice.contracts.tail) and leaving each side
-   SLUICE_SPLIT_MIN_KEYS; within the cap of SLUICE_SPLIT_SHARE of the run's expected GPU time, and SLUICE_SPLIT_PER_SWEEP a sweep.
+   SLUICE_SPLIT_MIN_KEYS; within the cap of SLUICE_SPLIT_SHARE of the run's expected GPU time,
+   and SLUICE_SPLIT_PER_SWEEP a sweep.
 2. **commit** (one TransactWriteItems, `commit`): the fence's `split_at`, conditional on the
    rank's `reserved_to` not past it and no split before; the RUN item's passes gain the child's
    shard (conditional on the passes seen: the shard number is allocated once); a SPLIT# item
