@@ -64,10 +64,16 @@ def run_rank(
     # Progress beats, and the watchdog that ends this rank when its count stops (gpu_worker.watchdog).
     ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
     todo = intervals.count(work.remaining) + len(work.retry)
+    ctx.stats.incr("todo", todo)  # sluice_keys_left: the tail's alert reads it
     dog = watchdog.for_rank(ids, plan.stall_after_s, plan.load_grace_s, ctx.stats, cfg.beat_interval_s, todo)
+
+    def split_off(keys: int) -> None:
+        dog.shrink(keys)
+        ctx.stats.incr("todo", -keys)
+
     # The tail's fence (gpu_worker.fence): keys start only below its reservation, and stop at a split.
     lo, hi = work.slice
-    fence = RankFence(ids, SliceSpec(lo, hi, work.floor, ahead_keys(ctx.batch, lo, hi)), on_split=dog.shrink)
+    fence = RankFence(ids, SliceSpec(lo, hi, work.floor, ahead_keys(ctx.batch, lo, hi)), on_split=split_off)
     work = replace(work, fence=fence)
     try:
         kind: RankPass = ImagePass(ctx, work) if plan.content.kind == "image" else PartsPass(ctx, work)

@@ -19,7 +19,9 @@ fence's split point, a SPLIT# item, one more pass, one child job) or not at all.
 
 from __future__ import annotations
 
+import io
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,11 +37,13 @@ from sluice.contracts.plan import load_plan
 from sluice.contracts.tail import Fence, fence_key
 from sluice.control.context import Context
 from sluice.control.sweep.stragglers import Split
-from sluice.control.sweep.tail import apply, commit, resume, splits
+from sluice.control.sweep.tail import apply, commit, resume, splits, sweep_tail
 from sluice.control.table.ddb import values
+from sluice.ops.status import render, run_status
 from sluice.settings import Settings
 from sluice.shards import ShardReader
 from tests.integration.concurrent_support import Contended
+from tests.integration.helpers import bus_events
 from tests.properties import examples
 
 N = 20  # keys of shard 0
@@ -225,3 +229,56 @@ def test_a_split_delivered_while_the_rank_runs_is_exact(aws, stack, monkeypatch)
         assert run is not None
         apply(sim.ctx, run, got[0])
     _check(sim)
+
+
+def _beat(aws: Any, stack: Any, run_id: str, shard: int, done: int, ages: tuple[float, float, float]) -> None:
+    """A rank's beat as gpu_worker.watchdog writes it: started, ready and last moved `ages` seconds ago."""
+    from gpu_worker.watchdog import Beats
+
+    now = time.time()
+    target = BeatTarget(stack.names["BeatsTable"], run_id, f"job:{shard}", shard, 1, shard)
+    beats = Beats(target, 60, aws.dynamodb, todo=N)
+    beats.started_at, beats.ready_at = now - ages[0], now - ages[1]
+    beats.write(done, now - ages[2])
+
+
+def test_the_sweep_splits_a_slow_rank_and_status_names_it(aws, stack, monkeypatch):
+    """Three shards started; two ended in ~4 s, one is expected to take minutes: its remaining keys go to a child."""
+    from tests.integration.completion_support import submit_run
+
+    out = submit_run(aws, stack, monkeypatch, n_keys=3 * N, keys_per_shard=N, name="slow")
+    run_id = out["run_id"]
+    for k, v in stack.env_for("HandleJobStateChangeFunction").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLUICE_SPLIT_STARTUP_S", "0")
+    monkeypatch.setenv("SLUICE_SPLIT_MIN_KEYS", "2")
+    clients = Clients(s3=aws.s3, dynamodb=aws.dynamodb, batch=aws.batch, events=aws.events)
+    ctx = Context.build(Settings.from_env(), clients)
+    _beat(aws, stack, run_id, 1, N, (12, 10, 8))  # 20 keys in 2 s after a 2 s load: 4 s
+    _beat(aws, stack, run_id, 2, N, (12, 10, 8))
+    _beat(aws, stack, run_id, 0, 4, (30, 28, 1))  # 4 keys in 27 s: ~137 s to go
+    target = BeatTarget(stack.names["BeatsTable"], run_id, "job:0", 0, 1, 0)
+    fence = RankFence(target, SliceSpec(0, N, 0, AHEAD), client=aws.dynamodb)
+    assert fence.admit(4)  # its reservation: 7
+    run = ctx.ledger.get(run_id)
+    assert run is not None
+
+    actions = sweep_tail(ctx, run, now=time.time())
+
+    (rec,) = splits(ctx, run_id)
+    assert actions == [f"split: shard 0 at {rec['at']}: {N - int(rec['at'])} keys to shard 3"]
+    assert 7 <= int(rec["at"]) <= N - 2 and rec["state"] == "submitted"
+    after = ctx.ledger.get(run_id)
+    assert after is not None and after.total_shards == 4
+    assert [(j.shard_offset, j.kind) for j in after.jobs or []][-1] == (3, "single")
+    sim = Sim(ctx, run_id, [], stack.names["BeatsTable"])
+    assert len(_child_keys(sim, 3)) == N - int(rec["at"])
+    assert sweep_tail(ctx, after, now=time.time()) == []  # the slice is split once
+    progress = [e["detail"] for e in bus_events(aws, stack) if e["detail-type"] == "Run Progress"]
+    assert [s["to_shard"] for p in progress for s in p.get("split") or []] == [3]
+
+    text = io.StringIO()
+    render(run_status(ctx.ledger, run_id, stack.names["BeatsTable"]), text)
+    shown = text.getvalue()
+    assert f"split     shard 0 at {rec['at']}: {N - int(rec['at'])} keys to shard 3" in shown
+    assert "slowest   shard 0 rank 0: 4/20 keys at 0.15/s" in shown

@@ -189,4 +189,25 @@ def decide(ranks: list[RankView], tail: Tail, settings: Settings) -> list[Split]
     return out
 
 
-__all__ = ["RankView", "Split", "Tail", "decide", "median_s", "split_point", "startup_s", "views"]
+def slowest(ranks: list[RankView], now: float, n: int = 3) -> list[dict[str, Any]]:
+    """The `n` running ranks expected to end last, for `sluice status` (pure)."""
+    median = median_s(ranks)
+    running = [(r, left) for r in ranks if not r.done and (left := r.left_s(now)) is not None]
+    running.sort(key=lambda x: -x[1])
+    return [
+        {
+            "shard": r.shard,
+            "rank": r.rank,
+            "attempt": r.attempt,
+            "processed": r.processed,
+            "todo": r.todo,
+            "keys_per_s": round(r.rate or 0.0, 2),
+            "ends_in_s": round(left, 1),
+            "vs_median": round((r.total_s() or 0.0) / median, 2) if median else None,
+            "median_s": round(median, 1) if median else None,
+        }
+        for r, left in running[:n]
+    ]
+
+
+__all__ = ["RankView", "Split", "Tail", "decide", "median_s", "slowest", "split_point", "startup_s", "views"]

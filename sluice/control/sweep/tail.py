@@ -60,18 +60,18 @@ def split_sk(shard: int, lo: int) -> str:
     return f"{SPLIT_PREFIX}{shard:06d}#{lo:09d}"
 
 
-def read_tail(ctx: Context, run_id: str) -> list[dict[str, Any]]:
-    """Every beat and fence of the run, raw (one Query, paged)."""
+def read_tail(dynamodb: Any, table: str, run_id: str) -> list[dict[str, Any]]:
+    """Every beat and fence of the run, raw (one Query, paged); none without a beats table."""
     out: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {
-        "TableName": ctx.settings.beats_table,
+        "TableName": table,
         "KeyConditionExpression": "pk = :pk",
         "ExpressionAttributeValues": {":pk": {"S": run_id}},
     }
     while True:
         try:
-            resp = ctx.clients.dynamodb.query(**kwargs)
-        except ctx.clients.dynamodb.exceptions.ResourceNotFoundException:
+            resp = dynamodb.query(**kwargs)
+        except dynamodb.exceptions.ResourceNotFoundException:
             return out
         out += resp.get("Items", [])
         if not resp.get("LastEvaluatedKey"):
@@ -155,7 +155,12 @@ def apply(ctx: Context, run: RunItem, rec: Mapping[str, Any]) -> str:
 
 def splits(ctx: Context, run_id: str) -> list[dict[str, Any]]:
     """The run's SPLIT# items, as plain values."""
-    return prefixed(ctx.clients.dynamodb, ctx.settings.runs_table, run_id, SPLIT_PREFIX)
+    return split_items(ctx.clients.dynamodb, ctx.settings.runs_table, run_id)
+
+
+def split_items(dynamodb: Any, table: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's SPLIT# items in the runs table `table`, as plain values."""
+    return prefixed(dynamodb, table, run_id, SPLIT_PREFIX)
 
 
 def resume(ctx: Context, run: RunItem, known: list[dict[str, Any]]) -> list[str]:
@@ -173,7 +178,7 @@ def sweep_tail(ctx: Context, run: RunItem, *, now: float) -> list[str]:
         return []
     known = splits(ctx, run.run_id) if any(p.split_of is not None for p in run.passes or []) else []
     done = resume(ctx, run, known)
-    ranks = views(read_tail(ctx, run.run_id))
+    ranks = views(read_tail(ctx.clients.dynamodb, ctx.settings.beats_table, run.run_id))
     counts = ctx.records.counts(run.run_id)
     tail = Tail(
         now=now,
@@ -220,4 +225,4 @@ def split_figures(ctx: Context, run: RunItem) -> dict[str, Any]:
     }
 
 
-__all__ = ["apply", "commit", "resume", "split_figures", "split_sk", "splits", "sweep_tail"]
+__all__ = ["apply", "commit", "read_tail", "resume", "split_figures", "split_items", "split_sk", "splits", "sweep_tail"]
