@@ -189,6 +189,36 @@ def decide(ranks: list[RankView], tail: Tail, settings: Settings) -> list[Split]
     return out
 
 
+def plan_view(settings: Settings, mode: str, cost: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`sluice plan`'s tail: the split policy and its worst case (the cap's share of the run's cost); None when off."""
+    if settings.split_after <= 0 or mode == "multinode":
+        return None
+    usd = cost.get("on_demand_usd")
+    return {
+        "split_after": settings.split_after,
+        "split_from": settings.split_from,
+        "min_keys": settings.split_min_keys,
+        "share": settings.split_share,
+        "per_sweep": settings.split_per_sweep,
+        "startup_s": settings.split_startup_s,
+        "worst_gpu_hours": round(settings.split_share * float(cost.get("gpu_hours", 0.0)), 2),
+        "worst_usd": round(settings.split_share * float(usd), 2) if usd is not None else None,
+    }
+
+
+def plan_lines(t: Mapping[str, Any] | None) -> list[str]:
+    """The plan report's lines for the tail."""
+    if t is None:
+        return ["tail            no splits (SLUICE_SPLIT_AFTER=0, or a multi-node run)"]
+    usd = f", about ${t['worst_usd']:,.2f} On-Demand" if t.get("worst_usd") is not None else ""
+    return [
+        f"tail            a rank expected past {t['split_after']:g}x the median shard time has its remaining keys split"
+        f" off to a new shard, once every shard started or {t['split_from']:.0%} are done",
+        f"                at most {t['share']:.0%} more GPU time: {t['worst_gpu_hours']:,.2f} GPU-hours{usd} "
+        f"(SLUICE_SPLIT_SHARE); each side keeps {t['min_keys']} keys or more",
+    ]
+
+
 def slowest(ranks: list[RankView], now: float, n: int = 3) -> list[dict[str, Any]]:
     """The `n` running ranks expected to end last, for `sluice status` (pure)."""
     median = median_s(ranks)
@@ -210,4 +240,16 @@ def slowest(ranks: list[RankView], now: float, n: int = 3) -> list[dict[str, Any
     ]
 
 
-__all__ = ["RankView", "Split", "Tail", "decide", "median_s", "slowest", "split_point", "startup_s", "views"]
+__all__ = [
+    "RankView",
+    "Split",
+    "Tail",
+    "decide",
+    "median_s",
+    "plan_lines",
+    "plan_view",
+    "slowest",
+    "split_point",
+    "startup_s",
+    "views",
+]
