@@ -10,7 +10,8 @@ action on the beats table, and it is enough.
 A reservation that cannot be written (throttled, the table unreachable) is retried with
 backoff: the rank waits rather than start an unreserved key, and if the wait outlasts the
 stall limit its watchdog ends the attempt (exit 75, retried) as for any other stall. With no
-beats table there are no beats, so no sweep can split: the fence admits everything.
+beats table (SLUICE_BEATS_TABLE empty, or a table that does not exist) no fence can exist, so
+no sweep can split: the fence admits everything.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ class RankFence:
             except Exception as exc:
                 if _code(exc) == "ConditionalCheckFailedException":
                     self._learn(getattr(exc, "response", {}).get("Item") or {})
+                    return
+                if _code(exc) == "ResourceNotFoundException":
+                    # No beats table: no fence can exist, so no sweep can split this slice.
+                    logger.warning("no beats table: the tail cannot split this rank", extra={"table": self._t.table})
+                    self._on, self.reserved = False, self.hi
                     return
                 logger.warning(
                     "fence reservation not written; retrying",
