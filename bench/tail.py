@@ -1,6 +1,6 @@
 """The tail: a local run with one worker slowed 5x, with splitting and without, against no slow worker.
 
-    .venv/bin/python bench/tail.py                      # 2,400 demo images, 4 shards, 2 slots, 5x, 1 round
+    .venv/bin/python bench/tail.py                      # 6,000 demo images, 3 shards, 2 slots, 5x, 1 round
     .venv/bin/python bench/tail.py --rounds 2 --only fast,split,nosplit
 
 The demo images are made once (sluice.local.demo) into a folder; each scenario is one
@@ -181,8 +181,8 @@ def run_one(name: str, args: argparse.Namespace, images: Path) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, default=2400)
-    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--images", type=int, default=6000)
+    p.add_argument("--shards", type=int, default=3)
     p.add_argument("--slow", type=float, default=5.0, help="how many times slower the slowed worker runs")
     p.add_argument("--period", type=float, default=1.0, help="seconds of one stop-and-continue cycle")
     p.add_argument("--rounds", type=int, default=1)

@@ -170,23 +170,30 @@ def decide(ranks: list[RankView], tail: Tail, settings: Settings) -> list[Split]
         (r for r in ranks if not r.done and (t := r.total_s()) is not None and t > settings.split_after * median),
         key=lambda r: -(r.left_s(tail.now) or 0.0),
     )
+    # Every shard has started, so the child waits for a GPU to free: the soonest end of the others running.
+    wait = min((_left(r, median, tail.now) for r in ranks if not r.done and r not in slow), default=0.0)
     for r in slow:
         f = r.fence
         if f is None or f.split_at is not None or f.attempt != r.attempt or len(out) >= settings.split_per_sweep:
             continue
         left = r.left_s(tail.now) or 0.0
-        if left <= startup + settings.split_min_keys / median_rate:
+        if left <= wait + startup + settings.split_min_keys / median_rate:
             continue  # a child could not finish its keys before the slow rank does
-        at = split_point(r, f, median_rate, startup, tail.now)
-        at = min(at, f.hi - settings.split_min_keys)
-        if at < f.reserved_to or at - max(f.lo + r.processed, f.reserved_to) < 0:
+        at = min(split_point(r, f, median_rate, wait + startup, tail.now), f.hi - settings.split_min_keys)
+        if at < f.reserved_to:
             continue  # too few keys left past its reservation
-        child_s = startup + (f.hi - at) / median_rate
+        child_s = startup + (f.hi - at) / median_rate  # GPU time: its start-up and its keys, not the wait
         if child_s > budget:
             continue
         budget -= child_s
         out.append(Split(r.shard, f.lo, f.hi, at, tail.next_shard + len(out), r.attempt, r.rank, left, median, child_s))
     return out
+
+
+def _left(r: RankView, median: float, now: float) -> float:
+    """A running rank's expected seconds to its end; one without a rate yet is given the median shard time."""
+    left = r.left_s(now)
+    return left if left is not None else max(0.0, r.started_at + median - now)
 
 
 def plan_view(settings: Settings, mode: str, cost: Mapping[str, Any]) -> dict[str, Any] | None:
