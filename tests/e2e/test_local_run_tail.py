@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from tests import pace
 
-IMAGES = 480
+IMAGES = 600
 SLOW = 10.0
 PERIOD_S = 0.5
 

@@ -59,3 +59,15 @@ def test_the_median_and_the_plan_view():
     assert "at most 25% more GPU time: 25.00 GPU-hours, about $50.00 On-Demand" in plan_lines(view)[1]
     assert plan_view(_settings(), "multinode", {"gpu_hours": 1.0}) is None
     assert plan_lines(None) == ["tail            no splits (SLUICE_SPLIT_AFTER=0, or a multi-node run)"]
+
+
+def test_the_child_waits_for_a_gpu_to_free_so_the_slow_rank_keeps_more():
+    done = [_rank(i, 400) for i in (1, 2)]
+    slow = _rank(0, 40, rate=10.0, reserved=60)
+    busy = RankView(3, 1, 0, 0, 400, NOW - 1.0, None, NOW - 1.0, None)  # started 1 s ago: ~8 s to go (median 9)
+    tail = Tail(NOW, 4, 2, next_shard=4, spent_s=0.0)
+    (free,) = decide([slow, *done], tail, _settings())
+    (waiting,) = decide([slow, *done, busy], tail, _settings())
+    # From 60: (5 + 8 + 3.4) / 0.11 = 149 keys stay, against 76 with a free GPU; its GPU time is the same formula.
+    assert (free.at, waiting.at) == (60 + 76, 60 + 149)
+    assert round(waiting.child_s, 2) == round(5.0 + (400 - waiting.at) / 100.0, 2)
