@@ -1,7 +1,10 @@
 """Small audio models with random weights, saved as Hugging Face folders (no hub here): CLAP and wav2vec2.
 
 `clap_folder(path)` writes a ClapModel (a fusion HTSAT audio tower, a one-layer RoBERTa text
-tower), its ClapFeatureExtractor and a byte-level BPE tokenizer trained on a few sentences;
+tower), its ClapFeatureExtractor and a byte-level BPE tokenizer trained on a few sentences; `tiny`
+makes it a 5 s window of 32 mel bins up to 4 kHz (a 128 x 128 spectrogram image: a quarter of the
+patches of CLAP's own 10 s of 64 bins up to 14 kHz, which the benchmark runs; the test tones are
+below 2.5 kHz, so the narrower bank tells them apart better);
 `wav2vec2_folder(path)` a two-layer Wav2Vec2Model and its feature extractor (do_normalize).
 Both load with from_pretrained like a downloaded model, so the export reads them as it reads a hub id.
 """
@@ -20,11 +23,15 @@ WORDS = (
 )
 
 
-def clap_folder(path: Path, fusion: bool = True) -> Path:
-    """A tiny ClapModel folder: config, random weights (seeded), feature extractor, tokenizer."""
+def clap_folder(path: Path, fusion: bool = True, tiny: bool = False) -> Path:
+    """A small ClapModel folder: config, random weights (seeded), feature extractor, tokenizer."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import ClapConfig, ClapFeatureExtractor, ClapModel, RobertaTokenizerFast
 
+    # HTSAT lays the (frames, mels) log-mel out as a spec x spec image of spec / mels bands: 1001 frames
+    # (10 s) of 64 bins in 256, or 501 (5 s) of 32 in 128; its last stage (spec / 32 patches a side) keeps
+    # at least spec / mels rows, and its attention window divides every stage's side.
+    mels, seconds, spec, fmax = (32, 5, 128, 4000) if tiny else (64, 10, 256, 14_000)
     audio = {
         "patch_embeds_hidden_size": 16,
         "hidden_size": 128,
@@ -33,6 +40,9 @@ def clap_folder(path: Path, fusion: bool = True) -> Path:
         "projection_dim": 32,
         "enable_fusion": fusion,
         "fusion_type": "aff_2d" if fusion else None,
+        "spec_size": spec,
+        "num_mel_bins": mels,
+        "window_size": 4 if tiny else 8,
     }
     text = {
         "vocab_size": 400,
@@ -47,7 +57,10 @@ def clap_folder(path: Path, fusion: bool = True) -> Path:
         torch.manual_seed(1)
         model = ClapModel(ClapConfig(audio_config=audio, text_config=text, projection_dim=32)).eval()
     model.save_pretrained(path)
-    ClapFeatureExtractor(truncation="fusion" if fusion else "rand_trunc").save_pretrained(path)
+    truncation = "fusion" if fusion else "rand_trunc"
+    ClapFeatureExtractor(
+        truncation=truncation, feature_size=mels, max_length_s=seconds, frequency_max=fmax
+    ).save_pretrained(path)
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(list(WORDS) * 4, vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     tok = RobertaTokenizerFast(tokenizer_object=bpe._tokenizer, model_max_length=64)
