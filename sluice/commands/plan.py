@@ -166,7 +166,18 @@ def _print_plan(summary: dict[str, Any]) -> None:
         print(f"job {i:<11} {j['kind']}: shards {j['shard_offset']}..{j['shard_offset'] + j['shard_count'] - 1}")
     derived = " (derived from keys_per_shard and images/s)" if summary["timeout_derived"] else " (job.timeout_s)"
     print(f"job timeout     {summary['timeout_s']:,} s{derived}")
-    print(f"images/s a GPU  {summary['images_per_gpu_s']:g}, {summary['images_per_gpu_s_source']}")
+    audio = summary.get("audio")
+    if audio:
+        print(
+            f"audio files     {audio['seconds_per_file']:g} s, {audio['windows_per_file']} windows each (a planning "
+            f"guess); one core decodes {audio['decode_s_per_core']:g} s of audio a second"
+        )
+    rate = (
+        f"files/s a GPU   {summary['images_per_gpu_s']:.3g}"
+        if audio
+        else f"images/s a GPU  {summary['images_per_gpu_s']:g}"
+    )
+    print(f"{rate}, {summary['images_per_gpu_s_source']}")
     render_summary(summary, sys.stdout)
 
 

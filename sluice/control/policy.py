@@ -11,6 +11,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from sluice.contracts.sections import ContentSpec
+from sluice.preflight.instances import audio_windows
+
 # Batch's statusReason when an instance goes away under a running job (Spot reclaim, host
 # failure): "Host EC2 (instance i-0abc...) terminated." The trailing * is Batch's own glob.
 HOST_LOST_PATTERN = "Host EC2*"
@@ -57,8 +60,8 @@ def index_child_retry_strategy() -> dict[str, Any]:
 INDEX_S_PER_ROW = 0.002
 INDEX_BASE_S = 1800
 INDEX_MIN_S = 3600
-# A text's chunks, a video's frames, an audio file's windows (six minutes in 10 s windows): a planning guess.
-INDEX_ROWS_PER_KEY = {"image": 1, "text": 8, "video": 60, "audio": 36}
+# A text's chunks, a video's frames: a planning guess (an audio file's windows: sluice.preflight.instances).
+INDEX_ROWS_PER_KEY = {"image": 1, "text": 8, "video": 60}
 TIMEOUT_REASON = "Job attempt duration exceeded timeout"  # Batch's statusReason for it
 
 
@@ -103,9 +106,15 @@ FARGATE_GB_HOUR = 0.004445
 FARGATE_PRICE_SOURCE = "aws.amazon.com/fargate/pricing, Linux/x86 us-east-1, 2025-06"
 
 
-def index_rows(kind: str, frames_per_video: int | None, models: int, keys: int) -> int:
-    """Rows the index stage takes: a row a key a model (a text's chunks, a video's frames: INDEX_ROWS_PER_KEY)."""
-    per_key = frames_per_video if kind == "video" and frames_per_video else INDEX_ROWS_PER_KEY[kind]
+def index_rows(content: ContentSpec, models: int, keys: int) -> int:
+    """Rows the index stage takes: a row a key a model (a text's chunks, a video's frames: INDEX_ROWS_PER_KEY;
+    an audio file's windows at the manifest's window and hop: audio_windows)."""
+    if content.kind == "audio":
+        per_key = audio_windows(content.window_s, content.hop_s)
+    elif content.kind == "video" and content.frames_per_video:
+        per_key = content.frames_per_video
+    else:
+        per_key = INDEX_ROWS_PER_KEY[content.kind]
     return keys * models * per_key
 
 

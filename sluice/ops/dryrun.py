@@ -181,6 +181,20 @@ def _reducers_note(n: int, manifest: Manifest, settings: Settings) -> str:
     return f"; the prepare stage's {reducers} reducers may add up to {reducers - 1} partly filled shards"
 
 
+def _audio(cap: Capacity) -> dict[str, Any] | None:
+    """An audio run's planning figures: a planned file's seconds and windows, and one core's decode rate."""
+    if not cap.audio_windows:
+        return None
+    from sluice.preflight.instances import AUDIO_DECODE_S_PER_CORE, AUDIO_S_PER_FILE
+
+    return {
+        "seconds_per_file": AUDIO_S_PER_FILE,
+        "windows_per_file": cap.audio_windows,
+        "decode_s_per_core": AUDIO_DECODE_S_PER_CORE,
+        "windows_per_gpu_s": round(cap.part_rate, 1),
+    }
+
+
 def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[str, Any]:
     """The layout of the scanned (or assumed) keys, and the preflight of that run."""
     source, settings = req.source, req.settings
@@ -226,6 +240,7 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
         "stall_after_s": stall_after_s,
         "images_per_gpu_s": cap.rate,
         "images_per_gpu_s_source": cap.rate_source,
+        "audio": _audio(cap),
         "decode": manifest.job.decode,
         "decode_binds": cap.decode_binds,
         "instance_type": cap.instance_type,

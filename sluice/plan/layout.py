@@ -145,7 +145,7 @@ def run_times(manifest: Manifest, keys_per_shard: int, cap: Capacity) -> tuple[i
     gpus = max(1, manifest.job.gpus_per_node)
     timeout_s = manifest.job.timeout_s or derived_timeout_s(keys_per_shard, gpus, cap.rate)
     batch = pass_batch(manifest.models)  # the batch the workers run (RunPlan.effective_batch)
-    return timeout_s, manifest.job.stall_after_s or derived_stall_after_s(batch, cap.rate, timeout_s)
+    return timeout_s, manifest.job.stall_after_s or derived_stall_after_s(batch, cap.part_rate, timeout_s)
 
 
 def build_plan(i: PlanInputs) -> RunPlan:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from sluice.preflight import limits as L
 from sluice.preflight.estimate import cost
 from sluice.preflight.facts import Capacity, RunFacts
-from sluice.preflight.instances import more_cpu_per_gpu
+from sluice.preflight.instances import AUDIO_DECODE_S_PER_CORE, AUDIO_S_PER_FILE, more_cpu_per_gpu
 
 Status = Literal["ok", "warn", "error"]
 SERIES_PER_RANK = 13  # a GPU rank's default push list (bench/metrics_cost.py, "typical" row)
@@ -363,6 +363,8 @@ def _completion(run: RunFacts, workers: int, shard_s: float, add: Any) -> None:
 
 def decode_check(cap: Capacity) -> Check:
     """CPU decode capacity per GPU against the models' images/s per GPU (job.decode decides who decodes)."""
+    if cap.audio_windows:
+        return audio_decode_check(cap)
     model, cpu = cap.model_rate, cap.cpu_decode_rate
     unit = "images/s per GPU the models take (limit: what its CPUs decode)"
     feeds = (
@@ -383,3 +385,16 @@ def decode_check(cap: Capacity) -> Check:
         f"use {cpu:,.0f} images/s: set job.decode gpu (sluice plan --decode gpu){bigger}"
     )
     return Check("decode", round(model), round(cpu), "warn", advice, unit)
+
+
+def audio_decode_check(cap: Capacity) -> Check:
+    """An audio run's CPU decode (always the CPU's) against the audio files/s per GPU its models take."""
+    model, cpu, unit = cap.model_rate, cap.cpu_decode_rate, "audio files/s per GPU the models take (limit: CPU decode)"
+    size = more_cpu_per_gpu(cap.gpu_family, model * AUDIO_S_PER_FILE / AUDIO_DECODE_S_PER_CORE, cap.table)
+    advice = (
+        f"CPU decode binds: {cap.cpu_per_gpu:g} vCPUs a GPU x {AUDIO_DECODE_S_PER_CORE:g} s of audio a second a core "
+        f"= {cpu:,.2f} files of {AUDIO_S_PER_FILE:g} s a second, for models that take {model:,.2f}: the GPU idles "
+        f"{1 - cpu / model:.0%} of the time, the estimates use {cpu:,.2f}" + (f"; {size} keeps it busy" if size else "")
+    )
+    binds = cap.decode_binds  # value and limit in files/s to two places (4.7, not 5)
+    return Check("decode", round(model, 2), round(cpu, 2), "warn" if binds else "ok", advice if binds else "", unit)

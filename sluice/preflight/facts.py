@@ -9,7 +9,15 @@ from typing import Literal
 from sluice.contracts.manifest import Manifest
 from sluice.contracts.plan import RunPlan
 from sluice.preflight.estimate import DEFAULT_FAMILY, IMAGES_PER_GPU_S, family_of
-from sluice.preflight.instances import DECODE_PER_CORE_S, INSTANCES, Instance, instances
+from sluice.preflight.instances import (
+    AUDIO_DECODE_S_PER_CORE,
+    AUDIO_S_PER_FILE,
+    DECODE_PER_CORE_S,
+    INSTANCES,
+    Instance,
+    audio_windows,
+    instances,
+)
 from sluice.settings import Settings
 
 
@@ -32,6 +40,9 @@ class Capacity:
     instance_type: str | None = None  # a size (g6e.xlarge): its vCPUs per GPU feed the decode check
     decode: str = "auto"  # job.decode: cpu decode binds the estimates when the CPUs cannot keep up
     decode_per_core_s: float = DECODE_PER_CORE_S  # images/s one core decodes (gpu_worker.autotune measures)
+    # An audio run: the windows of a planned file (instances.audio_windows), each costing the GPU an image;
+    # its files decode on the CPU whatever job.decode says. 0: not audio (a key is one image's work).
+    audio_windows: int = 0
     # The sizes' vCPUs and GPUs (sluice.preflight.instances): the table build() was given.
     table: Mapping[str, Instance] = field(default_factory=lambda: INSTANCES, compare=False, repr=False)
 
@@ -51,11 +62,15 @@ class Capacity:
 
     def for_manifest(self, manifest: Manifest) -> Capacity:
         """For a run of this manifest: every model costs each image GPU time; job.decode says who decodes."""
-        return replace(self, models=len(manifest.models), decode=manifest.job.decode)
+        c = manifest.input.content
+        windows = audio_windows(c.window_s, c.hop_s) if c.kind == "audio" else 0
+        return replace(self, models=len(manifest.models), decode=manifest.job.decode, audio_windows=windows)
 
     def for_plan(self, plan: RunPlan) -> Capacity:
         """For a planned run, as for_manifest."""
-        return replace(self, models=len(plan.models), decode=plan.decode)
+        c = plan.content
+        windows = audio_windows(c.window_s, c.hop_s) if c.kind == "audio" else 0
+        return replace(self, models=len(plan.models), decode=plan.decode, audio_windows=windows)
 
     @property
     def size(self) -> Instance | None:
@@ -63,10 +78,15 @@ class Capacity:
         return self.table.get(self.instance_type) if self.instance_type else None
 
     @property
+    def parts_per_key(self) -> int:
+        """What a key costs the GPU in images: an audio file's windows, else 1."""
+        return max(1, self.audio_windows)
+
+    @property
     def model_rate(self) -> float:
-        """Images per GPU-second the models take (through every model of the pass), decode aside."""
+        """Keys (images, audio files) per GPU-second the models take (through every model of the pass), decode aside."""
         one = self.images_per_gpu_s or IMAGES_PER_GPU_S.get(self.gpu_family, IMAGES_PER_GPU_S[DEFAULT_FAMILY])
-        return one / max(1, self.models)
+        return one / max(1, self.models) / self.parts_per_key
 
     @property
     def cpu_per_gpu(self) -> float:
@@ -75,7 +95,9 @@ class Capacity:
 
     @property
     def cpu_decode_rate(self) -> float:
-        """Images per second the CPUs of one GPU decode (each image once, whatever the models)."""
+        """Keys per second the CPUs of one GPU decode (each once, whatever the models): images, or audio files."""
+        if self.audio_windows:
+            return self.cpu_per_gpu * AUDIO_DECODE_S_PER_CORE / AUDIO_S_PER_FILE
         return self.cpu_per_gpu * self.decode_per_core_s
 
     @property
@@ -85,16 +107,27 @@ class Capacity:
 
     @property
     def rate(self) -> float:
-        """Images per GPU-second used for estimates: the models' rate, or CPU decode's where it binds."""
-        if self.decode == "cpu":
+        """Keys per GPU-second for estimates: the models' rate, or CPU decode's where it binds (audio: always)."""
+        if self.decode == "cpu" or self.audio_windows:
             return min(self.model_rate, self.cpu_decode_rate)
         return self.model_rate
 
     @property
+    def part_rate(self) -> float:
+        """Rows (images, audio windows) per GPU-second: what a batch of the workers' takes."""
+        return self.rate * self.parts_per_key
+
+    @property
     def rate_source(self) -> str:
+        cpus = f"{self.cpu_per_gpu:g} vCPUs a GPU"
         if self.rate < self.model_rate:
-            cpus = f"{self.cpu_per_gpu:g} vCPUs a GPU"
-            return f"bound by CPU decode (job.decode cpu, {cpus}; the models take {self.model_rate:g})"
+            why = "audio decodes on the CPU" if self.audio_windows else "job.decode cpu"
+            return f"bound by CPU decode ({why}, {cpus}; the models take {self.model_rate:g})"
+        if self.audio_windows:
+            return (
+                f"{self.model_source}, an image's GPU time a window, {self.audio_windows} windows a "
+                f"{AUDIO_S_PER_FILE:g} s file (a planning guess)"
+            )
         return self.model_source
 
     @property

@@ -10,6 +10,7 @@ as `sluice plan --decode-per-core-s N`.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,22 @@ INSTANCES_SOURCE = "aws.amazon.com/ec2/instance-types (accelerated computing: G4
 # (300-1,000 px JPEGs) from libjpeg-turbo's ~390/s a thread and Pillow being 1.3-1.55x slower,
 # plus the resize. Not measured on the instances; autotune measures the real figure.
 DECODE_PER_CORE_S = 200.0
+# Seconds of audio one CPU core decodes, mixes to mono and resamples a second (gpu_worker.decode.audio):
+# bench/audio.py on 60 s files of 44.1 kHz stereo, to 48 kHz (docs/performance.md "Audio"): MP3 423,
+# M4A/AAC 441, FLAC 648; the slowest is used. An audio run always decodes on the CPU (PyAV: no GPU
+# decoder); the log-mel is the model's first step, on the GPU.
+AUDIO_DECODE_S_PER_CORE = 423.0
+# A planning guess of an audio file's length (a song, a voice memo, a podcast's segment): the input's
+# durations are not read before a run. Its windows are what the GPU embeds, each costed as an image.
+AUDIO_S_PER_FILE = 360.0
+AUDIO_WINDOW_S = 10.0  # input.window_s when the manifest sets none: CLAP's and the speech encoders' default
+
+
+def audio_windows(window_s: float | None, hop_s: float | None) -> int:
+    """Windows of a planned audio file (AUDIO_S_PER_FILE) at the manifest's window and hop."""
+    window = window_s or AUDIO_WINDOW_S
+    hop = hop_s or window
+    return 1 + max(0, math.ceil((AUDIO_S_PER_FILE - window) / hop))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def estimate(manifest: Manifest, keys: int, settings: Settings) -> dict[str, Any
     if not manifest.output.index.enabled:
         return None
     c = manifest.input.content
-    rows = index_rows(c.kind, c.frames_per_video, len(manifest.models), keys)
+    rows = index_rows(c, len(manifest.models), keys)
     mode, children = index_mode(rows, settings.index_fleet_rows, settings.index_rows_per_child)
     fixed = settings.index_timeout_s  # SLUICE_INDEX_TIMEOUT_S: every job's, as the claim fixes it
     if mode == "single":

@@ -67,7 +67,7 @@ def claim(plan: RunPlan, processed: int, settings: Settings) -> dict[str, Any]:
     if plan.index is None:
         return {}
     c = plan.content
-    rows = index_rows(c.kind, c.frames_per_video, len(plan.models), processed)
+    rows = index_rows(c, len(plan.models), processed)
     mode, children = index_mode(rows, settings.index_fleet_rows, settings.index_rows_per_child)
     fixed = settings.index_timeout_s  # SLUICE_INDEX_TIMEOUT_S: every job's (each stage's), decided here once
     ix = IndexItem(uri=plan.index.uri, state="claimed", timeout_s=fixed, timeout_fixed=bool(fixed))
