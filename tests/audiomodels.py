@@ -5,7 +5,8 @@ tower), its ClapFeatureExtractor and a byte-level BPE tokenizer trained on a few
 makes it a 5 s window of 32 mel bins up to 4 kHz (a 128 x 128 spectrogram image: a quarter of the
 patches of CLAP's own 10 s of 64 bins up to 14 kHz, which the benchmark runs; the test tones are
 below 2.5 kHz, so the narrower bank tells them apart better);
-`wav2vec2_folder(path)` a two-layer Wav2Vec2Model and its feature extractor (do_normalize).
+`wav2vec2_folder(path)` a two-layer Wav2Vec2Model and its feature extractor (do_normalize);
+`whisper_folder(path)` a one-layer WhisperModel (32-d) and its WhisperFeatureExtractor (80 mel bins, 30 s).
 Both load with from_pretrained like a downloaded model, so the export reads them as it reads a hub id.
 """
 
@@ -85,4 +86,30 @@ def wav2vec2_folder(path: Path) -> Path:
         torch.manual_seed(2)
         Wav2Vec2Model(cfg).eval().save_pretrained(path)
     Wav2Vec2FeatureExtractor(do_normalize=True, return_attention_mask=False).save_pretrained(path)
+    return path
+
+
+def whisper_folder(path: Path) -> Path:
+    """A tiny WhisperModel folder (random weights, seeded: one encoder and one decoder layer) and its extractor."""
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperModel
+
+    cfg = WhisperConfig(
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=37,
+        decoder_ffn_dim=37,
+        vocab_size=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=3,
+        max_target_positions=32,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        WhisperModel(cfg).eval().save_pretrained(path)
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(path)
     return path

@@ -13,6 +13,8 @@ beside as `<out>.json`: kinds ["audio"], sample_rate, window_s, input_samples, p
 * wav2vec2, HuBERT, WavLM, data2vec-audio: the waveform normalised as Wav2Vec2FeatureExtractor
   does (WaveNorm) when it says do_normalize, the encoder, the mean of its last hidden state over
   time; any window length (default 10 s at 16 kHz).
+* Whisper (`WhisperModel`): its extractor's log-mel (WhisperLogMel), the encoder only, on windows
+  zero-padded to 30 s as the extractor pads; the mean over all 1,500 frames (the padding's too).
 
 Before the file is kept it is loaded the way the worker loads it and run on test windows (a full
 one and a short one) against the library's own pipeline (its feature extractor, then the model):
@@ -34,7 +36,7 @@ import torch
 from torch import nn
 
 from gpu_worker.errors import ExportError
-from gpu_worker.export.audiofeatures import LogMel, WaveNorm
+from gpu_worker.export.audiofeatures import LogMel, WaveNorm, WhisperLogMel
 from gpu_worker.export.sources import RANDOM_INIT
 from gpu_worker.models.spec import META_NAME
 
@@ -86,6 +88,19 @@ class MeanPooled(nn.Module):
         return hidden.mean(dim=1)  # type: ignore[no-any-return]
 
 
+class WhisperMean(nn.Module):
+    """(B, 480000) waveform at 16 kHz -> (B, D): Whisper's log-mel, its encoder, mean over time."""
+
+    def __init__(self, encoder: nn.Module, logmel: WhisperLogMel) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.logmel = logmel
+
+    def forward(self, wave: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_features=self.logmel(wave)).last_hidden_state
+        return hidden.mean(dim=1)  # type: ignore[no-any-return]
+
+
 @dataclass
 class AudioSource:
     """An audio model ready to export: the artifact's module, its input rules, the library's own pipeline."""
@@ -105,7 +120,7 @@ class AudioSource:
 
 
 def is_audio_type(model_type: str) -> bool:
-    return model_type == "clap" or model_type in SPEECH_FAMILIES
+    return model_type in ("clap", "whisper") or model_type in SPEECH_FAMILIES
 
 
 def load_clap(repo: str, pretrained: bool) -> AudioSource:
@@ -190,6 +205,39 @@ def load_speech(repo: str, config: Any, pretrained: bool) -> AudioSource:
     )
 
 
+def load_whisper(repo: str, pretrained: bool) -> AudioSource:
+    """`hf:REPO` of a WhisperModel: its log-mel and encoder, mean pooling (the decoder is left out)."""
+    import transformers
+
+    cls = transformers.WhisperModel
+    model = (cls.from_pretrained(repo) if pretrained else _random(cls, repo)).eval()
+    try:
+        fe = transformers.WhisperFeatureExtractor.from_pretrained(repo)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"hf:{repo}: cannot read its feature extractor: {exc}") from None
+    if getattr(fe, "dither", 0.0):
+        raise ExportError(f"hf:{repo}: its feature extractor dithers (random noise): Sluice embeds deterministically")
+    encoder = model.get_encoder()
+
+    def library(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inputs = fe(window, sampling_rate=fe.sampling_rate, return_tensors="pt")
+        with torch.no_grad():
+            hidden = encoder(input_features=inputs["input_features"]).last_hidden_state
+        return inputs["input_features"][0].numpy(), hidden.mean(dim=1)[0].numpy()
+
+    return AudioSource(
+        module=WhisperMean(encoder, WhisperLogMel(fe.mel_filters, fe.n_fft, fe.hop_length)).eval(),
+        name=f"hf:{repo}",
+        version=_version(model, repo, pretrained),
+        sample_rate=int(fe.sampling_rate),
+        window_s=fe.n_samples / fe.sampling_rate,
+        input_samples=int(fe.n_samples),
+        pad="zeros",
+        features=f"log-mel {fe.feature_size} (slaney), n_fft {fe.n_fft}, hop {fe.hop_length}, Whisper's scale",
+        library=library,
+    )
+
+
 def _random(cls: Any, repo: str) -> Any:
     """`cls` built from the folder's config with random weights (seeded: the same file every export)."""
     config = cls.config_class.from_pretrained(repo)
@@ -220,6 +268,8 @@ def audio_source(spec: str, pretrained: bool) -> AudioSource | None:
         return load_clap(repo, pretrained)
     if config.model_type in SPEECH_FAMILIES:
         return load_speech(repo, config, pretrained)
+    if config.model_type == "whisper":
+        return load_whisper(repo, pretrained)
     return None
 
 
@@ -317,7 +367,7 @@ def _features(src: AudioSource, window: np.ndarray) -> np.ndarray:
     x = torch.from_numpy(np.ascontiguousarray(window))[None]
     module = src.module
     with torch.no_grad():
-        if isinstance(module, ClapAudio):
+        if isinstance(module, (ClapAudio, WhisperMean)):
             return module.logmel(x)[0].numpy()  # type: ignore[no-any-return]
         assert isinstance(module, MeanPooled)
         return module.norm(x)[0].numpy()  # type: ignore[no-any-return]

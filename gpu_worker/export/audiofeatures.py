@@ -3,7 +3,9 @@
 LogMel is `transformers.audio_utils.spectrogram` as ClapFeatureExtractor calls it: frames centred
 (the waveform reflect-padded by half a frame), a periodic Hann window, |rfft|^2, the extractor's
 own mel filter bank (copied from it, so the filters are the library's to the last bit), floored at
-1e-10, 10 log10 (dB, no top_db). WaveNorm is Wav2Vec2FeatureExtractor's do_normalize: zero mean
+1e-10, 10 log10 (dB, no top_db). WhisperLogMel is WhisperFeatureExtractor's own torch path
+(torch.stft in float32, the last frame dropped, log10, floored 8 below the input's top, (x + 4) / 4):
+the same ops, so the same values to float32 rounding. WaveNorm is Wav2Vec2FeatureExtractor's do_normalize: zero mean
 and unit variance over the window (variance + 1e-7). LogMel computes in float64 as the library does
 (in float32 a bin near the floor is off by up to 1 dB); the export measures the difference on
 real windows and records it in the spec.
@@ -35,6 +37,26 @@ class LogMel(nn.Module):
         power = torch.fft.rfft(frames, n=self.n_fft).abs() ** 2
         mel = torch.clamp(power @ self.mel, min=1e-10)
         return (10.0 * torch.log10(mel)).float()
+
+
+class WhisperLogMel(nn.Module):
+    """(B, N) waveforms -> (B, mels, N // hop): Whisper's log-mel, as WhisperFeatureExtractor's torch path."""
+
+    mel: torch.Tensor
+    window: torch.Tensor
+
+    def __init__(self, mel_filters: np.ndarray, n_fft: int, hop: int) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.register_buffer("mel", torch.from_numpy(np.asarray(mel_filters, np.float32).T.copy()))  # (mels, freqs)
+        self.register_buffer("window", torch.hann_window(n_fft))
+
+    def forward(self, wave: torch.Tensor) -> torch.Tensor:
+        stft = torch.stft(wave.float(), self.n_fft, self.hop, window=self.window, return_complex=True)
+        power = (stft[..., :-1].abs() ** 2).contiguous()  # (B, freqs, frames): centred frames, the last dropped
+        log = torch.clamp(self.mel @ power, min=1e-10).log10()
+        top = log.amax(dim=(1, 2), keepdim=True)  # each waveform's own top, as the extractor's batch path
+        return (torch.maximum(log, top - 8.0) + 4.0) / 4.0
 
 
 class WaveNorm(nn.Module):

@@ -99,3 +99,37 @@ def test_the_torch_log_mel_equals_the_librarys_feature_extractor():
     want = Wav2Vec2FeatureExtractor(do_normalize=True)(x, sampling_rate=16_000, return_tensors="np")["input_values"][0]
     got = WaveNorm()(torch.from_numpy(x)[None])[0].numpy()
     assert np.abs(got - want).max() < 1e-5
+
+
+def test_whisper_log_mel_equals_its_feature_extractor():
+    import torch
+    from transformers import WhisperFeatureExtractor
+
+    from gpu_worker.export.audiofeatures import WhisperLogMel
+
+    fe = WhisperFeatureExtractor(feature_size=80)
+    rng = np.random.default_rng(1)
+    x = np.zeros(fe.n_samples, np.float32)
+    x[: 16_000 * 7] = 0.1 * rng.standard_normal(16_000 * 7)  # 7 s, zero-padded to 30 s as the extractor pads
+    want = fe(x[: 16_000 * 7], sampling_rate=16_000, return_tensors="np")["input_features"][0]
+    got = WhisperLogMel(fe.mel_filters, fe.n_fft, fe.hop_length)(torch.from_numpy(x)[None])[0].numpy()
+    assert got.shape == want.shape == (80, 3000) and np.abs(got - want).max() < 1e-5
+
+
+def test_whispers_encoder_exports_with_mean_pooling_equal_to_the_librarys_pipeline(tmp_path):
+    from gpu_worker.export import export
+    from gpu_worker.kinds.audiomodel import audio_embedder
+    from tests.audiomodels import whisper_folder
+
+    folder = whisper_folder(tmp_path / "whisper-hf")
+    result = export(f"hf:{folder}", str(tmp_path / "whisper.pt"))
+    spec, ref = result.spec, result.spec["reference"]
+    assert (spec["kinds"], spec["sample_rate"], spec["window_s"], spec["pad"]) == (["audio"], 16_000, 30.0, "zeros")
+    assert spec["input_samples"] == 480_000 and spec["output_dim"] == 32
+    # the artifact's log-mel against WhisperFeatureExtractor's, and its vectors against the library's
+    # feature extractor + WhisperModel.encoder + mean, on a full 30 s window and a short one
+    assert ref["features_max_abs_diff"] < 1e-5 and ref["min_cosine"] >= 0.999 and ref["windows"] == [480_000, 177_600]
+    embedder = audio_embedder(str(tmp_path / "whisper.pt"), window_s=10.0)  # shorter windows, padded to 30 s
+    parts = embedder.split(make_audio(tone(12.0, seed=6), "flac"))
+    assert [(p.start, p.end) for p in parts] == [(0.0, 10.0), (10.0, 12.0)]
+    assert embedder.embed([p.payload for p in parts]).shape == (2, 32)
