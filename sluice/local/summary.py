@@ -100,11 +100,32 @@ def _kind(run_dir: Path, processed: int, seconds: float) -> dict[str, Any]:
     if KIND_WORDS[kind][1]:
         import pyarrow.parquet as pq
 
-        models = max(1, len(_models(run_dir)))  # each model writes every part
-        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in (run_dir / "output").rglob("*.parquet"))
-        out["parts"] = rows // models
+        files = _first_model_files(run_dir)  # each model writes every object (an audio model its own windows)
+        out["parts"] = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         out["parts_per_s"] = round(out["parts"] / seconds, 1) if seconds else 0.0
+    if kind == "audio":
+        out["audio_s"] = _audio_seconds(run_dir)
+        out["audio_s_per_s"] = round(out["audio_s"] / seconds, 1) if seconds else 0.0
     return out
+
+
+def _first_model_files(run_dir: Path) -> list[Path]:
+    """The Parquet files of the run's first model (with several, each has its own model_name= folder)."""
+    models = _models(run_dir)
+    out = run_dir / "output"
+    return sorted(out.glob(f"model_name={models[0]}/**/*.parquet") if len(models) > 1 else out.rglob("*.parquet"))
+
+
+def _audio_seconds(run_dir: Path) -> float:
+    """Seconds of audio embedded: each file's last window's end (part_end), from the first model's rows."""
+    import pyarrow.parquet as pq
+
+    ends: dict[str, float] = {}
+    for f in _first_model_files(run_dir):
+        cols = pq.read_table(f, columns=["key", "part_end"]).to_pydict()
+        for key, end in zip(cols["key"], cols["part_end"]):
+            ends[key] = max(ends.get(key, 0.0), float(end))
+    return round(sum(ends.values()), 1)
 
 
 def _index(c: Any, row: RunItem, run_dir: Path) -> dict[str, Any]:
@@ -215,12 +236,13 @@ def report(s: dict[str, Any], as_json: bool) -> None:
 
 
 def _rate_row(s: dict[str, Any]) -> tuple[str, Any]:
-    """images/s; documents/s with chunks/s; videos/s with frames/s."""
+    """images/s; documents/s with chunks/s; videos/s with frames/s; audio files/s with windows/s and seconds."""
     noun, part = KIND_WORDS[s.get("kind", "image")]
     rate = s.get("per_s", s.get("images_per_s"))
     if not part:
         return f"{noun}/s", rate
-    return f"{noun}/s", f"{rate}  ({s.get('parts')} {part}, {s.get('parts_per_s')} {part}/s)"
+    audio = f"; {s['audio_s']:g} s of audio, {s.get('audio_s_per_s')} s/s" if "audio_s" in s else ""
+    return f"{noun}/s", f"{rate}  ({s.get('parts')} {part}, {s.get('parts_per_s')} {part}/s{audio})"
 
 
 def _splits(s: dict[str, Any]) -> str | None:
@@ -262,7 +284,7 @@ def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
     rows = [(k, v) for k, v in rows if v is not None]
     rows += [("damaged", f"{d['key']}  (kept the parts that decode: {d['note']})") for d in s.get("damaged") or []]
     if s.get("index"):
-        query = "--text 'WORDS'" if s.get("kind") == "text" else "--image FILE"
+        query = {"text": "--text 'WORDS'", "audio": "--audio FILE"}.get(s.get("kind") or "image", "--image FILE")
         rows.append(("index", f"{s['index']}  ({s.get('index_rows')} rows; sluice search {s['index']} {query})"))
     elif s.get("index_error"):
         rows.append(("index", f"none: {s['index_error']}"))

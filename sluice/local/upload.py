@@ -29,7 +29,8 @@ def submit(
         kind = local_manifest.content_source(args)[0]
         say_skipped(uploaded.skipped, kind, uploaded.unreadable)
         if uploaded.count:
-            print(f"sluice: uploaded {uploaded.count} {kind}(s) to {uploaded.uri}", file=sys.stderr)
+            noun = "audio file" if kind == "audio" else kind
+            print(f"sluice: uploaded {uploaded.count} {noun}(s) to {uploaded.uri}", file=sys.stderr)
     name, body, applied = local_manifest.build(args, uploaded, earlier, token)
     if applied and not args.json:
         print(f"sluice: --manifest {args.manifest} with {', '.join(applied)} applied on top", file=sys.stderr)

@@ -90,12 +90,15 @@ def test_audio_run_gives_the_librarys_vector_for_every_window_and_search_finds_e
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "skipped 1 file(s) that are not audio files by name: notes.txt" in proc.stderr
+    assert "uploaded 10 audio file(s)" in proc.stderr
     (run_dir,) = list(out.iterdir())
     failures = [json.loads(line) for f in sorted((run_dir / "failures").glob("*.jsonl")) for line in f.open()]
     reasons = {(f["key"].rsplit("/", 1)[-1], f["reason"]) for f in failures}
     assert reasons == {("quiet.wav", "silent"), ("noise.mp3", "not_audio"), ("mute.mp4", "not_audio")}, failures
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [d["key"].rsplit("/", 1)[-1] for d in summary["damaged"]] == ["cut.flac"], summary["damaged"]
+    # the summary speaks of files, windows and seconds of audio; its index row of `sluice search --audio`
+    assert summary["kind"] == "audio" and "s of audio" in proc.stdout and "--audio FILE" in proc.stdout
 
     import transformers
 
@@ -118,6 +121,10 @@ def test_audio_run_gives_the_librarys_vector_for_every_window_and_search_finds_e
         cut = sorted(by_key.pop("cut.flac"), key=lambda r: r["part"])  # 8 s cut in half: the windows before the damage
         assert [r["part"] for r in cut] == list(range(len(cut))) and 1.0 < cut[-1]["part_end"] < 6.0, (model, cut)
         assert set(by_key) == set(good), (model, sorted(by_key))
+        if model == "clap":  # the summary's figures are the first model's rows: windows, each file's last end
+            assert summary["parts"] == len(rows) and summary["audio_s"] == pytest.approx(
+                cut[-1]["part_end"] + sum(max(r["part_end"] for r in rs) for rs in by_key.values()), abs=0.051
+            )
         for name, rs in by_key.items():
             rs.sort(key=lambda r: r["part"])
             audio = decode_audio((root / name).read_bytes(), AudioLimits(sample_rate=lib.sample_rate))
