@@ -34,7 +34,7 @@ from sluice.control.table.items import RunItem
 from sluice.local import manifest as local_manifest
 from sluice.local.emulator.bus import BusTap
 from sluice.local.emulator.server import FAKE_CREDENTIALS
-from sluice.local.folder import Folder
+from sluice.local.folder import Folder, plural
 from sluice.local.manifest import Uploaded
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
@@ -188,7 +188,7 @@ def _say_started(args: argparse.Namespace, outcome: dict[str, Any], endpoint: st
         f"sluice: run {run_id}: about {outcome['total_keys']} keys to prepare with "
         f"{len(outcome['job_ids'])} prepare job(s) (map, then reduce), then {layout} jobs; emulator {endpoint}"
         if outcome["status"] == "preparing"
-        else f"sluice: run {run_id}: {outcome['total_keys']} {local_manifest.content_source(args)[0]}s in "
+        else f"sluice: run {run_id}: {outcome['total_keys']} {plural(local_manifest.content_source(args)[0])} in "
         f"{outcome['shards']} shard(s) "
         f"({layout}); emulator {endpoint}",
         file=sys.stderr,
