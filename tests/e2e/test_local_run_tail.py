@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from tests import pace
 
-IMAGES = 600
+IMAGES = 1200
 SLOW = 10.0
 PERIOD_S = 0.5
 

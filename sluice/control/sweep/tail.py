@@ -191,7 +191,11 @@ def sweep_tail(ctx: Context, run: RunItem, *, now: float) -> list[str]:
     made: list[SplitShard] = []
     logger.debug(
         "tail",
-        extra={"run_id": run.run_id, "ranks": [(r.shard, r.processed, r.todo, r.rate, r.total_s()) for r in ranks]},
+        extra={
+            "run_id": run.run_id,
+            "ranks": [(r.shard, r.processed, r.todo, r.rate, r.total_s(), r.left_s(now)) for r in ranks],
+            "fences": [(r.shard, r.fence.reserved_to, r.fence.attempt) if r.fence else None for r in ranks],
+        },
     )
     for s in decide(ranks, tail, ctx.settings):
         fresh = ctx.ledger.get(run.run_id) if made else run
