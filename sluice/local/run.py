@@ -85,6 +85,8 @@ def _run_local(args: argparse.Namespace) -> int:
     folder = Folder.read(source, kind) if source else None  # a missing or empty folder: before anything starts
     if args.model:
         local_manifest.model_specs(args)  # so does a --model file that is not there
+    files = len(folder.images) if folder else None
+    local_manifest.refuse_rejected(args, files)  # and what the manifest function would reject, in its words
     out = OutputDir.check(args.out)  # and an unusable --out, not after the run
     start = _Start(args, out, folder, started, note_pid)
     svc = Services()
