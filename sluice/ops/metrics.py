@@ -139,9 +139,13 @@ def _span(client: PromClient, run_id: str, start: float, end: float) -> tuple[fl
 
     Each pass asks, per step, for any sample within that step (not the lookback window), so
     the span ends at the run's last sample, whether its series ended with staleness markers
-    or its ranks died, and a run of a few seconds is found in a 24-hour window.
+    or its ranks died, and a run of a few seconds is found in a 24-hour window. The first
+    pass's steps are multiples of its step in epoch time (not offsets from now): the span,
+    and each later pass's steps from its start, depend on the run's samples only, so a
+    finished run's figures are the same whenever they are asked.
     """
     step = float(math.ceil(max(5.0, (end - start) / 300)))
+    start, end = math.floor(start / step) * step, math.ceil(end / step) * step
     for _ in range(4):
         pts = client.query_range(COARSE.format(run=run_id, ms=math.ceil(step * 1000)), start, end, step)
         if not pts:

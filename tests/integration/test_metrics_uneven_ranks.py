@@ -110,3 +110,18 @@ def test_ranks_shorter_than_a_push_interval_and_idle_gaps(prometheus):
     s = m.summary()
     assert s["images_per_s"]["mean"] == pytest.approx(4 * 14 * RATE / 52, rel=0.03)
     assert s["data_wait"]["mean"] == pytest.approx(WAIT, rel=0.05) and s["ranks"] == 4
+
+
+def test_a_finished_runs_summary_is_the_same_whenever_it_is_asked(prometheus):
+    run = "finished-run"
+    t0 = time.time() - 1200
+    _push_run(prometheus.write_url, t0, run=run)
+    client = PromClient(prometheus.url)
+    now = time.time()
+    # asked now, a few seconds on, and minutes on: the same span, the same steps, the same figures
+    asked = [fetch(client, run, since_s=3600, now=now + dt) for dt in (0.0, 7.3, 131.0, 290.0)]
+    first = asked[0]
+    assert first.found and first.summary()["images_per_s"]["max"] == near(200.0)
+    for m in asked[1:]:
+        assert (m.start, m.end) == (first.start, first.end)
+        assert m.summary() == first.summary()
