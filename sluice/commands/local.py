@@ -17,7 +17,7 @@ def add_commands(sub: Subparsers) -> None:
     local = sub.add_parser("local", help="run Sluice on this machine against moto").add_subparsers(
         dest="local_cmd", required=True, metavar="run"
     )
-    run = local.add_parser("run", help="the embedded default: a whole run on a local moto server")
+    run = local.add_parser("run", help="a whole run on this machine: a local moto server, the real handlers, workers")
     _add_input(run)
     _add_layout(run)
     _add_models_and_output(run)
