@@ -7,12 +7,14 @@ import json
 import math
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sluice.aws.sigv4 import encode_query, normalize, region_of, sign_aps
+from sluice.errors import SluiceError
 
 # PromQL over the raw per-rank series, so a run of any length (and a Prometheus without the
 # recording rules) answers; the recording rules serve dashboards over long windows.
@@ -71,11 +73,29 @@ class PromClient:
         if self.region:
             headers = sign_aps("GET", url, None, headers, self.region)
         req = urllib.request.Request(url, headers=headers)  # noqa: S310 - the user's Prometheus / AMP
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-            body = json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise SluiceError(f"{self.base} answered HTTP {exc.code} {exc.reason}: {self._check()}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            why = getattr(exc, "reason", exc)
+            raise SluiceError(f"cannot reach Prometheus at {self.base} ({why}): {self._check()}") from None
         if body.get("status") != "success":
             raise RuntimeError(f"PromQL error: {body.get('error', body)}")
         return body["data"]
+
+    def _check(self) -> str:
+        """What to check when the URL does not answer as a Prometheus API does."""
+        if self.region:
+            return (
+                "check the AMP workspace URL (https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>/) "
+                "and your AWS credentials"
+            )
+        return (
+            "check the URL (a local run's is the one `sluice local run --keep` printed, up only while that "
+            "emulator runs) or SLUICE_PROMETHEUS_URL"
+        )
 
     def query(self, expr: str, at: float | None = None) -> float | None:
         """An instant query's single value (None when empty)."""

@@ -125,3 +125,15 @@ def test_a_finished_runs_summary_is_the_same_whenever_it_is_asked(prometheus):
     for m in asked[1:]:
         assert (m.start, m.end) == (first.start, first.end)
         assert m.summary() == first.summary()
+
+
+def test_a_prometheus_that_does_not_answer_is_named_with_what_to_check(prometheus, capsys):
+    from sluice.cli import main
+
+    assert main(["metrics", RUN, "--url", "http://127.0.0.1:1/"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sluice: error: cannot reach Prometheus at http://127.0.0.1:1/ (")
+    assert "Connection refused" in err and "check the URL" in err and "<urlopen error" not in err
+    assert main(["metrics", RUN, "--url", prometheus.url.rstrip("/") + "/not-prometheus/"]) == 1
+    err = capsys.readouterr().err
+    assert "answered HTTP 404" in err and "check the URL" in err
