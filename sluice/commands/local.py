@@ -68,6 +68,11 @@ def _add_input(run: argparse.ArgumentParser) -> None:
     src.add_argument("--videos", metavar="DIR", help=f"like --images, for a video run: {named['video']}")
     src.add_argument("--demo-videos", type=int_from(1), metavar="N", help="generate N short demo MP4s")
     run.add_argument(
+        "--suffixes",
+        metavar=".EXT,...",
+        help="with --images/--texts/--videos: upload files with these suffixes too (--texts DIR --suffixes .py,.ipynb)",
+    )
+    run.add_argument(
         "--manifest",
         metavar="FILE",
         help="run this manifest; the other flags are applied on top of it (or refused). Without input it reads "

@@ -34,7 +34,7 @@ from sluice.control.table.items import RunItem
 from sluice.local import manifest as local_manifest
 from sluice.local.emulator.bus import BusTap
 from sluice.local.emulator.server import FAKE_CREDENTIALS
-from sluice.local.folder import Folder
+from sluice.local.folder import Folder, suffixes
 from sluice.local.manifest import Uploaded
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
@@ -82,7 +82,8 @@ def _run_local(args: argparse.Namespace) -> int:
     local_manifest.check_flags(args)
     local_manifest.check_file(args)  # a missing or broken --manifest: before any server starts
     kind, source, _ = local_manifest.content_source(args)
-    folder = Folder.read(source, kind) if source else None  # a missing or empty folder: before anything starts
+    more = suffixes(getattr(args, "suffixes", None))
+    folder = Folder.read(source, kind, more) if source else None  # a missing or empty folder: before anything starts
     if args.model:
         local_manifest.model_specs(args)  # so does a --model file that is not there
     files = len(folder.images) if folder else None
