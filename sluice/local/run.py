@@ -41,7 +41,7 @@ from sluice.local.progress import Progress
 from sluice.local.router import Router
 from sluice.local.services import NotePid, Services, metrics_note, start_services, stop_services, worker_env
 from sluice.local.streams import pipe_safe
-from sluice.local.summary import Ended, report, save, summarize
+from sluice.local.summary import Ended, report, save, stopped_work, summarize
 from sluice.local.upload import save_demo, submit
 
 INTERRUPTED = "interrupted: the local run was stopped (Ctrl-C, SIGTERM or SIGHUP) and its workers with it"
@@ -114,7 +114,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def _run(start: _Start, svc: Services, interrupted: threading.Event) -> int:
     from sluice.control.table.ledger import Ledger
-    from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor, abandon
+    from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor
     from sluice.local.emulator.infra import create_local
 
     args = start.args
@@ -157,21 +157,32 @@ def _run(start: _Start, svc: Services, interrupted: threading.Event) -> int:
     svc.waiting = True
     row = _wait(_Discovery(executor, router), ledger, run_id, progress, interrupted, sweep)
     progress.end()
+    stopped = None
     if row is None:  # interrupted: the run is concluded (failed) and still gets its summary.json
-        svc.waiting = False  # a second signal stops at once, without the summary
-        svc.stopped += abandon(executor, INTERRUPTED)
-        svc.executors.remove(executor)
-        row = ledger.get(run_id)
+        row, stopped = _abandoned(executor, ledger, run_id, svc)
         if row is None:
             return 130
     summary = summarize(c, svc.tap, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
     summary.update(_more_summary(args, svc, uploaded, run_dir), interrupted=interrupted.is_set())
+    summary["interrupted_work"] = stopped
     summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s", "cause"}) for s in sweep.stalled()]
     save(run_dir, summary)
     report(summary, args.json)
     if interrupted.is_set():
         return 130
     return 0 if row.status is RunStatus.SUCCEEDED else 1
+
+
+def _abandoned(executor: Any, ledger: Any, run_id: str, svc: Services) -> tuple[RunItem | None, str | None]:
+    """Interrupted: what it stops named (with its logs), every worker stopped; the run's row as concluded."""
+    from sluice.local.emulator.executor import abandon
+
+    svc.waiting = False  # a second signal stops at once, without the summary
+    now = ledger.get(run_id)
+    stopped = stopped_work(executor, now is not None and now.status.final)
+    svc.stopped += abandon(executor, INTERRUPTED)
+    svc.executors.remove(executor)
+    return ledger.get(run_id), stopped
 
 
 def _more_summary(args: argparse.Namespace, svc: Services, uploaded: Uploaded, run_dir: Path) -> dict[str, Any]:

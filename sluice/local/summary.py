@@ -211,12 +211,25 @@ def save(run_dir: Path, s: dict[str, Any]) -> None:
     (run_dir / SUMMARY_FILE).write_text(json.dumps(s, indent=2) + "\n")
 
 
+def stopped_work(executor: Any, concluded: bool) -> str | None:
+    """What an interrupt stops: the index stage (the run `concluded`) or the run's workers, and their logs
+    on disk (None: no worker was running)."""
+    tasks = [t for job in executor.jobs.values() for t in job.tasks if t.proc is not None and t.proc.poll() is None]
+    if not tasks:
+        return None
+    what = "the index stage" if concluded else "the run"
+    logs = ", ".join(t.log_path for t in tasks[:3]) + (f" and {len(tasks) - 3} more" if len(tasks) > 3 else "")
+    return f"{what} ({len(tasks)} worker(s) stopped); log: {logs}"
+
+
 def report(s: dict[str, Any], as_json: bool) -> None:
     """The summary on stdout: one JSON object, or a table."""
     if as_json:
         print(json.dumps(s, indent=2))
         return
     rows = [("run id", s.get("run_id")), ("outcome", s.get("outcome"))]
+    if s.get("interrupted"):  # Ctrl-C: what it stopped, and where that work's log is
+        rows.append(("interrupted", s.get("interrupted_work") or "before any worker started"))
     rows += [("reason", r) for r in s.get("reasons") or []]
     if "processed" in s:
         rows += _ran_rows(s)

@@ -183,3 +183,27 @@ def test_a_worker_ending_with_a_configuration_error_is_quoted_in_the_shards_reas
     assert detail.reason == f"{EXITED}: {said}"
     why = settle_shard(detail.status, detail.exit_code, detail.reason, None).why
     assert why == f"exit code 2: {EXITED}: {said}"
+
+
+def test_an_interrupt_names_what_it_stopped_and_its_log_on_disk(submitted, tmp_path):
+    import io as _io
+    from contextlib import redirect_stdout
+
+    from sluice.local.summary import report, stopped_work
+
+    executor, job, _ = submitted
+    task = job.tasks[0]
+    task.log_path = str(tmp_path / "index.log")
+    task.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        said = stopped_work(executor, True)  # the run concluded: what runs is its index stage
+        assert said == f"the index stage (1 worker(s) stopped); log: {task.log_path}"
+        assert stopped_work(executor, False) == f"the run (1 worker(s) stopped); log: {task.log_path}"
+    finally:
+        task.proc.kill()
+        task.proc.wait()
+    assert stopped_work(executor, True) is None  # nothing running: nothing stopped
+    out = _io.StringIO()
+    with redirect_stdout(out):
+        report({"run_id": RUN, "outcome": "succeeded", "interrupted": True, "interrupted_work": said}, as_json=False)
+    assert f"interrupted  {said}" in out.getvalue()
