@@ -151,7 +151,8 @@ def _run(start: _Start, svc: Services, interrupted: threading.Event) -> int:
     from sluice.local.emulator.sweep import LocalSweep
 
     sweep = LocalSweep(c, stack, executor, run_id)  # ends a hung worker by the control plane's path
-    progress = Progress(c, stack.names["RunsTable"], enabled=True)  # on stderr: --json keeps stdout for its one object
+    # on stderr: --json keeps stdout for its one object; the beats count what is embedded before it commits
+    progress = Progress(c, stack.names["RunsTable"], enabled=True, beats=stack.names["BeatsTable"])
     if not args.json:
         _say_started(args, outcome, svc.endpoint)
     svc.waiting = True

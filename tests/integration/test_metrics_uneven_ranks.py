@@ -137,3 +137,26 @@ def test_a_prometheus_that_does_not_answer_is_named_with_what_to_check(prometheu
     assert main(["metrics", RUN, "--url", prometheus.url.rstrip("/") + "/not-prometheus/"]) == 1
     err = capsys.readouterr().err
     assert "answered HTTP 404" in err and "check the URL" in err
+
+
+def test_a_text_runs_rate_is_in_documents(prometheus, tmp_path):
+    import io
+
+    from sluice.ops.metrics import plot, render
+
+    run, t0 = "text-run", time.time() - 400
+    for t in range(0, 301, PUSH_S):
+        series = [
+            (tuple(sorted((*_labels(name, 0, 1, run), ("kind", "text")))), rate * t)
+            for name, rate in (("sluice_images_processed_total", 2.0), ("sluice_data_wait_seconds_total", WAIT))
+        ]
+        _write(prometheus.write_url, series, int((t0 + t) * 1000))
+    m = fetch(PromClient(prometheus.url), run, since_s=3600)
+    assert (m.kind, m.unit) == ("text", "documents/s")
+    s = m.summary()
+    assert (s["kind"], s["unit"]) == ("text", "documents/s") and s["images_per_s"]["max"] == near(2.0)
+    out = io.StringIO()
+    render(m, out)
+    assert "documents/s    mean" in out.getvalue() and "images/s" not in out.getvalue()
+    plot(m, str(tmp_path / "m.png"))  # its axis is labelled documents/s too (the same m.unit)
+    assert fetch(PromClient(prometheus.url), RUN + "-none", since_s=60).kind == "image"  # no series: the default
