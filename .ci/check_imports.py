@@ -115,8 +115,8 @@ WORKER_FLOORS: list[Floor] = [
         "builtins, a model file's spec, loading, the inference engine, the text tower",
     ),
     Floor(
-        ("gpu_worker.kinds", "gpu_worker.watchdog"),
-        "text and video embedders; progress beats and the stall watchdog",
+        ("gpu_worker.kinds", "gpu_worker.watchdog", "gpu_worker.fence"),
+        "text and video embedders; progress beats and the stall watchdog; the tail's fence",
     ),
     Floor(
         ("gpu_worker.passes", "gpu_worker.export"),

@@ -6,8 +6,9 @@ worker's code it needs when called, so `sluice --help` stays fast.
 
 A query image takes the path a run's images take (gpu_worker.decode.image: shorter side to the
 model's input size, centre crop; gpu_worker.models.engine.Engine: normalisation, the model, L2
-normalisation), and a query text the path of a text run's texts or a CLIP-style text tower, so a
-query lands where its run put its objects.
+normalisation), a query text the path of a text run's texts or a CLIP-style (or CLAP) text tower, and a
+query audio file the path of an audio run's files (its windows' mean), so a query lands where its run put
+its objects.
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ if TYPE_CHECKING:
 
     from gpu_worker.export import ExportResult
 
-__all__ = ["ConfigError", "ExportError", "cuda_problem", "embed_images", "embed_text", "exporter", "fetch_model"]
+__all__ = [
+    "ConfigError",
+    "ExportError",
+    "cuda_problem",
+    "embed_audio",
+    "embed_images",
+    "embed_text",
+    "exporter",
+    "fetch_model",
+]
 
 
 def fetch_model(uri: str, work: str) -> str:
@@ -77,6 +87,15 @@ def embed_text(model_path: str, text: str) -> np.ndarray:
     if is_text_model(model_path):  # an index of a text run: the query goes the way its texts went
         return embed_query(model_path, text)
     return encode_texts(model_path, [text])
+
+
+def embed_audio(model_path: str, name: str, data: bytes) -> np.ndarray:
+    """(1, D) unit vector of a query audio file: decoded and windowed as an audio run does, its windows averaged."""
+    from gpu_worker.kinds.audiomodel import embed_audio_query, is_audio_model
+
+    if not is_audio_model(model_path):
+        raise ConfigError(f"--audio {name}: the index's model {model_path} is not an audio model (docs/audio.md)")
+    return embed_audio_query(model_path, data, name)
 
 
 def exporter() -> Callable[..., ExportResult]:

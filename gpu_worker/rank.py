@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from gpu_worker import watchdog
 from gpu_worker.config import WorkerConfig
 from gpu_worker.errors import report
+from gpu_worker.fence import RankFence, SliceSpec, ahead_keys
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.output import intervals
 from gpu_worker.passes.base import RankPass, run_pass
@@ -62,7 +63,18 @@ def run_rank(
         return summary
     # Progress beats, and the watchdog that ends this rank when its count stops (gpu_worker.watchdog).
     ids = watchdog.target(plan.run_id, spec.shard, spec.attempt, spec.global_rank)
-    dog = watchdog.for_rank(ids, plan.stall_after_s, plan.load_grace_s, ctx.stats, cfg.beat_interval_s)
+    todo = intervals.count(work.remaining) + len(work.retry)
+    ctx.stats.incr("todo", todo)  # sluice_keys_left: the tail's alert reads it
+    dog = watchdog.for_rank(ids, plan.stall_after_s, plan.load_grace_s, ctx.stats, cfg.beat_interval_s, todo)
+
+    def split_off(keys: int) -> None:
+        dog.shrink(keys)
+        ctx.stats.incr("todo", -keys)
+
+    # The tail's fence (gpu_worker.fence): keys start only below its reservation, and stop at a split.
+    lo, hi = work.slice
+    fence = RankFence(ids, SliceSpec(lo, hi, work.floor, ahead_keys(ctx.batch, lo, hi)), on_split=split_off)
+    work = replace(work, fence=fence)
     try:
         kind: RankPass = ImagePass(ctx, work) if plan.content.kind == "image" else PartsPass(ctx, work)
         return run_pass(ctx, kind, summary, started)

@@ -52,10 +52,13 @@ class BeatTarget:
 class Beats:
     """Writes one rank's beats (PutItem, the only action the worker role has on the table)."""
 
-    def __init__(self, target: BeatTarget, stall_after_s: float, client: Any = None) -> None:
+    def __init__(self, target: BeatTarget, stall_after_s: float, client: Any = None, todo: int = 0) -> None:
         self._t = target
         self._stall = stall_after_s
         self._client = client
+        self.todo = todo  # the keys this attempt of the rank had to do: the sweep's rate and finish (tail)
+        self.started_at = time.time()
+        self.ready_at: float | None = None  # when its models were ready: keys/s count from there
 
     def write(self, processed: int, moved_at: float, limit_s: float | None = None) -> None:
         """Record that the rank had processed `processed` keys at `moved_at` (epoch seconds).
@@ -86,7 +89,11 @@ class Beats:
             "moved_at": {"N": f"{moved_at:.3f}"},
             "stall_after_s": {"N": f"{limit:g}"},
             "expires_at": {"N": str(int(moved_at) + BEAT_TTL_S)},
+            "todo": {"N": str(self.todo)},
+            "started_at": {"N": f"{self.started_at:.3f}"},
         }
+        if self.ready_at is not None:
+            item["ready_at"] = {"N": f"{self.ready_at:.3f}"}
         try:
             self._client.put_item(TableName=t.table, Item=item)
         except Exception as exc:  # a lost beat only makes the sweep's view older; never fail the rank for it
@@ -124,14 +131,22 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sluice-watchdog", daemon=True)
         self.fired = False
+        self._wrote = -1  # the count of the last beat written
 
     def start(self) -> Watchdog:
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop watching; a last beat records the final count (the tail's sweep reads finished ranks' times)."""
         self._stop.set()
         self._thread.join(timeout=5)
+        if not self.fired and self._wrote != int(self._progress()):
+            self._beats.write(int(self._progress()), time.time(), self.limit_s(False))
+
+    def shrink(self, keys: int) -> None:
+        """`keys` left the rank's work (split off to another shard): its beats' todo says so from the next one."""
+        self._beats.todo = max(0, self._beats.todo - keys)
 
     def limit_s(self, loading: bool) -> float:
         """How long the rank may stay still: stall_after_s, plus the plan's load grace while its models load."""
@@ -141,11 +156,15 @@ class Watchdog:
         last = (self._progress(), self._loading())
         moved_at = time.time()
         self._beats.write(int(last[0]), moved_at, self.limit_s(last[1]))  # the attempt is alive from here
+        self._wrote = int(last[0])
         while not self._stop.wait(self._interval):
             now, seen = time.time(), (self._progress(), self._loading())
             if seen != last:  # a key done, or the models ready
+                if last[1] and not seen[1]:
+                    self._beats.ready_at = now
                 last, moved_at = seen, now
                 self._beats.write(int(seen[0]), now, self.limit_s(seen[1]))
+                self._wrote = int(seen[0])
             elif now - moved_at >= self.limit_s(seen[1]):
                 self.fired = True
                 # os.write, not the logger: the stuck thread may hold the logging lock.
@@ -164,14 +183,19 @@ def stall_after_s(plan_value: float | None, env: Mapping[str, str] | None = None
 
 
 def for_rank(
-    ids: BeatTarget, plan_value: float | None, load_grace_s: float | None, stats: Stats, interval_s: float
+    ids: BeatTarget,
+    plan_value: float | None,
+    load_grace_s: float | None,
+    stats: Stats,
+    interval_s: float,
+    todo: int = 0,
 ) -> Watchdog:
     """A started watchdog for one rank: its progress is keys embedded or failed, its models ready or not."""
     limit = stall_after_s(plan_value)
     grace = float(load_grace_s) if load_grace_s else LEGACY_LOAD_GRACE_S
     progress = lambda: stats.get("images") + stats.get("failed")  # noqa: E731
     loading = Loading(lambda: not stats.get("model_ready_seconds"), grace)
-    return Watchdog(progress, limit, Beats(ids, limit), interval_s=interval_s, loading=loading).start()
+    return Watchdog(progress, limit, Beats(ids, limit, todo=todo), interval_s=interval_s, loading=loading).start()
 
 
 def target(run_id: str, shard: int, attempt: int, rank: int, env: Mapping[str, str] | None = None) -> BeatTarget:

@@ -13,6 +13,8 @@ The artifact's identity, then the preprocessing that changes its vectors, `;name
                                        text: the window (default: the model's own, which its artifact fixes)
     ;frames_per_second=<f|default> or ;frames_per_video=<n>
                                        video: the frame sampling
+    ;window_s=<f|default>;hop_s=<f|default>
+                                       audio: the windows (default: the model's own, which its artifact fixes)
     ;pipeline=<digest>                 image and video: the sidecar's image pipeline (`preprocess`, written by
                                        `sluice model export`), when it has one
 
@@ -72,7 +74,7 @@ def resolve(uri: str, s3: S3Client | None = None) -> str:
 
 def identity(spec: ModelSpec, content: ContentSpec, s3: S3Client | None = None) -> str:
     """The model_id a run records for `spec`: its artifact (`resolve`) and the preprocessing the worker uses."""
-    if content.kind == "text":
+    if content.kind in ("text", "audio"):  # the artifact fixes the rest (its tokenizer, its sample rate)
         return resolve(spec.uri, s3) + preprocessing(content.kind, spec.image_size, content)
     sidecar = read_sidecar(spec.uri, s3)
     size = _image_size(sidecar) or spec.image_size

@@ -71,4 +71,4 @@ def object_version(etag: str | None, version_id: str | None) -> str:
 
 
 # Content kinds a run can embed (input.kind); an image is one part, text and video several.
-KINDS = ("image", "text", "video")
+KINDS = ("image", "text", "video", "audio")

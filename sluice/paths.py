@@ -74,6 +74,10 @@ class RunPaths:
     def retry_plan(self, pass_no: int) -> str:
         return self.root + f"plan-retry-{pass_no}.json"
 
+    def split_plan(self, shard: int) -> str:
+        """The plan a split child runs under: the run's, with the child's shard in it."""
+        return self.root + f"plan-split-{shard}.json"
+
     @property
     def shards_prefix(self) -> str:
         return self.root + "shards/"

@@ -180,6 +180,43 @@ class Settings(EnvSettings):
         "derived from the rows, fixed when the stage is claimed; AWS Batch refuses less than 60 s (its minimum "
         "attemptDurationSeconds), local runs take any.",
     )
+    # The tail (sluice.control.sweep.tail): defaults from bench/tail.py (docs/performance.md "The tail").
+    split_after: float = Field(
+        2.0,
+        ge=0,
+        description="SLUICE_SPLIT_AFTER: a moving rank whose expected shard time passes this multiple of the run's "
+        "median has its remaining keys split off to a new shard; 0 turns splitting off.",
+    )
+    split_min_keys: int = Field(
+        32, ge=1, description="SLUICE_SPLIT_MIN_KEYS: the fewest keys a split hands to its child (and leaves)."
+    )
+    # A cap, not a target: the children's own seconds, start-up included, against every rank's
+    # expected seconds. With a few shards a child's start-up alone is a large share (bench/tail.py's
+    # 4 shards: a child of ~8 s against ~80 s); at thousands of shards the cap is never near.
+    split_share: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="SLUICE_SPLIT_SHARE: at most this share of the run's expected GPU time goes to split children.",
+    )
+    split_from: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="SLUICE_SPLIT_FROM: splitting starts once every shard has started or this fraction is done.",
+    )
+    split_startup_s: float = Field(
+        120.0,
+        ge=0,
+        description="SLUICE_SPLIT_STARTUP_S: a split child's wait for its instance, added to the run's measured "
+        "container start and model load when the split point is chosen.",
+    )
+    split_per_sweep: int = Field(
+        100,
+        ge=1,
+        description="SLUICE_SPLIT_PER_SWEEP: the most splits one sweep makes (Spark's speculation, with no such "
+        "bound, jammed its scheduler at 100,000 tasks: SPARK-26755).",
+    )
     # The deployed capacity the preflight checks runs against (sluice.preflight; template.yaml
     # parameters of the same names), and the GPU family GPU-hours are priced on.
     max_vcpus: int = Field(256, ge=1, description="SLUICE_MAX_VCPUS: MaxVcpus of each GPU compute environment.")

@@ -6,7 +6,8 @@
                               tower and tokenizer beside it: gpu_worker.models.texttower)
     hf:REPO                   e.g. hf:openai/clip-vit-base-patch32, hf:google/siglip-base-patch16-224; a text
                               encoder (sentence-transformers, BERT-like) becomes a text artifact for text
-                              runs, its tokenizer inside (gpu_worker.export.textrun)
+                              runs, its tokenizer inside (gpu_worker.export.textrun); an audio model (CLAP,
+                              wav2vec2, HuBERT) an audio artifact for audio runs (gpu_worker.export.audio)
 
 The artifact is a TorchScript (`torch.jit.save`) or torch.export (`*.pt2`) file plus its spec
 (`<file>.json`, also embedded): input size, mean/std, output dim, name, version, weights
@@ -131,6 +132,11 @@ def export(spec: str, out: str, *, fmt: str | None = None, **source: Unpack[Sour
         raise ExportError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     uri, fmt = _target(spec, out, fmt)
     _check_orientation(source.get("orientation"))
+    from gpu_worker.export.audio import audio_source
+
+    audio_model = None if source.get("weights") else audio_source(spec, source.get("pretrained", True))
+    if audio_model is not None:
+        return _export_audio(audio_model, uri, fmt, source)
     from gpu_worker.export.textrun import text_source
 
     text_model = None if source.get("weights") else text_source(spec, source.get("pretrained", True))
@@ -175,6 +181,28 @@ def _export_text(src: Any, uri: str, fmt: str) -> ExportResult:
                 kind = "application/json" if suffix else "application/octet-stream"
                 control_store().put(uri + suffix, fh.read(), content_type=kind)
     return ExportResult(uri, meta, diff, diff)
+
+
+def _export_audio(src: Any, uri: str, fmt: str, source: SourceArgs) -> ExportResult:
+    """An audio model -> an audio artifact at `uri` (+ CLAP's text tower beside it: gpu_worker.export.audio)."""
+    from gpu_worker.export.audio import write_audio_model
+    from gpu_worker.models.texttower import SIDECARS
+
+    if fmt != "torchscript" or source.get("orientation") is not None or source.get("image_size"):
+        raise ExportError(f"{src.name} is an audio model: TorchScript only, no --orientation or --image-size")
+    if not uri.startswith("s3://"):
+        meta, cosine = write_audio_model(src, uri)
+        return ExportResult(uri, meta, 1.0 - cosine, 1.0 - cosine)
+    from gpu_worker.sources.clients import control_store
+
+    with tempfile.TemporaryDirectory(prefix="sluice-export-") as tmp:
+        local = os.path.join(tmp, uri.rsplit("/", 1)[-1])
+        meta, cosine = write_audio_model(src, local)
+        for suffix in ("", ".json", *(SIDECARS if src.text is not None else ())):
+            with open(local + suffix, "rb") as fh:
+                kind = "application/json" if suffix.endswith(".json") else "application/octet-stream"
+                control_store().put(uri + suffix, fh.read(), content_type=kind)
+    return ExportResult(uri, meta, 1.0 - cosine, 1.0 - cosine)
 
 
 def _write(src: Source, fmt: str, path: str) -> tuple[dict[str, Any], Any, Any]:

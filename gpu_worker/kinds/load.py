@@ -17,4 +17,8 @@ def load_embedder(how: Loading) -> Embedder:
         from gpu_worker.kinds.videomodel import load_video
 
         return load_video(how)
-    raise ConfigError(f"input.kind {kind!r} has no parts embedder in this worker (kinds: text, video)")
+    if kind == "audio":
+        from gpu_worker.kinds.audiomodel import load_audio
+
+        return load_audio(how)
+    raise ConfigError(f"input.kind {kind!r} has no parts embedder in this worker (kinds: text, video, audio)")

@@ -63,6 +63,13 @@ SPEC_KEYS = {
     "normalize",
     "reference",  # what the export compared the file with (sentence-transformers' encode), and how close
     "preprocess",  # the library's image pipeline (gpu_worker.decode.preprocess); absent: the legacy one
+    # an audio artifact's (gpu_worker.kinds.audiomodel): its rate, default window, input length, padding
+    "sample_rate",
+    "window_s",
+    "input_samples",
+    "pad",
+    "min_samples",
+    "features",
 }
 
 

@@ -6,7 +6,8 @@ Layout under <output_prefix>shard=<i>/ :
     _commits/part-<rank>-<n>.json    its marker, written AFTER the Parquet object
 
 A chunk exists only once its marker does. A marker lists the positions it settles (`covers`:
-embedded or permanently failed), the keys it deferred to the final pass (`deferred`), and its
+embedded or permanently failed; for a `handed-<rank>-<n>` marker, split off to the shard it
+names, `to_shard`), the keys it deferred to the final pass (`deferred`), and its
 failures. Resume: a position in any marker's covers or deferred is not redone in the main
 pass; deferred positions no marker covers are retried. No position is ever in two markers'
 covers (checked at the end of the shard), so nothing is written twice.
@@ -27,6 +28,9 @@ from sluice.paths import COMMITS_DIR, failures_uri, is_commit_marker, join, resu
 MARKER_VERSION = 1
 # A key's phase: the main pass (its chunk covers a range) or the final retry pass (a retry chunk).
 MAIN, RETRY = 0, 1
+# A marker's kind for a span split off to another shard (no file, no rows; `to_shard` names it):
+# its positions are claimed here, so no attempt redoes them, and settled there.
+HANDED = "handed"
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,11 @@ class ShardState:
     @property
     def covered(self) -> list[Span]:
         return intervals.normalize(r for m in self.markers for r in m.covers)
+
+    @property
+    def handed(self) -> list[Span]:
+        """Positions split off to other shards (settled there, not here)."""
+        return intervals.normalize(r for m in self.markers if m.kind == HANDED for r in m.covers)
 
     @property
     def claimed(self) -> list[Span]:

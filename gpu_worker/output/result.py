@@ -50,11 +50,15 @@ def write_shard_result(
     lines = "".join(line.model_dump_json() + "\n" for line in failures)
     store.put(paths.failures, lines.encode(), "application/x-ndjson")
     by_model = {name: sum(m.rows for m in state.markers) for name, state in states.items()}
+    # A span split off to another shard is settled there: this shard answers for the rest.
+    handed = max((intervals.count(state.handed) for state in states.values()), default=0)
+    own = n_keys - handed
     result = ShardResult(
         **info,
-        n_keys=n_keys,
+        n_keys=own,
+        handed=handed,
         processed=min(by_model.values(), default=0),
-        **asdict(verdict.judge(failures, n_keys, threshold)),
+        **asdict(verdict.judge(failures, own, threshold)),
         chunks=sum(len(state.markers) for state in states.values()),
         processed_by_model=by_model if len(states) > 1 else {},
     )

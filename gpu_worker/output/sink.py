@@ -20,7 +20,7 @@ import numpy as np
 
 from gpu_worker.errors import WorkerError
 from gpu_worker.output import intervals
-from gpu_worker.output.commits import RETRY, Marker, Paths
+from gpu_worker.output.commits import HANDED, RETRY, Marker, Paths
 from gpu_worker.output.intervals import Span
 from gpu_worker.output.parquet import WHOLE, Part, RecordLabel, output_table, table_bytes
 from gpu_worker.sources.fetch import ObjMeta
@@ -75,7 +75,7 @@ class ChunkSink:
         self._starts = [a for a, _, _ in flat]
         self._flat = flat
         self._retry = _Chunk(-1, [])
-        self._jobs: queue.Queue[tuple[str, _Chunk, str] | None] = queue.Queue(maxsize=8)
+        self._jobs: queue.Queue[tuple[str, _Chunk, str, dict[str, Any]] | None] = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
         self._writer = threading.Thread(target=self._write_loop, name="chunk-writer", daemon=True)
         self._writer.start()
@@ -168,7 +168,7 @@ class ChunkSink:
         while True:
             self._check()
             try:
-                self._jobs.put((name, chunk, kind), timeout=0.5)
+                self._jobs.put((name, chunk, kind, {}), timeout=0.5)
                 return
             except queue.Full:
                 continue
@@ -185,7 +185,7 @@ class ChunkSink:
             except BaseException as exc:
                 self._error = exc
 
-    def _write(self, name: str, chunk: _Chunk, kind: str) -> None:
+    def _write(self, name: str, chunk: _Chunk, kind: str, extra: dict[str, Any]) -> None:
         rows = sorted(chunk.rows, key=lambda r: (r[0], r[4][0]))
         deferred = {p for p, _ in chunk.deferred}
         covers = intervals.subtract(chunk.spans, intervals.from_points(deferred)) if kind == "range" else chunk.spans
@@ -207,11 +207,40 @@ class ChunkSink:
             attempt=self._attempt,
             rank=self._rank,
             file=file,
-            extra={"committed_at": time.time(), "parts": len(rows)},  # parts: Parquet rows (chunks, frames)
+            # parts: Parquet rows (chunks, frames)
+            extra={"committed_at": time.time(), "parts": len(rows), **extra},
         )
         self._store.put(self._paths.marker(name), marker.to_json(), "application/json")
         self.committed += 1
         self._obs.incr("chunks_committed")
+
+    def hand_off(self, span: Span, to_shard: int) -> None:
+        """`span` was split off to shard `to_shard`: no window waits for it, and a handed marker records it.
+
+        The rank started no key in `span` (its fence), so a window that reached into it is complete
+        with what it settled below; it commits now if that is everything.
+        """
+        self._check()
+        for w in self._windows:
+            if w.committed:
+                continue
+            w.spans = intervals.subtract(w.spans, [span])
+            w.expected = intervals.count(w.spans)
+            if not w.spans:
+                w.committed = True  # wholly the child's: nothing of it is written here
+            elif w.settled == w.expected:
+                self._commit(w, "range")
+        handed = _Chunk(intervals.count([span]), [span])
+        handed.committed = True
+        name = self._paths.chunk_name(self._rank, span[0]).replace("part-", "handed-", 1)
+        extra = {"to_shard": to_shard}
+        while True:
+            self._check()
+            try:
+                self._jobs.put((name, handed, HANDED, extra), timeout=0.5)  # after every chunk queued before it
+                return
+            except queue.Full:
+                continue
 
     def close(self) -> None:
         """Commit the last retry chunk, wait for every write; raises if any window is incomplete."""

@@ -51,6 +51,11 @@ class KeySinks:
             self.reasons[f.reason] += 1
             self.stats.incr("failed")
 
+    def hand_off(self, span: intervals.Span, to_shard: int) -> None:
+        """`span` was split off to shard `to_shard` (the rank's fence learned it): every sink records it."""
+        for sink in self.sinks:
+            sink.hand_off(span, to_shard)
+
     def finish(self, ok: bool) -> None:
         """Commit every sink's last chunks, or (after a failure) commit nothing more."""
         if ok:
@@ -140,6 +145,9 @@ def run_pass(ctx: RankContext, p: RankPass, summary: dict[str, Any], started: fl
     ok = False
     try:
         p.stream()
+        if (split := p.work.fence.handoff()) is not None:
+            p.outputs.hand_off(*split)
+            summary["handed"] = {"span": list(split[0]), "to_shard": split[1]}
         p.outputs.finish(ok=True)
         ok = True
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.output import intervals
@@ -66,6 +67,27 @@ class ModelTodo:
     retry: list[tuple[int, str]]
 
 
+class Admits(Protocol):
+    """Whether a main-pass position may start (gpu_worker.fence.RankFence: below its reservation, before a split)."""
+
+    def admit(self, pos: int) -> bool: ...
+
+    def handoff(self) -> tuple[intervals.Span, int] | None:
+        """The span split off to another shard and that shard, once learned."""
+        ...
+
+
+class _Open:
+    def admit(self, pos: int) -> bool:
+        return True
+
+    def handoff(self) -> tuple[intervals.Span, int] | None:
+        return None
+
+
+OPEN = _Open()  # no fence: every position starts (tests, and work built before the rank's fence)
+
+
 @dataclass(frozen=True)
 class RankWork:
     """The rank's keys: every model's remaining spans (each key fetched once for all), then deferred keys."""
@@ -75,6 +97,8 @@ class RankWork:
     remaining: list[intervals.Span]
     retry: list[tuple[int, str]]
     reader: Callable[[], ShardReader]
+    floor: int  # past every position some model has claimed in the slice: a split may start no lower
+    fence: Admits = OPEN
 
     @classmethod
     def of(cls, ctx: RankContext) -> RankWork:
@@ -82,11 +106,13 @@ class RankWork:
         spec = ctx.spec
         lo, hi = rank_slice(spec.n_keys, spec.world, spec.local_rank)
         todos = []
+        floor = lo
         for path in spec.state_paths:
             with open(path, "rb") as fh:
                 state = ShardState.from_json(fh.read())
             remaining = intervals.subtract([(lo, hi)], state.claimed)
             todos.append(ModelTodo(remaining, [(p, u) for p, u in state.pending_retry() if lo <= p < hi]))
+            floor = max([floor, *(min(b, hi) for a, b in state.claimed if a < hi and b > lo)])
         shard_uri = ctx.plan.shard_uri(spec.shard)
         return cls(
             (lo, hi),
@@ -94,6 +120,7 @@ class RankWork:
             intervals.normalize(span for t in todos for span in t.remaining),
             sorted({p: u for t in todos for p, u in t.retry}.items()),
             lambda: ShardReader(RangedObject(ctx.store, shard_uri)),
+            floor,
         )
 
     @property
@@ -108,8 +135,13 @@ class RankWork:
             for bucket, keys in self.reader().groups(remaining[0][0], remaining[-1][1]):
                 for key in keys:
                     if intervals.contains(remaining, pos):
+                        if not self.fence.admit(pos):
+                            break  # the rest of the slice was split off to another shard
                         yield Item(pos, bucket, key, MAIN)
                     pos += 1
+                else:
+                    continue
+                break
         for pos, uri in self.retry:
             bucket, key = parse_s3_uri(uri)
             yield Item(pos, bucket, key, RETRY)

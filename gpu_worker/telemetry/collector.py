@@ -100,6 +100,8 @@ class RankCollector(Collector):
         yield self._gauge(
             "sluice_prefetch_queue_depth", "Batches decoded and waiting for the model.", float(self._queue_depth())
         )
+        left = s.get("todo", 0.0) - s.get("images", 0.0) - s.get("failed", 0.0)
+        yield self._gauge("sluice_keys_left", "Keys the rank has still to settle (less any split off).", max(0.0, left))
         g = self._gpu.read() if self._gpu else {}
         for key, name, doc in (
             ("util", "sluice_gpu_utilization_ratio", "GPU busy fraction (NVML)."),

@@ -25,6 +25,7 @@ FAMILIES = (
     "sluice_object_fetch_seconds",
     "sluice_data_wait_seconds_total",
     "sluice_prefetch_queue_depth",
+    "sluice_keys_left",
     "sluice_gpu_utilization_ratio",
     "sluice_gpu_memory_used_bytes",
     "sluice_gpu_power_watts",
@@ -39,6 +40,7 @@ CRITICAL = (
     "sluice_s3_retries_total",
     "sluice_batch_inference_seconds",
     "sluice_data_wait_seconds_total",
+    "sluice_keys_left",
     "sluice_gpu_utilization_ratio",
     DROPPED,
 )

@@ -2,9 +2,10 @@
 
     sluice index build SOURCE... --out INDEX [--model NAME] [--json]
     sluice index show INDEX [--json]
-    sluice search INDEX (--image FILE... | --key S3URI | --vector-file FILE.npy | --text "...") [-k 10] [--json]
+    sluice search INDEX (--image FILE... | --audio FILE | --key S3URI | --vector-file FILE.npy | --text "...")
+                  [-k 10] [--json]
 
---image and --text embed the query with the index's own model: the artifact the table records
+--image, --audio and --text embed the query with the index's own model: the artifact the table records
 (or --artifact URI), whose identity (sluice.modelid) must be the artifact part of the table's
 model_id; torch and the worker's code are imported for them only. A missing or foreign index, or a query it cannot
 answer, is one line on stderr and exit 2.
@@ -58,6 +59,11 @@ def add_commands(sub: Subparsers) -> None:
         action="append",
         help="embed this image with the index's own model (repeat it for several queries: a list each)",
     )
+    q.add_argument(
+        "--audio",
+        metavar="FILE",
+        help="embed this audio file as an audio run does (its windows averaged) with the index's own model",
+    )
     q.add_argument("--key", metavar="S3URI", help="the embedding the index holds for this key")
     q.add_argument("--vector-file", metavar="FILE.npy", help="a (dim,) or (Q, dim) array: Q queries")
     q.add_argument(
@@ -67,7 +73,9 @@ def add_commands(sub: Subparsers) -> None:
     )
     s.add_argument("-k", type=int, default=10, help="results per query (default 10)")
     s.add_argument("--model", metavar="NAME", help="the model's table, when the index holds several")
-    s.add_argument("--artifact", metavar="URI", help="the model file for --image/--text (default: the one recorded)")
+    s.add_argument(
+        "--artifact", metavar="URI", help="the model file for --image/--audio/--text (default: the one recorded)"
+    )
     s.add_argument("--json", action="store_true", help='print {"results": [[{"key", "score"}, ...], ...]}')
     s.set_defaults(func=cmd_search)
 
@@ -170,10 +178,16 @@ def _queries(args: argparse.Namespace, searcher: Any, work: str) -> Any:
             raise SearchInputError(f"--key {args.key}: the index holds no such key")
         return v[None, :]
     artifact = _artifact(searcher.meta, args.artifact, work)
-    from gpu_worker.door import embed_images, embed_text
+    from gpu_worker.door import embed_audio, embed_images, embed_text
 
     if args.text is not None:
         return embed_text(artifact, args.text)
+    if args.audio is not None:
+        try:
+            with open(args.audio, "rb") as fh:
+                return embed_audio(artifact, args.audio, fh.read())
+        except OSError as exc:
+            raise SearchInputError(f"--audio {args.audio}: {exc.strerror}") from None
 
     images = []
     for path in args.image:
@@ -214,7 +228,7 @@ def cmd_search(args: argparse.Namespace, inv: Invocation) -> int:
 
 
 def _hit_json(h: Any) -> dict[str, Any]:
-    """One hit as JSON: key and score, and where in the object for a text's chunk or a video's frame."""
+    """One hit as JSON: key and score, and where in the object for a text's chunk, a video's frame, an audio window."""
     out: dict[str, Any] = {"key": h.key, "score": h.score}
     if h.part or h.part_end:
         out |= {"part": h.part, "part_start": h.part_start, "part_end": h.part_end}

@@ -26,7 +26,7 @@ def add_commands(sub: Subparsers) -> None:
 
 
 def _add_content(run: argparse.ArgumentParser) -> None:
-    """How a text is chunked and a video sampled (the manifest's input fields; docs/kinds.md)."""
+    """How a text is chunked, a video sampled and audio windowed (the manifest's input fields; docs/kinds.md)."""
     run.add_argument(
         "--chunk-tokens",
         type=int_from(8),
@@ -51,6 +51,15 @@ def _add_content(run: argparse.ArgumentParser) -> None:
         metavar="N",
         help="video: frames sampled evenly over each whole video (input.frames_per_video)",
     )
+    run.add_argument(
+        "--window-s",
+        type=float,
+        metavar="S",
+        help="audio: seconds a window holds (input.window_s; default: the model's, CLAP 10)",
+    )
+    run.add_argument(
+        "--hop-s", type=float, metavar="S", help="audio: seconds between windows' starts (input.hop_s; default: window)"
+    )
 
 
 def _add_input(run: argparse.ArgumentParser) -> None:
@@ -67,10 +76,13 @@ def _add_input(run: argparse.ArgumentParser) -> None:
     src.add_argument("--demo-texts", type=int_from(1), metavar="N", help="generate N demo texts, some long")
     src.add_argument("--videos", metavar="DIR", help=f"like --images, for a video run: {named['video']}")
     src.add_argument("--demo-videos", type=int_from(1), metavar="N", help="generate N short demo MP4s")
+    src.add_argument(
+        "--audio", metavar="DIR", help=f"like --images, for an audio run (needs --model): {named['audio']}"
+    )
     run.add_argument(
         "--suffixes",
         metavar=".EXT,...",
-        help="with --images/--texts/--videos: upload files with these suffixes too (--texts DIR --suffixes .py,.ipynb)",
+        help="with a folder flag (--images, --texts, ...): upload files with these suffixes too (.py,.ipynb)",
     )
     run.add_argument(
         "--manifest",

@@ -90,6 +90,20 @@ def cmd_model_export(args: argparse.Namespace, inv: Invocation) -> int:
     return EXIT_OK
 
 
+def _print_audio(result: Any, use: str) -> None:
+    """An audio artifact: its input, its features and how close it came to the library's own pipeline."""
+    spec, ref = result.spec, result.spec["reference"]
+    print(
+        f"{result.uri} (audio, {spec['format']}): {spec['name']} {spec['version']}, {spec['window_s']:g} s windows "
+        f"at {spec['sample_rate']} Hz -> {spec['output_dim']}-d; features inside: {spec['features']}"
+        f"\nchecked against {ref['library']}'s feature extractor and model on the same windows: features max "
+        f"|difference| {ref['features_max_abs_diff']:.2e}, lowest cosine {ref['min_cosine']:.6f}"
+        f'\nspec: {result.uri}.json; {use}, with "input": {{..., "kind": "audio"}}'
+    )
+    if spec["pad"] == "repeatpad":  # CLAP: its text tower beside
+        print(f"text tower: {result.uri}.text.pt (sluice search INDEX --text 'WORDS' on an audio index)")
+
+
 def _print_export(result: Any) -> None:
     """What was exported (file, format, model, sizes, weights, precision, text tower) and how to use it."""
     spec = result.spec
@@ -98,6 +112,9 @@ def _print_export(result: Any) -> None:
         if result.uri.startswith("s3://")
         else "copy both files to S3 and set the manifest's model.uri to the file's s3:// URI (docs/models.md)"
     )
+    if "audio" in spec.get("kinds", ()):  # an audio artifact: for input.kind audio (docs/audio.md)
+        _print_audio(result, use)
+        return
     if "text" in spec.get("kinds", ()):  # a text artifact: for input.kind text (docs/kinds.md)
         print(
             f"{result.uri} (text, {spec['format']}): {spec['name']} {spec['version']}, {spec['context_length']} "

@@ -62,7 +62,13 @@ def cmd_status(args: argparse.Namespace, inv: Invocation) -> int:
     """A run's status and progress from the ledger."""
     from sluice.ops.status import cmd_status as show
 
-    return show(_ledger(args, inv), args.run_id, watch=args.watch, as_json=args.json, interval=args.interval)
+    return show(
+        _ledger(args, inv),
+        args.run_id,
+        watch=args.interval if args.watch else False,
+        as_json=args.json,
+        beats_table=inv.settings.beats_table,
+    )
 
 
 def cmd_runs(args: argparse.Namespace, inv: Invocation) -> int:

@@ -29,6 +29,19 @@ class StalledAttempt(Written):
     redo_job_id: str | None = Field(default=None, description="The job Sluice submitted to resume the shard.")
 
 
+class SplitShard(Written):
+    """A slow shard's remaining keys split off to a new shard (a SPLIT# item, made once): the tail."""
+
+    shard: int = Field(description="The slow shard.")
+    at: int = Field(description="Its position where the split child's keys begin.")
+    to_shard: int = Field(description="The split child's shard: the keys [at, end of the slow rank's slice).")
+    keys: int = Field(description="Keys handed to the split child.")
+    expected_s: float = Field(description="When it was split: the slow rank's expected seconds to finish alone.")
+    median_s: float = Field(description="The run's median expected shard time then.")
+    child_s: float = Field(description="The split child's estimated seconds (start-up + its keys at the median rate).")
+    job_id: str | None = Field(default=None, description="The split child's job, once submitted.")
+
+
 class EventDetail(Written):
     """The detail of an event Sluice publishes; `detail_type` is its EventBridge detail-type."""
 
@@ -103,6 +116,9 @@ class RunProgress(EventDetail):
     stalled: list[StalledAttempt] | None = Field(
         default=None, description="Set when the sweep ended stalled attempts: the ones it ended this time."
     )
+    split: list[SplitShard] | None = Field(
+        default=None, description="Set when the sweep split slow shards' remaining keys off: the splits it made."
+    )
 
 
 class WaitingCause(Written):
@@ -134,6 +150,9 @@ class RunSucceeded(EventDetail):
     retry_passes: int
     gpu_hours: float = Field(default=0.0, description="Measured: each shard's worker wall time x its GPUs.")
     cost_usd: RunCost | None = None
+    splits: int = Field(default=0, description="Slow shards whose remaining keys were split off (the tail).")
+    split_keys: int = Field(default=0, description="Keys the split children embedded for them.")
+    split_gpu_hours: float = Field(default=0.0, description="Estimated GPU-hours of the split children, in gpu_hours.")
 
 
 class RunFailed(EventDetail):
@@ -148,6 +167,9 @@ class RunFailed(EventDetail):
     duration_s: float | None = None
     gpu_hours: float = Field(default=0.0, description="Measured: each settled shard's worker wall time x its GPUs.")
     cost_usd: RunCost | None = None
+    splits: int = Field(default=0, description="Slow shards whose remaining keys were split off (the tail).")
+    split_keys: int = Field(default=0, description="Keys handed to split children.")
+    split_gpu_hours: float = Field(default=0.0, description="Estimated GPU-hours of the split children, in gpu_hours.")
     stage: Literal["plan", "prepare", "submit"] | None = Field(
         default=None,
         description='Set when the run never started: "submit" (Batch refused the jobs), "prepare" (the prepare '

@@ -30,6 +30,8 @@ def preprocessing(kind: str, image_size: int, content: ContentSpec) -> str:
     """The `;name=value` suffix of the preprocessing that changes a model's vectors for input `kind`."""
     if kind == "text":
         return f";chunk_tokens={or_default(content.chunk_tokens)};overlap_tokens={or_default(content.overlap_tokens)}"
+    if kind == "audio":
+        return f";window_s={or_default(content.window_s)};hop_s={or_default(content.hop_s)}"
     suffix = f";image_size={image_size}"
     if kind == "video":
         if content.frames_per_video is not None:

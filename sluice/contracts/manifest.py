@@ -250,9 +250,11 @@ class Manifest(ManifestPart):
             kinds = builtin_kinds(m.uri)
             if kinds is not None and kind not in kinds:
                 where = "model" if len(self.models) == 1 else f"model[{i}]"
+                fits = ", ".join(k for k, v in BUILTIN_KINDS.items() if kind in v)
                 raise ValueError(
                     f"{where}: {m.uri} embeds {' or '.join(kinds)}, but input.kind is {kind!r}: "
-                    f"pick a model for {kind} (builtins: {', '.join(k for k, v in BUILTIN_KINDS.items() if kind in v)})"
+                    f"pick a model for {kind} ("
+                    + (f"builtins: {fits})" if fits else "no builtin embeds it: export one with sluice model export)")
                 )
         return self
 

@@ -40,7 +40,10 @@ class ShardResult(Written):
     pipeline_window: list[float] = Field(description="[first rank start, last rank end], epoch seconds; [] if idle.")
     resumed_chunks: int = Field(ge=0, description="Chunks committed by earlier attempts.")
     stats: dict[str, float] = Field(description="Worker counters summed over ranks (docs/worker.md).")
-    n_keys: int = Field(ge=0)
+    n_keys: int = Field(ge=0, description="Keys this shard settled: its keys less those it handed to split children.")
+    handed: int = Field(
+        default=0, ge=0, description="Keys split off to other shards while it ran (the tail: settled there)."
+    )
     processed: int = Field(ge=0, description="Keys embedded.")
     failed: int = Field(ge=0, description="Keys in failures/<i>.jsonl.")
     failed_transient: int = Field(

@@ -28,12 +28,13 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "reference-text": ("text",),
 }
 RENAMED_BUILTINS = {"resnet50": "reference-cnn-large"}  # old name -> new: the old is refused, naming the new
-Kind = Literal["image", "text", "video"]
+Kind = Literal["image", "text", "video", "audio"]
 # What a run of each kind counts: its objects, and the parts each becomes (one row each; none: one row an object).
 KIND_WORDS: dict[str, tuple[str, str | None]] = {
     "image": ("images", None),
     "text": ("documents", "chunks"),
     "video": ("videos", "frames"),
+    "audio": ("audio files", "windows"),
 }
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
@@ -76,6 +77,8 @@ class ContentSpec(Strict):
     overlap_tokens: int | None = None  # text: tokens a chunk shares with the one before (default: the model's)
     frames_per_second: float | None = None  # video: frames sampled a second
     frames_per_video: int | None = None  # video: frames sampled evenly over the whole video
+    window_s: float | None = None  # audio: seconds a window holds (default: the model's)
+    hop_s: float | None = None  # audio: seconds from one window's start to the next's (default: the window)
 
 
 class InputSpec(ManifestPart):
@@ -91,7 +94,9 @@ class InputSpec(ManifestPart):
     suffixes: list[str] | None = Field(
         default=None, description="Keep only keys ending with one of these (case-insensitive)."
     )
-    kind: Kind = Field(default="image", description="What the objects are: image, text or video (docs/kinds.md).")
+    kind: Kind = Field(
+        default="image", description="What the objects are: image, text, video or audio (docs/kinds.md)."
+    )
     chunk_tokens: Annotated[int, Field(ge=8, le=65_536)] | None = Field(
         default=None, description="Text: tokens per chunk (one output row each); default: the model's window."
     )
@@ -103,6 +108,12 @@ class InputSpec(ManifestPart):
     )
     frames_per_video: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
         default=None, description="Video: frames sampled evenly over each video, whatever its length."
+    )
+    window_s: Annotated[float, Field(gt=0, le=600)] | None = Field(
+        default=None, description="Audio: seconds of audio a window holds (one output row each); default: the model's."
+    )
+    hop_s: Annotated[float, Field(gt=0, le=600)] | None = Field(
+        default=None, description="Audio: seconds from one window's start to the next's; default: the window."
     )
     since_run: Annotated[str, Field(pattern=RUN_ID)] | None = Field(
         default=None,
@@ -149,7 +160,11 @@ class InputSpec(ManifestPart):
 
     @model_validator(mode="after")
     def _kind_fields(self) -> InputSpec:
-        own = {"text": ("chunk_tokens", "overlap_tokens"), "video": ("frames_per_second", "frames_per_video")}
+        own = {
+            "text": ("chunk_tokens", "overlap_tokens"),
+            "video": ("frames_per_second", "frames_per_video"),
+            "audio": ("window_s", "hop_s"),
+        }
         for kind, names in own.items():
             given = [n for n in names if getattr(self, n) is not None]
             if given and self.kind != kind:
@@ -171,6 +186,8 @@ class InputSpec(ManifestPart):
             overlap_tokens=self.overlap_tokens,
             frames_per_second=self.frames_per_second,
             frames_per_video=self.frames_per_video,
+            window_s=self.window_s,
+            hop_s=self.hop_s,
         )
 
 

@@ -73,6 +73,8 @@ class FailureReason(StrEnum):
     NOT_VIDEO = "not_video"  # input.kind video: no container or video stream recognised
     TOO_LONG = "too_long"  # input.kind video: longer than the worker's duration limit
     NO_FRAMES = "no_frames"  # input.kind video: not one sampled frame decoded
+    NOT_AUDIO = "not_audio"  # input.kind audio: no container or audio stream recognised
+    SILENT = "silent"  # input.kind audio: every sample below the silence threshold
 
 
 # Failures worth the run's retry pass; permanent ones (missing, corrupt, not_image, ...) never are.
@@ -89,6 +91,8 @@ BYTES_FAILURE_REASONS = frozenset(
         FailureReason.NOT_VIDEO,
         FailureReason.TOO_LONG,
         FailureReason.NO_FRAMES,
+        FailureReason.NOT_AUDIO,
+        FailureReason.SILENT,
     }
 )
 
@@ -114,6 +118,16 @@ KIND_FAILURE_REASONS: dict[str, frozenset[FailureReason]] = {
             FailureReason.TOO_LONG,
             FailureReason.BOMB,
             FailureReason.NO_FRAMES,
+        }
+    ),
+    "audio": frozenset(
+        _ANY_KIND
+        | {
+            FailureReason.NOT_AUDIO,
+            FailureReason.CORRUPT,
+            FailureReason.TOO_LONG,
+            FailureReason.SILENT,
+            FailureReason.EMPTY,
         }
     ),
 }

@@ -57,7 +57,8 @@ def index_child_retry_strategy() -> dict[str, Any]:
 INDEX_S_PER_ROW = 0.002
 INDEX_BASE_S = 1800
 INDEX_MIN_S = 3600
-INDEX_ROWS_PER_KEY = {"image": 1, "text": 8, "video": 60}  # a text's chunks, a video's frames: a planning guess
+# A text's chunks, a video's frames, an audio file's windows (six minutes in 10 s windows): a planning guess.
+INDEX_ROWS_PER_KEY = {"image": 1, "text": 8, "video": 60, "audio": 36}
 TIMEOUT_REASON = "Job attempt duration exceeded timeout"  # Batch's statusReason for it
 
 

@@ -37,7 +37,7 @@ class Folder:
         """DIR's files of the kind (its suffixes and `extra`); SystemExit when it is missing or holds none
         (before any server starts)."""
         root = Path(images).expanduser()
-        flag = f"--{kind}s"
+        flag = "--audio" if kind == "audio" else f"--{kind}s"
         if not root.is_dir():
             raise SystemExit(f"sluice: {flag} {root}: " + ("not a directory" if root.exists() else "no such folder"))
         files, unreadable = walk(root)
@@ -46,7 +46,7 @@ class Folder:
         if not images_:
             raise SystemExit(
                 f"sluice: {flag} {root}: no {kind} files ({len(skipped) + len(unreadable)} other files; "
-                f"{kind}s are named {', '.join((*KIND_SUFFIXES[kind], *extra))}; --suffixes adds more)"
+                f"{plural(kind)} are named {', '.join((*KIND_SUFFIXES[kind], *extra))}; --suffixes adds more)"
             )
         for p in images_:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in p.name):  # a key S3 cannot take as given
@@ -104,11 +104,16 @@ def say_skipped(skipped: list[str], kind: str = "image", unreadable: list[str] |
     unreadable = unreadable or []
     if skipped and not unreadable:
         print(
-            f"sluice: skipped {len(skipped)} file(s) that are not {kind}s by name: {shown(skipped)} "
+            f"sluice: skipped {len(skipped)} file(s) that are not {plural(kind)} by name: {shown(skipped)} "
             "(--suffixes .EXT,... uploads more names)",
             file=sys.stderr,
         )
     elif unreadable:
-        parts = [f"{len(skipped)} not {kind}s by name ({shown(skipped)})"] if skipped else []
+        parts = [f"{len(skipped)} not {plural(kind)} by name ({shown(skipped)})"] if skipped else []
         parts.append(f"{len(unreadable)} not read ({shown(unreadable)})")
         print(f"sluice: skipped {len(skipped) + len(unreadable)} file(s): {'; '.join(parts)}", file=sys.stderr)
+
+
+def plural(kind: str) -> str:
+    """images, texts, videos; audio files."""
+    return "audio files" if kind == "audio" else f"{kind}s"

@@ -35,7 +35,7 @@ INPUT_BUCKET = "sluice-local-images"
 IMAGE_SIZE = 128  # --image-size of generated manifests (an exported model's spec gives its own)
 BATCH_SIZE = 32
 # The input fields a flag of the same name sets (text chunks, video frames: InputSpec).
-CONTENT_FLAGS = ("chunk_tokens", "overlap_tokens", "frames_per_second", "frames_per_video")
+CONTENT_FLAGS = ("chunk_tokens", "overlap_tokens", "frames_per_second", "frames_per_video", "window_s", "hop_s")
 SOURCE_FIELDS = ("keys", "key_list", "prefix", "inventory")  # what an input reads (InputSpec: exactly one)
 # The flags a manifest can take, as (argparse dest, flag).
 RUN_FLAGS = (
@@ -87,9 +87,30 @@ KIND_SUFFIXES = {
     "image": IMAGE_SUFFIXES,
     "text": (".txt", ".md", ".markdown", ".rst", ".text"),
     "video": (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"),
+    # an audio run reads a video file's first audio track too
+    "audio": (
+        ".wav",
+        ".flac",
+        ".mp3",
+        ".ogg",
+        ".opus",
+        ".m4a",
+        ".aac",
+        ".aif",
+        ".aiff",
+        ".mp4",
+        ".mkv",
+        ".webm",
+        ".mov",
+    ),
 }
 # --images/--demo, --texts/--demo-texts, --videos/--demo-videos: (kind, folder flag, demo flag).
-SOURCES = (("image", "images", "demo"), ("text", "texts", "demo_texts"), ("video", "videos", "demo_videos"))
+SOURCES = (
+    ("image", "images", "demo"),
+    ("text", "texts", "demo_texts"),
+    ("video", "videos", "demo_videos"),
+    ("audio", "audio", "demo_audio"),  # no demo: an audio run needs an exported model (docs/audio.md)
+)
 DEFAULT_MODEL = {"image": "builtin:reference-cnn", "text": "builtin:reference-text", "video": "builtin:reference-cnn"}
 
 
@@ -121,7 +142,13 @@ def model_specs(args: argparse.Namespace, earlier: Earlier | None = None) -> lis
             dict(m, **({"image_size": args.image_size} if given(args, "image_size") else {})) for m in earlier.models
         ]
     specs = []
-    for value in args.model or [DEFAULT_MODEL[content_source(args)[0]]]:
+    kind = content_source(args)[0]
+    if kind not in DEFAULT_MODEL and not args.model:
+        raise SystemExit(
+            f"sluice: an {kind} run needs --model FILE: no builtin embeds {kind}; export one with "
+            "sluice model export hf:FOLDER-or-REPO (CLAP, wav2vec2, HuBERT: docs/audio.md)"
+        )
+    for value in args.model or [DEFAULT_MODEL[kind]]:
         name, uri = parse_model(value)
         if not uri.startswith(("builtin:", "s3://")):
             if not Path(uri).expanduser().is_file():
@@ -214,7 +241,7 @@ def build(
 
 
 def _content(args: argparse.Namespace) -> dict[str, Any]:
-    """The input fields the text and video flags set (the manifest function checks them against the kind)."""
+    """The input fields the text, video and audio flags set (the manifest function checks them against the kind)."""
     return {dest: getattr(args, dest) for dest in CONTENT_FLAGS if given(args, dest)}
 
 

@@ -96,7 +96,8 @@ class Progress:
                 k = o["Key"]
                 if is_commit_marker(k) and k not in self._seen:
                     m = json.loads(self._c.s3.get_object(Bucket=bucket, Key=k)["Body"].read())
-                    covered = sum(int(b) - int(a) for a, b in m.get("covers", []))
+                    # A handed marker's keys are settled by the split child's own chunks.
+                    covered = 0 if m.get("kind") == "handed" else sum(int(b) - int(a) for a, b in m.get("covers", []))
                     self._seen[k] = (covered, int(m.get("parts", m.get("rows", 0))))  # rows: objects embedded
                 got = self._seen.get(k, (0, 0))
                 objects, rows = objects + got[0], rows + got[1]

@@ -15,7 +15,7 @@ from sluice.contracts.events import RunFailed, RunSucceeded, parse_detail
 from sluice.contracts.results import FailureLine
 from sluice.contracts.sections import KIND_WORDS
 from sluice.contracts.status import RunStatus
-from sluice.control.table.items import RunItem
+from sluice.control.table.items import RunItem, main_passes
 from sluice.local.emulator.bus import BusTap
 from sluice.paths import COMMITS_DIR, RunPaths, is_commit_marker
 
@@ -52,7 +52,9 @@ def summarize(c: Any, tap: BusTap, run: Ended) -> dict[str, Any]:
         "reason": final.reason if isinstance(final, RunFailed) else None,
         "reasons": row.reasons or [],
         "shards": int(row.shards or 0),
-        "retry_passes": max(1, len(row.passes)) - 1,
+        "retry_passes": max(1, len(main_passes(row.passes))) - 1,
+        "splits": final.splits if final else 0,  # the tail: slow shards' remaining keys split off
+        "split_keys": final.split_keys if final else 0,
         "wall_s": round(run.seconds, 1),
         "images_per_s": rate(processed, run.seconds),
         "output_prefix": row.output_prefix,
@@ -246,6 +248,17 @@ def _rate_row(s: dict[str, Any]) -> tuple[str, Any]:
     return f"{noun}/s", f"{rate}  ({s.get('parts')} {part}, {s.get('parts_per_s')} {part}/s)"
 
 
+def _splits(s: dict[str, Any]) -> str | None:
+    """The tail's row: slow shards whose remaining keys were split off (none: no row)."""
+    return f"{s['splits']} slow shard(s): {s['split_keys']} keys split off to new shards" if s.get("splits") else None
+
+
+def _stalled_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    """One row per attempt the sweep ended for a stall."""
+    line = "shard {shard} attempt {attempt}: ended after {after_s} s {still}"
+    return [("stalled", line.format(**st, still=_STILL[st.get("cause")])) for st in s.get("stalled") or []]
+
+
 def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
     """The summary rows of a run that ran (was not rejected)."""
     fails = ", ".join(f"{k} {v}" for k, v in sorted(s.get("failed_by_reason", {}).items()))
@@ -262,13 +275,8 @@ def _ran_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("models", ", ".join(s.get("models") or []) or "-"),
         ("shards", s["shards"]),
         ("retry passes", s["retry_passes"]),
-        *(
-            (
-                "stalled",
-                f"shard {st['shard']} attempt {st['attempt']}: ended after {st['after_s']} s {_STILL[st.get('cause')]}",
-            )
-            for st in s.get("stalled") or []
-        ),
+        ("split", _splits(s)),
+        *_stalled_rows(s),
         ("wall time", f"{s['wall_s']} s"),
         _rate_row(s),
         ("output (S3)", s.get("output_prefix")),

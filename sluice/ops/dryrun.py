@@ -16,6 +16,7 @@ from typing import Any
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts.manifest import Manifest
 from sluice.control.indexing import plan as index_plan
+from sluice.control.sweep.stragglers import plan_view
 from sluice.errors import Rejection
 from sluice.input.checks import check_manifest, guarded, reading_input
 from sluice.input.keys import iter_keys
@@ -230,4 +231,5 @@ def _summary(req: DryRun, manifest: Manifest, scanned: dict[str, Any]) -> dict[s
         "instance_type": cap.instance_type,
         "index": index,
         **pf.as_dict(),
+        "tail": plan_view(settings, manifest.job.mode, pf.cost),  # the tail's split policy and its worst case
     }

@@ -6,6 +6,7 @@ from typing import Any, TextIO
 
 from sluice.contracts.manifest import Manifest
 from sluice.control.indexing import plan as index_plan
+from sluice.control.sweep.stragglers import plan_lines
 from sluice.plan.layout import Layout, layout
 from sluice.preflight.checks import CHILD_STARTUP_S, Preflight
 from sluice.preflight.facts import Capacity, RunFacts, asked_gpus
@@ -79,6 +80,8 @@ def render_summary(summary: dict[str, Any], out: TextIO) -> None:
     out.write(f"                prices: {c['prices']}\n")
     if c.get("transfer_usd") is not None:  # input in another Region: sluice.preflight.locality
         out.write(f"                includes ${c['transfer_usd']:,.2f} for {c['transfer_gb']:,.1f} GB across Regions\n")
+    if "tail" in summary:  # `sluice plan`: the tail's split policy (sluice.control.sweep.stragglers)
+        out.write("\n" + "".join(line + "\n" for line in plan_lines(summary["tail"])))
     if summary.get("index"):  # `sluice plan`: the index stage after the run (sluice.control.indexing.plan)
         out.write("\n" + "".join(line + "\n" for line in index_plan.lines(summary["index"])))
     elif "index" in summary:

@@ -11,6 +11,8 @@ from typing import Any, TextIO
 from sluice.contracts.sections import KIND_WORDS
 from sluice.contracts.status import RunStatus
 from sluice.control.sweep.stall import stalled_attempts
+from sluice.control.sweep.stragglers import slowest, views
+from sluice.control.sweep.tail import read_tail, split_items
 from sluice.control.sweep.waiting import waiting_causes
 from sluice.control.table.ledger import Ledger
 from sluice.control.table.records import ShardRecords
@@ -35,8 +37,8 @@ SHOWN = (
 _STILL = {"no_beat": "no first progress beat", "no_progress": "no progress"}  # StalledAttempt.cause
 
 
-def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
-    """The run's row plus derived progress, as plain JSON values."""
+def run_status(ledger: Ledger, run_id: str, beats_table: str | None = None) -> dict[str, Any] | None:
+    """The run's row plus derived progress, as plain JSON values (and, given the beats table, its tail)."""
     row = ledger.get(run_id)
     if row is None:
         return None
@@ -62,6 +64,12 @@ def run_status(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
     waiting = waiting_causes(ledger.client, ledger.table, run_id)
     plain["stalled"] = [s.model_dump(mode="json", exclude_none=True) for s in stalled]
     plain["waiting"] = [w.model_dump(mode="json") for w in waiting]
+    plain["splits"] = [
+        {k: (float(v) if k.endswith("_s") else v) for k, v in i.items() if k not in ("pk", "sk")}
+        for i in split_items(ledger.client, ledger.table, run_id)
+    ]
+    if beats_table and row.status.active:
+        plain["slowest"] = slowest(views(read_tail(ledger.client, beats_table, run_id)), time.time())
     return plain
 
 
@@ -105,6 +113,19 @@ def render(s: dict[str, Any], out: TextIO) -> None:
             f"stalled   shard {st['shard']} attempt {st['attempt']}: {_STILL[st.get('cause', 'no_progress')]} "
             f"for {st['after_s']:.0f} s{redo}\n"
         )
+    for r in s.get("slowest", []):
+        than = f" ({r['vs_median']}x the median {r['median_s']} s)" if r.get("vs_median") else ""
+        out.write(
+            f"slowest   shard {r['shard']} rank {r['rank']}: {r['processed']:,}/{r['todo']:,} keys at "
+            f"{r['keys_per_s']}/s, expected to end in {r['ends_in_s']:.0f} s{than}\n"
+        )
+    for sp in s.get("splits", []):
+        job = f", job {sp['job_id']}" if sp.get("job_id") else ""
+        out.write(
+            f"split     shard {sp['shard']} at {sp['at']}: {sp['keys']:,} keys to shard {sp['to_shard']}"
+            f" (expected {sp['expected_s']:.0f} s alone vs a {sp['median_s']:.0f} s median;"
+            f" child ~{sp['child_s']:.0f} s{job})\n"
+        )
     for w in s.get("waiting", []):
         out.write(f"waiting   {w['jobs']} job(s) RUNNABLE for {w['waiting_s']:.0f} s: {w['reason']}\n")
     if s.get("gpu_hours"):
@@ -132,11 +153,21 @@ def _index_line(ix: dict[str, Any]) -> str:
 
 
 def cmd_status(
-    ledger: Ledger, run_id: str, *, watch: bool, as_json: bool, interval: float = 2.0, out: TextIO = sys.stdout
+    ledger: Ledger,
+    run_id: str,
+    *,
+    watch: bool | float,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+    beats_table: str | None = None,
 ) -> int:
-    """Print the run's status; with watch, refresh until it is final. Exit 0 unless it failed."""
+    """Print the run's status; with watch (True: every 2 s; a number: every that many), refresh until final.
+
+    Exit 0 unless it failed. `beats_table`: the tail's slowest ranks are read from it.
+    """
+    interval = 2.0 if watch is True else float(watch)
     while True:
-        s = run_status(ledger, run_id)
+        s = run_status(ledger, run_id, beats_table)
         if s is None:
             print(f"sluice: no run {run_id!r} in table {ledger.table!r}", file=sys.stderr)
             return 1

@@ -53,7 +53,7 @@ def test_worker_pushes_counts_that_match_its_output_within_the_series_budget(mot
     assert _query(prometheus, '{__name__=~"sluice_.+", run_id="metrics-1"}') == []
     per_rank = _query(prometheus, 'count by (rank) (last_over_time({__name__=~"sluice_.+", run_id="metrics-1"}[5m]))')
     assert {r["metric"]["rank"] for r in per_rank} == {"0", "1"}
-    assert all(0 < float(r["value"][1]) <= 40 for r in per_rank), per_rank
+    assert all(0 < float(r["value"][1]) <= 42 for r in per_rank), per_rank
     labels = _query(prometheus, 'last_over_time({__name__=~"sluice_.+", run_id="metrics-1"}[5m])')
     # Failures are labelled by reason, never by object; CPU ranks carry no (empty) gpu label.
     assert not any("key" in r["metric"] or "uri" in r["metric"] or "gpu" in r["metric"] for r in labels)

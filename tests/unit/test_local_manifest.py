@@ -191,5 +191,5 @@ def test_the_help_names_every_suffix_each_folder_flag_uploads(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["local", "run", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    for kind, flag in (("image", "--images"), ("text", "--texts"), ("video", "--videos")):
+    for kind, flag in (("image", "--images"), ("text", "--texts"), ("video", "--videos"), ("audio", "--audio")):
         assert " ".join(KIND_SUFFIXES[kind]) in shown, (flag, kind)

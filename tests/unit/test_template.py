@@ -347,8 +347,9 @@ def test_functions_write_only_under_runs() -> None:
     assert retry == {
         f"{CONTROL}/runs/*/shards/*",
         f"{CONTROL}/runs/*/plan-retry-*",
+        f"{CONTROL}/runs/*/plan-split-*",  # the tail's split child (sluice.control.sweep.tail)
         f"{CONTROL}/runs/*/plan.json",  # the submit step after the prepare stage (sluice.control.intake.prepared)
-    }, "retry pass and prepared plan only"
+    }, "retry pass, split child and prepared plan only"
 
 
 def test_function_grants_name_sluice_resources_only() -> None:
@@ -364,8 +365,10 @@ def test_function_grants_name_sluice_resources_only() -> None:
         for action, resource, cond in grants:
             for prefix, must in expect.items():
                 if action.startswith(prefix):
-                    # The sweep also reads progress beats (a table of their own).
-                    beats = action == "dynamodb:Query" and resource == "${BeatsTable.Arn}"
+                    # The sweep also reads progress beats (a table of their own), and the tail's split sets a
+                    # fence there (UpdateItem, in its transaction), the job-state function only.
+                    split = action == "dynamodb:UpdateItem" and role == "HandleJobStateChangeRole"
+                    beats = (action == "dynamodb:Query" or split) and resource == "${BeatsTable.Arn}"
                     assert must in resource or beats, (role, action, resource)
             if action == "batch:SubmitJob":
                 assert resource in ("${GpuJobQueue}", "${MnpJobQueue}", "${PrepareJobQueue}") or re.search(

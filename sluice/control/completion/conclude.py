@@ -22,7 +22,8 @@ from sluice.control.completion.verdict import RunFigures, figures_from_counts, f
 from sluice.control.context import Context
 from sluice.control.indexing import stage as indexing
 from sluice.control.sweep.stall import live_jobs
-from sluice.control.table.items import Counts, PassItem, RunItem
+from sluice.control.sweep.tail import split_figures
+from sluice.control.table.items import Counts, PassItem, RunItem, main_passes
 from sluice.control.table.records import FAIL, RETRY
 from sluice.log import logger
 from sluice.preflight.spent import spent
@@ -65,7 +66,8 @@ def _conclude(ctx: Context, run: RunItem) -> str | None:
     # A RUN item written before passes were recorded has had the first one only.
     passes = run.passes or [PassItem(first_shard=0, n_shards=plan.n_shards)]
     n_total = sum(p.n_shards for p in passes)
-    t = _run_figures(ctx, run, n_total, len(passes) - 1 < plan.retry_failed)
+    retry_passes = len(main_passes(passes)) - 1
+    t = _run_figures(ctx, run, n_total, retry_passes < plan.retry_failed)
     if t is None or not t.complete:
         logger.info("not concluding: shards unsettled", extra={"run_id": run.run_id})
         return None
@@ -75,7 +77,7 @@ def _conclude(ctx: Context, run: RunItem) -> str | None:
         return retry.RETRY_PASS
     if reason is not None:
         return _record_failure(ctx, run, plan, t, reason)
-    return _record_success(ctx, run, plan, t, retry_passes=len(passes) - 1)
+    return _record_success(ctx, run, plan, t, retry_passes=retry_passes)
 
 
 def _run_figures(ctx: Context, run: RunItem, n_total: int, retries_left: bool) -> RunFigures | None:
@@ -116,6 +118,7 @@ def _record_success(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, *,
         failed_keys_uri=plan.failures_prefix,
         retry_passes=retry_passes,
         **spent(t.gpu_seconds, ctx.capacity.gpu_family),
+        **split_figures(ctx, run),
     )
     ctx.ledger.leave_finalizing(
         run.run_id,
@@ -146,6 +149,7 @@ def _record_failure(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, re
         failed=t.failed,
         duration_s=round(time.time() - float(run.created_at), 1),
         **spent(t.gpu_seconds, ctx.capacity.gpu_family),
+        **split_figures(ctx, run),
     )
     ctx.ledger.leave_finalizing(
         run.run_id,

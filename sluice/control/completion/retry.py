@@ -25,7 +25,7 @@ from sluice.contracts.results import FailureLine
 from sluice.contracts.status import TRANSIENT_FAILURE_REASONS, FailureReason, RunStatus
 from sluice.control.completion.verdict import RunFigures
 from sluice.control.context import Context, run_paths
-from sluice.control.table.items import JobLayoutItem, PassItem, RunItem
+from sluice.control.table.items import JobLayoutItem, PassItem, RunItem, main_passes
 from sluice.log import logger
 from sluice.paths import SCRATCH_TAG, RunPaths
 from sluice.plan.layout import write_plan
@@ -42,10 +42,11 @@ def start_pass(ctx: Context, run: RunItem, plan: RunPlan, t: RunFigures, passes:
 
     `passes`: the run's passes so far (sluice.control.completion.conclude reads them from the RUN item).
     """
-    if len(passes) - 1 >= plan.retry_failed:
+    mains = main_passes(passes)
+    if len(mains) - 1 >= plan.retry_failed:
         return False
-    last = passes[-1]
-    in_last = [i for i in t.transient_shards if last.first_shard <= i < last.first_shard + last.n_shards]
+    # The last pass's shards, and the split children made from them (numbered after them).
+    in_last = [i for i in t.transient_shards if i >= mains[-1].first_shard]
     keys = transient_keys(ctx.clients.s3, run_paths(run), in_last)
     if not keys:
         return False
@@ -97,7 +98,7 @@ def _submit_pass(ctx: Context, run: RunItem, plan: RunPlan, keys: dict[str, list
     n_keys = sum(len(v) for v in keys.values())
     n = max(1, min(math.ceil(n_keys / plan.keys_per_shard), ctx.settings.max_array_size))
     _write_shards(ctx.clients.s3, plan, keys, first, n)
-    pass_no = len(passes)
+    pass_no = len(main_passes(passes))
     layout = JobLayout(kind="array" if n >= 2 else "single", shard_offset=first, shard_count=n)
     retry_plan = plan.model_copy(
         update={"n_shards": first + n, "jobs": [layout], "mode": "array", "spot_allowed": True}

@@ -31,6 +31,7 @@ from sluice.control.indexing import stage as indexing
 from sluice.control.intake import prepared
 from sluice.control.sweep.redrive import redrive_planning
 from sluice.control.sweep.stall import sweep_stalls
+from sluice.control.sweep.tail import sweep_tail
 from sluice.control.sweep.waiting import sweep_waiting
 from sluice.control.table.items import JobLayoutItem, RunItem
 
@@ -87,6 +88,7 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
     if not (run.status.active or expired) or not run.jobs:
         return out
     out.actions += sweep_stalls(ctx, run, now=now)  # sluice.control.sweep.stall: end stalled attempts, re-submit
+    out.actions += sweep_tail(ctx, run, now=now)  # sluice.control.sweep.tail: split slow ranks' remaining keys off
     out.actions += sweep_waiting(ctx, run, now=now)  # waiting: why jobs stay RUNNABLE, once a cause
     out.actions += _settle_missing(ctx, run, now=now, grace_s=grace_s)
     fresh = ctx.ledger.get(run.run_id)  # read again: the sweep's own writes (jobs_done) changed it

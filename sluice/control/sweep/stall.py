@@ -37,11 +37,12 @@ from sluice.aws.store import ObjectStore
 from sluice.contracts.events import RunProgress, StallCause, StalledAttempt
 from sluice.contracts.plan import JobLayout, RunPlan, load_plan
 from sluice.contracts.status import JobStatus, RunStatus
+from sluice.contracts.tail import is_fence
 from sluice.control.batch import RUN_TAG, job_request
 from sluice.control.context import Context, run_paths
 from sluice.control.policy import STALLED_REASON, retry_strategy
 from sluice.control.table.ddb import item, prefixed, values
-from sluice.control.table.items import JobItem, JobLayoutItem, RunItem, ShardItem
+from sluice.control.table.items import JobItem, JobLayoutItem, RunItem, ShardItem, main_passes
 from sluice.log import logger
 
 STALL_PREFIX = "STALL#"
@@ -95,7 +96,7 @@ def read_beats(ctx: Context, run_id: str) -> list[Beat]:
             # No beats table (SLUICE_BEATS_TABLE unset by hand, a stack from before beats): no stall to find.
             logger.warning("no beats table: stalls are not detected", extra={"table": ctx.settings.beats_table})
             return out
-        out += [Beat.of(i) for i in resp.get("Items", [])]
+        out += [Beat.of(i) for i in resp.get("Items", []) if not is_fence(i["sk"]["S"])]
         if not resp.get("LastEvaluatedKey"):
             return out
         kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -243,7 +244,7 @@ def _layout_of(run: RunItem, job_id: str) -> JobLayoutItem | None:
 
 def _resubmit(ctx: Context, run: RunItem, job: JobLayoutItem, beat: Beat) -> str | None:
     """The shard (or the MNP job's shards) again, after `beat.attempt` attempts; None when none are left."""
-    plan_uri = _plan_uri(run, beat.shard)
+    plan_uri = plan_uri_of(run, beat.shard)
     plan = load_plan(ObjectStore(ctx.clients.s3).get, plan_uri)
     left = plan.attempts - beat.attempt
     if left <= 0:
@@ -259,7 +260,7 @@ def _resubmit(ctx: Context, run: RunItem, job: JobLayoutItem, beat: Beat) -> str
     req["jobQueue"] = queue
     redo_id = ctx.batch.find(queue, req["jobName"]) or str(ctx.clients.batch.submit_job(**req)["jobId"])
     entry = JobLayoutItem(id=redo_id, **layout.model_dump(), attempt_base=beat.attempt, replaces=job.id)
-    _append_job(ctx, run.run_id, entry)
+    append_job(ctx, run.run_id, entry)
     return redo_id
 
 
@@ -277,10 +278,13 @@ def _redo_request(ctx: Context, plan: RunPlan, plan_uri: str, layout: JobLayout,
     return req
 
 
-def _plan_uri(run: RunItem, shard: int) -> str:
+def plan_uri_of(run: RunItem, shard: int) -> str:
     """The plan of the pass the shard belongs to: plan.json, or a retry pass's plan-retry-<k>.json."""
     paths = run_paths(run)
-    for k, p in enumerate(run.passes or []):
+    for p in run.passes or []:
+        if p.split_of is not None and p.first_shard == shard:
+            return paths.split_plan(shard)
+    for k, p in enumerate(main_passes(run.passes or [])):
         if k and p.first_shard <= shard < p.first_shard + p.n_shards:
             return paths.retry_plan(k)
     return str(run.plan_uri)
@@ -291,7 +295,7 @@ def _queue_of(ctx: Context, job_id: str) -> str | None:
     return str(jobs[0]["jobQueue"]) if jobs else None
 
 
-def _append_job(ctx: Context, run_id: str, entry: JobLayoutItem) -> None:
+def append_job(ctx: Context, run_id: str, entry: JobLayoutItem) -> None:
     """Add the re-submitted job to the RUN item's jobs (once: conditional on its id not being there)."""
     # Already there when a sweep died after appending: the condition fails and nothing changes.
     with contextlib.suppress(ctx.clients.dynamodb.exceptions.ConditionalCheckFailedException):

@@ -28,10 +28,18 @@ class JobLayoutItem(Written):
 
 
 class PassItem(Written):
-    """One pass over shards: the first pass, then each retry pass."""
+    """One pass over shards: the first pass, then each retry pass; or a split child's shard (split_of set)."""
 
     first_shard: int
     n_shards: int
+    # A shard split off a slow shard's slice (sluice.control.sweep.tail): it belongs to the pass of
+    # the shard it was split from, and is not a retry pass of its own.
+    split_of: int | None = None
+
+
+def main_passes(passes: list[PassItem]) -> list[PassItem]:
+    """The first pass and the retry passes, without split children's shards."""
+    return [p for p in passes if p.split_of is None]
 
 
 class UploadItem(Written):
@@ -74,7 +82,7 @@ class RunItem(Written):
     skipped: dict[str, int] | None = None  # an incremental run: keys left out, by reason
     warnings: list[str] | None = None  # Run Submitted's (a builtin stand-in model, the preflight's)
     gpu_family: str | None = None  # the GPU family its GPU-hours are priced on (the stack's Capacity)
-    kind: Literal["image", "text", "video"] | None = None  # input.kind: what its keys are (status words)
+    kind: Literal["image", "text", "video", "audio"] | None = None  # input.kind: what its keys are (status words)
     jobs_done: int = 0
     jobs_failed: int = 0
     outbox: OutboxEvent | None = None  # an event decided but not yet published (sluice.control.outbox)
@@ -172,6 +180,8 @@ class CounterItem(Written):
     failed_not_video: int = 0
     failed_too_long: int = 0
     failed_no_frames: int = 0
+    failed_not_audio: int = 0
+    failed_silent: int = 0
 
 
 class Counts(BaseModel):

@@ -9,6 +9,7 @@ not run here: moto marks every job SUCCEEDED at once, so its job states say noth
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -16,6 +17,7 @@ from sluice.aws.clients import Clients
 from sluice.contracts.events import StalledAttempt
 from sluice.control.context import Context
 from sluice.control.sweep.stall import stalled_attempts, sweep_stalls
+from sluice.control.sweep.tail import sweep_tail
 from sluice.local.emulator.executor import LocalExecutor, terminate
 from sluice.settings import Settings
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from mypy_boto3_batch import BatchClient
 
 SWEEP_EVERY_S = 2.0
+SPLIT_ENV = "SLUICE_SPLIT_"
 JOB_STATE_FUNCTION = "HandleJobStateChangeFunction"
 
 
@@ -61,7 +64,9 @@ class LocalSweep:
         clients = Clients(
             s3=c.s3, dynamodb=c.dynamodb, batch=cast("BatchClient", LocalBatch(c.batch, executor)), events=c.events
         )
-        self.ctx = Context.build(Settings.from_env(stack.env_for(JOB_STATE_FUNCTION)), clients)
+        # The shell's SLUICE_SPLIT_* override the stack's: a local run tunes (or turns off) the tail's splits.
+        env = {**stack.env_for(JOB_STATE_FUNCTION), **{k: v for k, v in os.environ.items() if k.startswith(SPLIT_ENV)}}
+        self.ctx = Context.build(Settings.from_env(env), clients)
         self._run_id = run_id
         self._every = every_s
         self._next = 0.0
@@ -77,6 +82,8 @@ class LocalSweep:
         if row is None:
             return []
         done = sweep_stalls(self.ctx, row, now=time.time())
+        fresh = self.ctx.ledger.get(self._run_id) if done else row
+        done += sweep_tail(self.ctx, fresh or row, now=time.time())
         self.actions += done
         return done
 
