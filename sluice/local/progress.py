@@ -131,8 +131,10 @@ class Progress:
         )
         for page in pages:
             for item in page.get("Items", []):
-                shard, attempt, rank = item["sk"]["S"].split("#")
-                got = (int(attempt), int(float(item["processed"]["N"])))
+                if "processed" not in item:  # the table's other items: a slice's fence, a split's record
+                    continue
+                shard, rank = item["shard"]["N"], item["rank"]["N"]
+                got = (int(item["attempt"]["N"]), int(float(item["processed"]["N"])))
                 newest[(shard, rank)] = max(newest.get((shard, rank), got), got)
         return sum(processed for _, processed in newest.values())
 
