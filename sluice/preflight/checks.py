@@ -134,10 +134,13 @@ class Preflight:
 
 def preflight(run: RunFacts, cap: Capacity) -> Preflight:
     """Check `run` against Batch, S3, AMP, Lambda, DynamoDB and EventBridge limits on `cap`."""
-    cap = replace(cap, models=run.models)  # several models in one pass: each image costs all of them
+    # several models in one pass: each image costs all of them; every figure from the run's GPUs a worker
+    cap = replace(cap, models=run.models, worker_gpus=run.gpus_per_worker)
     out = Preflight()
     add = out.checks.append
     _batch(run, add)
+    if run.gpus_asked is not None:
+        add(gpus_check(run))
     workers = _workers(run, cap, add)
     shard_s = _fleet(run, cap, workers, add)
     _lambda(run, add)
@@ -274,10 +277,10 @@ def _workers(run: RunFacts, cap: Capacity, add: Any) -> int:
                 "vCPUs (MnpMaxVcpus)",
                 "error",
                 "every node of an MNP job must run at once: raise MnpMaxVcpus or lower job.nodes",
-            ).judge(nodes * cap.worker_vcpus)
+            ).judge(round(nodes * cap.node_vcpus))
         )
         return nodes
-    fit = max(1, cap.max_vcpus // cap.worker_vcpus)
+    fit = max(1, int(cap.max_vcpus // cap.node_vcpus))
     waves = math.ceil(run.n_shards / fit)
     add(
         Limit(
@@ -288,9 +291,20 @@ def _workers(run: RunFacts, cap: Capacity, add: Any) -> int:
             f"at most {fit:,} children run at once, so the run takes about {waves:,} waves: raise "
             "MaxVcpus (and the account's EC2 vCPU quotas) for more parallelism",
             near=False,  # every child fitting at once is the goal, not a risk
-        ).judge(run.n_shards * cap.worker_vcpus)
+        ).judge(round(run.n_shards * cap.node_vcpus))
     )
     return min(run.n_shards, fit)
+
+
+def gpus_check(run: RunFacts) -> Check:
+    """The manifest's job.gpus_per_node against the stack's WorkerGpus: each worker gets the stack's."""
+    asked, given = run.gpus_asked or 0, run.gpus_per_worker
+    advice = (
+        f"job.gpus_per_node is {asked} but each worker container gets the stack's {given} "
+        f"(WorkerGpus; one rank a GPU): set job.gpus_per_node to {given}, or deploy with WorkerGpus={asked}"
+    )
+    ok = asked == given
+    return Check("GPUs per node", asked, given, "ok" if ok else "error", "" if ok else advice, "GPUs (WorkerGpus)")
 
 
 def _lambda(run: RunFacts, add: Any) -> None:

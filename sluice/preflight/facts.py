@@ -25,6 +25,7 @@ class Capacity:
     max_vcpus: int = 256  # MaxVcpus: each GPU compute environment
     mnp_max_vcpus: int = 64  # MnpMaxVcpus
     worker_vcpus: int = 4  # WorkerVcpus: per array child / MNP node
+    worker_gpus: int = 1  # WorkerGpus: GPUs per array child / MNP node, the one count every figure uses
     gpu_family: str = DEFAULT_FAMILY  # first of GpuInstanceTypes
     images_per_gpu_s: float | None = None  # a measurement (gpu_worker.autotune) over the table's figure
     push_interval_s: float = 30.0  # the workers' remote-write period (SLUICE_WORKER_PUSH_INTERVAL_S default)
@@ -43,6 +44,7 @@ class Capacity:
             max_vcpus=settings.max_vcpus,
             mnp_max_vcpus=settings.mnp_max_vcpus,
             worker_vcpus=settings.worker_vcpus,
+            worker_gpus=settings.worker_gpus,
             gpu_family=family_of(first),
             images_per_gpu_s=settings.images_per_gpu_s,
             instance_type=first if "." in first else None,
@@ -61,6 +63,26 @@ class Capacity:
     def size(self) -> Instance | None:
         """The instance size's vCPUs and GPUs (None: a family, or a size the table does not know)."""
         return self.table.get(self.instance_type) if self.instance_type else None
+
+    @property
+    def node_vcpus(self) -> float:
+        """vCPUs one worker (array child or MNP node) holds of a compute environment's MaxVcpus.
+
+        Batch counts an instance's vCPUs: a worker of WorkerGpus GPUs holds its share of the
+        instance size given (--instance-type), else of the family's smallest size with that many
+        GPUs and WorkerVcpus vCPUs (g6e: 1 GPU -> xlarge, 4 vCPUs; 4 -> 12xlarge, 48; 8 -> 48xlarge,
+        192); at least WorkerVcpus. A family the table lacks: WorkerVcpus per GPU.
+        """
+        gpus = max(1, self.worker_gpus)
+        fits = [
+            i
+            for name, i in self.table.items()
+            if name.startswith(self.gpu_family + ".") and i.gpus >= gpus and i.vcpus >= self.worker_vcpus
+        ]
+        inst = self.size or min(fits, key=lambda i: (i.vcpus, i.gpus), default=None)
+        if inst is None:
+            return float(self.worker_vcpus * gpus)
+        return max(float(self.worker_vcpus), inst.vcpus_per_gpu * gpus)
 
     @property
     def model_rate(self) -> float:
@@ -113,7 +135,8 @@ class RunFacts:
     n_shards: int
     mode: Literal["array", "multinode"]
     jobs: list[tuple[str, int]] = field(default_factory=list)  # (kind, shards) per Batch job
-    gpus_per_worker: int = 1
+    gpus_per_worker: int = 1  # the stack's WorkerGpus (Capacity.worker_gpus): what each worker gets
+    gpus_asked: int | None = None  # the manifest's job.gpus_per_node where it sets one (checked against the stack's)
     timeout_s: int = 6 * 3600
     timeout_from_manifest: bool = False
     in_lambda: bool = True  # planned by the manifest function (else the prepare stage)
@@ -121,7 +144,8 @@ class RunFacts:
     models: int = 1  # models embedded in one pass
 
     @classmethod
-    def from_plan(cls, plan: RunPlan, *, in_lambda: bool, max_keys: int) -> RunFacts:
+    def from_plan(cls, plan: RunPlan, *, in_lambda: bool, max_keys: int, manifest: Manifest | None = None) -> RunFacts:
+        """The planned run; `manifest`: its job.gpus_per_node is checked against the plan's (the stack's)."""
         return cls(
             unique_keys=plan.total_keys,
             keys_per_shard=plan.keys_per_shard,
@@ -129,8 +153,15 @@ class RunFacts:
             mode=plan.mode,
             jobs=[(j.kind, j.shard_count) for j in plan.jobs],
             gpus_per_worker=max(1, plan.gpus_per_node),
+            gpus_asked=asked_gpus(manifest) if manifest else None,
             timeout_s=plan.timeout_s,
             in_lambda=in_lambda,
             max_keys=max_keys,
             models=len(plan.models),
         )
+
+
+def asked_gpus(manifest: Manifest) -> int | None:
+    """The manifest's job.gpus_per_node where it sets one (None: left to the stack's WorkerGpus)."""
+    job = manifest.job
+    return job.gpus_per_node if "gpus_per_node" in job.model_fields_set else None
