@@ -141,7 +141,10 @@ def run_one(name: str, args: argparse.Namespace, images: Path) -> dict[str, Any]
     cmd = [sys.executable, "-m", "sluice.cli", "local", "run", "--images", str(images)]
     cmd += ["--shards", str(args.shards), "--slots", "2", "--json", "--no-prometheus", "--out", str(out)]
     cmd += ["--pid-file", str(pids)]
-    env = {**os.environ, "SLUICE_WORKER_CPU_RANKS": "1", "SLUICE_WORKER_LOADERS": "1"}
+    # Read-ahead kept to the loaders' own buffers: the default 256 MiB holds most of a 2,000-key
+    # shard, and a split can start no nearer than what a rank has read ahead (a GPU shard of tens
+    # of thousands of keys reads a few percent ahead). The same in every scenario.
+    env = {**os.environ, "SLUICE_WORKER_CPU_RANKS": "1", "SLUICE_WORKER_PREFETCH_MIB": "0"}
     env.setdefault("SLUICE_WORKER_BEAT_INTERVAL_S", "1")
     if name == "nosplit":
         env["SLUICE_SPLIT_AFTER"] = "0"

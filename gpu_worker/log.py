@@ -32,3 +32,19 @@ def setup(level: str = "INFO", **labels: Any) -> Logger:
 
 def set_labels(**labels: Any) -> None:
     logger.append_keys(**{k: v for k, v in labels.items() if v is not None})
+
+
+def quiet_libraries() -> None:
+    """Third-party progress bars and notices (Hugging Face's download and "Loading weights" bars,
+    transformers' config notices) kept out of what `sluice model export` prints; their errors still show."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when huggingface_hub is imported ...
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # ... and transformers
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if "huggingface_hub" in sys.modules:  # ... or already were
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        tlog = sys.modules["transformers"].utils.logging
+        tlog.set_verbosity_error()
+        tlog.disable_progress_bar()

@@ -222,6 +222,7 @@ class Settings(EnvSettings):
     max_vcpus: int = Field(256, ge=1, description="SLUICE_MAX_VCPUS: MaxVcpus of each GPU compute environment.")
     mnp_max_vcpus: int = Field(64, ge=1, description="SLUICE_MNP_MAX_VCPUS: MaxVcpus of the MNP environment.")
     worker_vcpus: int = Field(4, ge=1, description="SLUICE_WORKER_VCPUS: vCPUs of a worker container.")
+    worker_gpus: int = Field(1, ge=1, description="SLUICE_WORKER_GPUS: GPUs of a worker container (one rank each).")
     gpu_instance_types: str = Field(
         "g6e,g6,g5", description="SLUICE_GPU_INSTANCE_TYPES: the GPU families (first priced)."
     )

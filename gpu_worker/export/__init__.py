@@ -125,7 +125,9 @@ def export(spec: str, out: str, *, fmt: str | None = None, **source: Unpack[Sour
     """Export `spec` to `out` (a path, an s3:// URI, or either ending in / for a folder); `source`: how the
     encoder is built (load_source's keywords: pretrained, image_size, weights, orientation)."""
     from gpu_worker.export.artifact import FORMATS
+    from gpu_worker.log import quiet_libraries
 
+    quiet_libraries()
     if fmt is not None and fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     uri, fmt = _target(spec, out, fmt)

@@ -20,7 +20,7 @@ from torch import nn
 
 from gpu_worker.errors import ExportError
 from gpu_worker.export.pipelines import hf_preprocess
-from gpu_worker.export.sources import RANDOM_INIT, Source, _rgb
+from gpu_worker.export.sources import Source, _rgb, hf_names
 from gpu_worker.export.tvcompat import ensure_importable
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -94,10 +94,11 @@ def load_hf(repo: str, pretrained: bool, image_size: int | None) -> Source:
     mean, std = _normalization(proc, mean, std)
     if image_size and image_size != native:
         raise ExportError(f"hf:{repo} runs at its config's image_size {native}; --image-size {image_size} differs")
+    name, version = hf_names(repo, model.config, pretrained)
     return Source(
         module=HFImageTower(model, field).eval(),
-        name=f"hf:{repo}",
-        version=(getattr(model.config, "_commit_hash", None) or repo) if pretrained else RANDOM_INIT,
+        name=name,
+        version=version,
         image_size=native,  # the position embeddings fix it
         mean=_rgb(mean),
         std=_rgb(std),

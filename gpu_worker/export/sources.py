@@ -21,6 +21,40 @@ from gpu_worker.export.pipelines import open_clip_preprocess, timm_preprocess, t
 from gpu_worker.export.tvcompat import ensure_importable
 
 RANDOM_INIT = "random-init"
+# A local model folder's name says nothing by itself when it is one of these: its parent's name goes with it.
+GENERIC_FOLDERS = frozenset({"model", "models", "weights", "checkpoint", "snapshot", "hf", "files"})
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "config.json")
+
+
+def hf_names(repo: str, config: Any, pretrained: bool) -> tuple[str, str]:
+    """(name, version) a spec records for hf:REPO: a hub id as given, a local folder by its own name, never its path.
+
+    A hub cache folder (models--ORG--NAME/snapshots/HASH) is ORG/NAME at HASH; another folder is its
+    name (with its parent's when generic: pkg/model) at the SHA-256 of its weights and config.
+    """
+    import hashlib
+    import os
+    from pathlib import Path
+
+    version = (getattr(config, "_commit_hash", None) or "") if pretrained else RANDOM_INIT
+    if not os.path.isdir(repo):
+        return f"hf:{repo}", version or repo
+    parts = Path(repo).resolve().parts
+    cached = next((p for p in parts if p.startswith("models--")), None)
+    if cached is not None:
+        snapshot = parts[-1] if len(parts) > 1 and parts[-2] == "snapshots" else ""
+        return "hf:" + cached.removeprefix("models--").replace("--", "/"), version or snapshot
+    name = "/".join(parts[-2:]) if parts[-1].lower() in GENERIC_FOLDERS and len(parts) > 1 else parts[-1]
+    if version:
+        return f"hf:{name}", version
+    digest = hashlib.sha256()
+    for f in WEIGHT_FILES:
+        path = os.path.join(repo, f)
+        if os.path.isfile(path):
+            with open(path, "rb") as fh:
+                while block := fh.read(1 << 20):
+                    digest.update(block)
+    return f"hf:{name}", "sha256:" + digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

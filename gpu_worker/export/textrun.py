@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from gpu_worker.errors import ExportError
-from gpu_worker.export.sources import RANDOM_INIT
+from gpu_worker.export.sources import hf_names
 from gpu_worker.models.spec import META_NAME
 
 TOLERANCE = 1e-3
@@ -171,12 +171,10 @@ def load_text_model(repo: str, config: Any, pretrained: bool) -> TextModelSource
         tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), *([tok.normalizer] if tok.normalizer else [])])
     prefix, suffix = _framing(tok)
     pooling = _pooling(repo)
-    version = (getattr(model.config, "_commit_hash", None) or repo) if pretrained else RANDOM_INIT
+    name, version = hf_names(repo, model.config, pretrained)
     pad = int(fast.pad_token_id or 0)
     module = PooledEncoder(model, pooling).eval()
-    return TextModelSource(
-        module, tok, length, pad, prefix, suffix, pooling, f"hf:{repo}", version, repo, lower, normalize
-    )
+    return TextModelSource(module, tok, length, pad, prefix, suffix, pooling, name, version, repo, lower, normalize)
 
 
 def _clean(tok: Any) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,11 @@ class TextEmbedder:
 
     def embed(self, payloads: Sequence[Any]) -> np.ndarray:
         """(len(payloads), D) unit vectors, in the payloads' order."""
+        return self.embed_reporting(payloads, None)
+
+    def embed_reporting(self, payloads: Sequence[Any], done: Callable[[list[int]], None] | None) -> np.ndarray:
+        """embed, telling `done` the payload indices of each batch as it is embedded (a call holds several
+        batches, sorted by length: the rank's progress moves batch by batch, not call by call)."""
         f = self._model.framing
         order = sorted(range(len(payloads)), key=lambda i: len(payloads[i].ids))
         out = np.empty((len(payloads), 0), np.float32)
@@ -104,6 +109,8 @@ class TextEmbedder:
             if out.shape[1] == 0:
                 out = np.empty((len(payloads), got.shape[1]), np.float32)
             out[idx] = got
+            if done is not None:
+                done(idx)
         return out
 
 

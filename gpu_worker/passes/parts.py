@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -95,13 +95,26 @@ class PartsStream:
         return deferred
 
     def _embed(self, ready: Sequence[Split]) -> None:
-        """Embed every part of `ready` with each model; each model's sink gets each key's rows at once."""
+        """Embed every part of `ready` with each model; each model's sink gets each key's rows at once.
+
+        The objects and parts count as they are embedded: an embedder that reports its batches
+        (a text model's call holds several) credits each object the share of its parts a batch
+        embedded, over every model; what is left is credited when the call ends, so the totals
+        are the objects and parts of `ready`, as before, and the rank's progress (its beats, its
+        metrics) moves batch by batch.
+        """
+        credit = Credit(self.stats, len(self.embedders))
         for m, (embedder, sink) in enumerate(zip(self.embedders, self.outputs.sinks)):
             mine = [s for s in ready if sink.owns(s.item.pos, s.item.phase)]
             if not mine:
                 continue
             t0 = time.perf_counter()
-            emb = embedder.embed([p.payload for s in mine for p in s.value[m]])
+            payloads = [p.payload for s in mine for p in s.value[m]]
+            reporting = getattr(embedder, "embed_reporting", None)
+            if reporting is not None:
+                emb = reporting(payloads, credit.for_parts([len(s.value[m]) for s in mine]))
+            else:
+                emb = embedder.embed(payloads)
             self.stats.incr("model_seconds", time.perf_counter() - t0)
             row = 0
             for s in mine:
@@ -110,9 +123,33 @@ class PartsStream:
                 parts = [(p.part, p.start, p.end) for p in s.value[m]]
                 sink.add_rows([item.pos] * n, [item.uri] * n, [item.phase] * n, emb[row : row + n], [s.obj] * n, parts)
                 row += n
-        self.stats.incr("images", len(ready))
-        self.stats.incr("parts", sum(len(s.value[0]) for s in ready))
+        credit.rest(len(ready), sum(len(s.value[0]) for s in ready))
         self.stats.incr("batches")
+
+
+class Credit:
+    """The objects and parts one embed call has counted so far (Stats "images", "parts"), model by model."""
+
+    def __init__(self, stats: Stats, models: int) -> None:
+        self.stats, self.models = stats, max(1, models)
+        self.objects = self.parts = 0.0
+
+    def for_parts(self, per_object: list[int]) -> Callable[[list[int]], None]:
+        """A batch reporter for one model's call: payload indices -> each owning object's share credited."""
+        share = [1.0 / (n * self.models) for n in per_object for _ in range(n)]
+
+        def done(idx: list[int]) -> None:
+            objects, parts = sum(share[i] for i in idx), len(idx) / self.models
+            self.objects, self.parts = self.objects + objects, self.parts + parts
+            self.stats.incr("images", objects)
+            self.stats.incr("parts", parts)
+
+        return done
+
+    def rest(self, objects: int, parts: int) -> None:
+        """The call is over: what its batches did not credit (no reporting embedder, an object of no parts)."""
+        self.stats.incr("images", objects - self.objects)
+        self.stats.incr("parts", parts - self.parts)
 
 
 class PartsPass(RankPass):

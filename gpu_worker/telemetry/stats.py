@@ -60,10 +60,8 @@ class Stats:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            return {
-                k: (round(v, 3) if isinstance(v, float) and not v.is_integer() else int(v))
-                for k, v in sorted(self._values.items())
-            }
+            # to the millisecond; a whole number as an int (a count credited in shares adds up to one)
+            return {k: int(r) if float(r := round(v, 3)).is_integer() else r for k, v in sorted(self._values.items())}
 
     def take_delta(self) -> dict[str, float]:
         """Counts since the previous call."""

@@ -41,7 +41,7 @@ def add_commands(sub: Subparsers) -> None:
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_index_show)
     rerun = index.add_parser("rerun", help="submit a run's failed index stage again (a job of its own name)")
-    rerun.add_argument("run_id", metavar="RUN_ID")
+    rerun.add_argument("run_id", metavar="RUN_ID", help="the run whose index stage failed (`sluice runs` lists them)")
     rerun.add_argument(
         "--timeout-s",
         type=int_from(60),
@@ -66,7 +66,11 @@ def add_commands(sub: Subparsers) -> None:
     )
     q.add_argument("--key", metavar="S3URI", help="the embedding the index holds for this key")
     q.add_argument("--vector-file", metavar="FILE.npy", help="a (dim,) or (Q, dim) array: Q queries")
-    q.add_argument("--text", metavar="TEXT", help="embed this text with the model's text tower (CLIP-style models)")
+    q.add_argument(
+        "--text",
+        metavar="TEXT",
+        help="embed this text with the index's own text model (a text run's), or a CLIP-style model's text tower",
+    )
     s.add_argument("-k", type=int, default=10, help="results per query (default 10)")
     s.add_argument("--model", metavar="NAME", help="the model's table, when the index holds several")
     s.add_argument(

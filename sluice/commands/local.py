@@ -17,7 +17,7 @@ def add_commands(sub: Subparsers) -> None:
     local = sub.add_parser("local", help="run Sluice on this machine against moto").add_subparsers(
         dest="local_cmd", required=True, metavar="run"
     )
-    run = local.add_parser("run", help="the embedded default: a whole run on a local moto server")
+    run = local.add_parser("run", help="a whole run on this machine: a local moto server, the real handlers, workers")
     _add_input(run)
     _add_layout(run)
     _add_models_and_output(run)
@@ -78,6 +78,11 @@ def _add_input(run: argparse.ArgumentParser) -> None:
     src.add_argument("--demo-videos", type=int_from(1), metavar="N", help="generate N short demo MP4s")
     src.add_argument(
         "--audio", metavar="DIR", help=f"like --images, for an audio run (needs --model): {named['audio']}"
+    )
+    run.add_argument(
+        "--suffixes",
+        metavar=".EXT,...",
+        help="with a folder flag (--images, --texts, ...): upload files with these suffixes too (.py,.ipynb)",
     )
     run.add_argument(
         "--manifest",

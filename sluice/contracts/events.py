@@ -42,6 +42,20 @@ class SplitShard(Written):
     job_id: str | None = Field(default=None, description="The split child's job, once submitted.")
 
 
+class SlowRank(Written):
+    """A running rank expected to end among the last (the tail), from its beats."""
+
+    shard: int
+    rank: int
+    attempt: int
+    processed: int = Field(description="Keys it has settled in this attempt.")
+    todo: int = Field(description="Keys it had to settle in this attempt (less any split off).")
+    keys_per_s: float = Field(description="Its rate since its models were ready.")
+    ends_in_s: float = Field(description="Expected seconds until it ends, at that rate.")
+    vs_median: float | None = Field(default=None, description="Its expected shard time over the run's median.")
+    median_s: float | None = Field(default=None, description="The run's median expected shard time.")
+
+
 class EventDetail(Written):
     """The detail of an event Sluice publishes; `detail_type` is its EventBridge detail-type."""
 
@@ -118,6 +132,9 @@ class RunProgress(EventDetail):
     )
     split: list[SplitShard] | None = Field(
         default=None, description="Set when the sweep split slow shards' remaining keys off: the splits it made."
+    )
+    slowest: list[SlowRank] | None = Field(
+        default=None, description="The running ranks expected to end last (up to 3), when any is running."
     )
 
 

@@ -263,6 +263,15 @@ def file_kinds(spec: dict[str, Any]) -> tuple[str, ...]:
     return ("image", "video")
 
 
+def text_room(spec: dict[str, Any]) -> int | None:
+    """Tokens of text one chunk of a text model file holds: its context less the special tokens around it."""
+    try:
+        length = int(spec["context_length"])
+        return length - len(spec.get("prefix_ids") or ()) - len(spec.get("suffix_ids") or ())
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def json_type(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"

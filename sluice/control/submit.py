@@ -52,7 +52,9 @@ def submit(
     `warnings` (the prepare stage's) go out after a builtin stand-in model's and before the preflight's.
     """
     settings, plan_uri = ctx.settings, req.paths.plan
-    facts = RunFacts.from_plan(plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys)
+    facts = RunFacts.from_plan(
+        plan, in_lambda=expect == RunStatus.PLANNING, max_keys=settings.max_keys, manifest=req.manifest
+    )
     checked = preflight(facts, ctx.capacity.for_plan(plan))
     s3 = ctx.clients.s3  # input buckets in another Region: warned about, the transfer priced
     buckets = plan.input_buckets or input_buckets(req.manifest.input, settings.default_input_bucket)

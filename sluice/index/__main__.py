@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sluice.contracts.events import IndexFailed, RunIndexed
 from sluice.contracts.plan import RunPlan
@@ -27,6 +28,9 @@ from sluice.errors import SluiceError
 from sluice.index.outcome import reason_of, with_vectors, write_result
 from sluice.log import logger
 from sluice.paths import RunPaths, index_result
+
+if TYPE_CHECKING:
+    from sluice.index.build import BuildReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -101,8 +105,14 @@ def run_build(args: argparse.Namespace) -> int:
             f"merged {merged} (+{t.inserted:,} new, {t.updated:,} replaced)"
             + (f"; already held {', '.join(t.skipped)}" if t.skipped else "")
         )
-    print(f"indexed in {report.seconds:.1f} s: search it with `sluice search {report.index} --vector-file Q.npy`")
+    print(f"indexed in {report.seconds:.1f} s: search it with `sluice search {report.index} {query_flag(report)}`")
     return EXIT_OK
+
+
+def query_flag(report: BuildReport) -> str:
+    """The query a user tries first: a text for a text index, an image for an image or video one."""
+    text = any(";chunk_tokens=" in t.model_id for t in report.tables)  # a text model_id (sluice.contracts.identity)
+    return '--text "..."' if text else "--image FILE"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """The checks of a parsed manifest that need the settings or S3, and the one way reading input fails.
 
-`check_manifest` runs before anything is planned (in the manifest Lambda and in `sluice plan` /
-`sluice submit`): output prefix, job queue, model URI (a HEAD) and the kinds its spec names,
-inventory checksum. A manifest
+`check_manifest` runs before anything is planned (in the manifest Lambda, in `sluice plan` /
+`sluice submit`, and in `sluice local run` before any server starts): output prefix, job queue,
+model URI (a HEAD), the kinds its spec names and its text window, inventory checksum. A manifest
 that would only fail later on Batch is rejected here, with every reason at once.
 
 `reading_input` / `guarded` classify each exception raised while reading input, once: a
@@ -23,7 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sluice.aws.errors import AwsFatalError, Kind, classify
 from sluice.aws.s3uri import parse_s3_uri
 from sluice.contracts.manifest import Manifest
-from sluice.contracts.sections import file_kinds
+from sluice.contracts.sections import file_kinds, text_room
 from sluice.errors import Rejection, RetriableError, TooBigForLambda
 from sluice.log import logger
 from sluice.settings import Settings
@@ -147,21 +147,31 @@ def _spec_of(uri: str, s3: S3Client | None) -> dict[str, object] | None:
         return None  # not one to read here: the worker checks the file's own spec
 
 
-def _kind_problem(manifest: Manifest, i: int, s3: S3Client | None) -> str | None:
-    """A model file whose spec names kinds without the input's (builtins: Manifest checks them)."""
+def _spec_problems(manifest: Manifest, i: int, s3: S3Client | None) -> list[str]:
+    """A model file whose spec names kinds without the input's, or a text window under input.chunk_tokens.
+
+    Builtins: Manifest checks their kinds, and the builtin text model takes any window the manifest allows.
+    """
     m, kind = manifest.models[i], manifest.input.kind
     if m.uri.startswith("builtin:"):
-        return None
+        return []
     spec = _spec_of(m.uri, s3)
     if spec is None:
-        return None
-    kinds = file_kinds(spec)
-    if kind in kinds:
-        return None
+        return []
     where = "model.uri" if len(manifest.models) == 1 else f"model[{i}].uri"
-    return (
-        f"{where}: {m.uri} embeds {' or '.join(kinds)} (its spec), but input.kind is {kind!r}: pick a model for {kind}"
-    )
+    kinds = file_kinds(spec)
+    if kind not in kinds:
+        return [
+            f"{where}: {m.uri} embeds {' or '.join(kinds)} (its spec), but input.kind is {kind!r}: "
+            f"pick a model for {kind}"
+        ]
+    room, chunk = text_room(spec), manifest.input.chunk_tokens
+    if kind == "text" and room is not None and chunk is not None and chunk > room:
+        return [
+            f"input.chunk_tokens: {chunk} is over the {room} tokens the context of {where} {m.uri} holds "
+            f"(its spec): give input.chunk_tokens at most {room}, or leave it out for the model's own window"
+        ]
+    return []
 
 
 def _unnamed_model_problems(manifest: Manifest, settings: Settings) -> list[str]:
@@ -190,7 +200,7 @@ def check_manifest(manifest: Manifest, settings: Settings, *, control: str | Non
                 _model_problem(m.uri, "model.uri" if len(manifest.models) == 1 else f"model[{i}].uri", settings, s3)
                 for i, m in enumerate(manifest.models)
             ),
-            *(_kind_problem(manifest, i, s3) for i in range(len(manifest.models))),
+            *(r for i in range(len(manifest.models)) for r in _spec_problems(manifest, i, s3)),
         )
         if r
     ]

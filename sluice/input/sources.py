@@ -110,6 +110,10 @@ def entry_to_pair(entry: str, default_bucket: str | None, where: str, problems: 
     if why:
         problems.add(f"{where}: not a key: {entry[:80]!r} holds {why}")
         return None
+    if entry != entry.strip() and entry.strip().startswith("s3://"):
+        # A key may hold spaces, so none is dropped unasked: the line is named with what to remove.
+        problems.add(f"{where}: not a key: {entry.strip()[:80]!r} has spaces around it ({entry[:80]!r}): remove them")
+        return None
     if entry.startswith("s3://"):
         try:
             bucket, key = parse_s3_uri(entry)

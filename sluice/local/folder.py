@@ -10,9 +10,16 @@ from pathlib import Path
 from sluice.local.manifest import KIND_SUFFIXES
 
 
-def is_image_name(path: Path, kind: str = "image") -> bool:
-    """An image (or a text, a video) by its name: a known suffix, not hidden (.DS_Store, ._x.jpg from macOS)."""
-    return path.suffix.lower() in KIND_SUFFIXES[kind] and not path.name.startswith(".")
+def is_image_name(path: Path, kind: str = "image", extra: tuple[str, ...] = ()) -> bool:
+    """An image (or a text, a video) by its name: a known suffix (or one of `extra`, --suffixes), not hidden
+    (.DS_Store, ._x.jpg from macOS)."""
+    return path.suffix.lower() in (*KIND_SUFFIXES[kind], *extra) and not path.name.startswith(".")
+
+
+def suffixes(text: str | None) -> tuple[str, ...]:
+    """--suffixes .py,.ipynb (or py,ipynb) -> ('.py', '.ipynb'): more names a folder flag uploads."""
+    parts = [p.strip().lower() for p in (text or "").split(",") if p.strip()]
+    return tuple(p if p.startswith(".") else "." + p for p in parts)
 
 
 @dataclass(frozen=True)
@@ -26,19 +33,20 @@ class Folder:
     unreadable: list[str] = field(default_factory=list)  # dangling symlinks, folders reached twice: named, skipped
 
     @classmethod
-    def read(cls, images: str, kind: str = "image") -> Folder:
-        """DIR's files of the kind; SystemExit when it is missing or holds none (before any server starts)."""
+    def read(cls, images: str, kind: str = "image", extra: tuple[str, ...] = ()) -> Folder:
+        """DIR's files of the kind (its suffixes and `extra`); SystemExit when it is missing or holds none
+        (before any server starts)."""
         root = Path(images).expanduser()
         flag = "--audio" if kind == "audio" else f"--{kind}s"
         if not root.is_dir():
             raise SystemExit(f"sluice: {flag} {root}: " + ("not a directory" if root.exists() else "no such folder"))
         files, unreadable = walk(root)
-        images_ = [p for p in files if is_image_name(p, kind)]
-        skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p, kind)]
+        images_ = [p for p in files if is_image_name(p, kind, extra)]
+        skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p, kind, extra)]
         if not images_:
             raise SystemExit(
                 f"sluice: {flag} {root}: no {kind} files ({len(skipped) + len(unreadable)} other files; "
-                f"{plural(kind)} are named {', '.join(KIND_SUFFIXES[kind])})"
+                f"{plural(kind)} are named {', '.join((*KIND_SUFFIXES[kind], *extra))}; --suffixes adds more)"
             )
         for p in images_:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in p.name):  # a key S3 cannot take as given
@@ -53,17 +61,25 @@ def walk(root: Path) -> tuple[list[Path], list[str]]:
     """Every file under root, sorted, symlinked subfolders followed; and what was left out, named with why.
 
     Each real folder is read once: a link back up (a cycle) or a second link to one folder is
-    named, not followed again. A symlink to nothing is named too: skipped, never silently.
+    named, not followed again; a link up and out, to a folder that holds root, is named and not
+    followed (it would read everything around root). A symlink to nothing is named too: skipped,
+    never silently.
     """
     files: list[Path] = []
     unreadable: list[str] = []
     seen: dict[str, str] = {}  # real folder -> the path it was first read under
+    top_real = os.path.realpath(root)
     for top, dirs, names in os.walk(root, followlinks=True):
         here = Path(top)
         rel = here.relative_to(root).as_posix()
         real = os.path.realpath(top)
         if real in seen:
             unreadable.append(f"{rel}/ (the folder {seen[real] or '.'}/ again: read once)")
+            dirs[:] = []
+            continue
+        if real != top_real and top_real.startswith(real.rstrip(os.sep) + os.sep):
+            # A link up and out (to a folder that holds DIR): it would read all around DIR, DIR again included.
+            unreadable.append(f"{rel}/ (a symlink to {real}, which holds {root}: not followed)")
             dirs[:] = []
             continue
         seen[real] = "" if rel == "." else rel
@@ -88,7 +104,8 @@ def say_skipped(skipped: list[str], kind: str = "image", unreadable: list[str] |
     unreadable = unreadable or []
     if skipped and not unreadable:
         print(
-            f"sluice: skipped {len(skipped)} file(s) that are not {plural(kind)} by name: {shown(skipped)}",
+            f"sluice: skipped {len(skipped)} file(s) that are not {plural(kind)} by name: {shown(skipped)} "
+            "(--suffixes .EXT,... uploads more names)",
             file=sys.stderr,
         )
     elif unreadable:

@@ -9,6 +9,11 @@ Every flag that shapes a run is applied or refused with a message, never dropped
   uploaded (their count is known), and is refused otherwise; a manifest without `input`, or whose
   `input` gives settings but no source (keys, key_list, prefix, inventory), reads the upload;
 * --manifest FILE (a key list): no flag applies, each given one is refused.
+
+Before any server starts, the manifest the flags make is checked by the manifest function's own
+code (`rejections`: parse_manifest, check_manifest), the folder's or the demo's count standing in
+for the upload: a flag the kind does not take, a value out of range, a model of another kind, a
+chunk over the model's window are refused in the function's words.
 """
 
 from __future__ import annotations
@@ -340,3 +345,40 @@ def read_earlier(s3: Any, control: str, run_id: str) -> Earlier:
     ]
     inp = manifest.get("input") if isinstance(manifest, dict) else None
     return Earlier(run_id, {k: v for k, v in (inp or {}).items() if k != "since_run"}, models)
+
+
+DEMO_DEFAULT = 200  # --demo without N (sluice.local.upload)
+
+
+def rejections(args: argparse.Namespace, files: int | None) -> list[str]:
+    """The reasons the manifest function would give to reject this run ([]: none found here).
+
+    `files`: the folder's files of the kind (None: no folder given).
+    """
+    from sluice.errors import Rejection
+    from sluice.input.checks import check_manifest
+    from sluice.input.manifest import ManifestSource, parse_manifest
+    from sluice.paths import MANIFESTS_PREFIX
+    from sluice.settings import Settings
+
+    if args.since_run:
+        return []  # its manifest builds on the earlier run, read from the emulator
+    demo = content_source(args)[2]
+    upload = demo if demo is not None else (0 if args.manifest else DEMO_DEFAULT)
+    count = files if files is not None else upload
+    name, body, _ = build(args, Uploaded("precheck/", count), None, "precheck")
+    settings = Settings.from_env().model_copy(update={"local_mode": True})  # as the router runs the function
+    try:
+        manifest = parse_manifest(ManifestSource(INPUT_BUCKET, f"{MANIFESTS_PREFIX}{name}", body), settings)
+        check_manifest(manifest, settings, control=None, s3=None)  # s3 None: no S3 object is read
+    except Rejection as exc:
+        return list(exc.reasons)
+    return []
+
+
+def refuse_rejected(args: argparse.Namespace, files: int | None) -> None:
+    """SystemExit with the manifest function's reasons when it would reject the run (nothing started)."""
+    reasons = rejections(args, files)
+    if reasons:
+        lines = "".join(f"\n  - {r}" for r in reasons)
+        raise SystemExit(f"sluice: rejected before anything started (the manifest function's own checks):{lines}")

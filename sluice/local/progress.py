@@ -70,8 +70,11 @@ class Snapshot:
 class Progress:
     """Reads progress from commit markers and the ledger; draws it on stderr."""
 
-    def __init__(self, c: Any, table: str, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, c: Any, table: str, enabled: bool, stream: TextIO | None = None, beats: str | None = None
+    ) -> None:
         self._c, self._table, self._enabled = c, table, enabled
+        self._beats = beats  # the beats table: what the ranks embedded before their chunks commit
         self._out = stream or sys.stderr
         self._tty = self._out.isatty()
         self._seen: dict[str, tuple[int, int]] = {}  # marker key -> (objects, rows)
@@ -111,7 +114,29 @@ class Progress:
                 self._prefixes = [plan.model_output_prefix(m) for m in range(len(plan.models))]
                 self._kind = plan.content.kind
         prefixes = self._prefixes or ([row.output_prefix] if row.output_prefix else [])
-        return min((self.settled(p) for p in prefixes), default=(0, 0))
+        objects, rows = min((self.settled(p) for p in prefixes), default=(0, 0))
+        return max(objects, self.beaten(row.run_id)), rows
+
+    def beaten(self, run_id: str) -> int:
+        """Objects the ranks have embedded (or failed) so far, from their beats: each rank's newest attempt.
+
+        A chunk commits only when full or at the shard's end; a rank beats as it embeds (a text
+        model's batches too), so a run's progress moves before its first commit.
+        """
+        if not self._beats:
+            return 0
+        newest: dict[tuple[str, str], tuple[int, int]] = {}  # (shard, rank) -> (attempt, processed)
+        pages = self._c.dynamodb.get_paginator("query").paginate(
+            TableName=self._beats, KeyConditionExpression="pk = :r", ExpressionAttributeValues={":r": {"S": run_id}}
+        )
+        for page in pages:
+            for item in page.get("Items", []):
+                if "processed" not in item:  # the table's other items: a slice's fence, a split's record
+                    continue
+                shard, rank = item["shard"]["N"], item["rank"]["N"]
+                got = (int(item["attempt"]["N"]), int(float(item["processed"]["N"])))
+                newest[(shard, rank)] = max(newest.get((shard, rank), got), got)
+        return sum(processed for _, processed in newest.values())
 
     def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
         every = TTY_EVERY_S if self._tty else LOG_EVERY_S

@@ -34,14 +34,14 @@ from sluice.control.table.items import RunItem
 from sluice.local import manifest as local_manifest
 from sluice.local.emulator.bus import BusTap
 from sluice.local.emulator.server import FAKE_CREDENTIALS
-from sluice.local.folder import Folder, plural
+from sluice.local.folder import Folder, plural, suffixes
 from sluice.local.manifest import Uploaded
 from sluice.local.output import OutputDir
 from sluice.local.progress import Progress
 from sluice.local.router import Router
 from sluice.local.services import NotePid, Services, metrics_note, start_services, stop_services, worker_env
 from sluice.local.streams import pipe_safe
-from sluice.local.summary import Ended, report, save, summarize
+from sluice.local.summary import Ended, report, save, stopped_work, summarize
 from sluice.local.upload import save_demo, submit
 
 INTERRUPTED = "interrupted: the local run was stopped (Ctrl-C, SIGTERM or SIGHUP) and its workers with it"
@@ -82,9 +82,12 @@ def _run_local(args: argparse.Namespace) -> int:
     local_manifest.check_flags(args)
     local_manifest.check_file(args)  # a missing or broken --manifest: before any server starts
     kind, source, _ = local_manifest.content_source(args)
-    folder = Folder.read(source, kind) if source else None  # a missing or empty folder: before anything starts
+    more = suffixes(getattr(args, "suffixes", None))
+    folder = Folder.read(source, kind, more) if source else None  # a missing or empty folder: before anything starts
     if args.model:
         local_manifest.model_specs(args)  # so does a --model file that is not there
+    files = len(folder.images) if folder else None
+    local_manifest.refuse_rejected(args, files)  # and what the manifest function would reject, in its words
     out = OutputDir.check(args.out)  # and an unusable --out, not after the run
     start = _Start(args, out, folder, started, note_pid)
     svc = Services()
@@ -111,7 +114,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def _run(start: _Start, svc: Services, interrupted: threading.Event) -> int:
     from sluice.control.table.ledger import Ledger
-    from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor, abandon
+    from sluice.local.emulator.executor import ExecutorConfig, LocalExecutor
     from sluice.local.emulator.infra import create_local
 
     args = start.args
@@ -148,27 +151,39 @@ def _run(start: _Start, svc: Services, interrupted: threading.Event) -> int:
     from sluice.local.emulator.sweep import LocalSweep
 
     sweep = LocalSweep(c, stack, executor, run_id)  # ends a hung worker by the control plane's path
-    progress = Progress(c, stack.names["RunsTable"], enabled=True)  # on stderr: --json keeps stdout for its one object
+    # on stderr: --json keeps stdout for its one object; the beats count what is embedded before it commits
+    progress = Progress(c, stack.names["RunsTable"], enabled=True, beats=stack.names["BeatsTable"])
     if not args.json:
         _say_started(args, outcome, svc.endpoint)
     svc.waiting = True
     row = _wait(_Discovery(executor, router), ledger, run_id, progress, interrupted, sweep)
     progress.end()
+    stopped = None
     if row is None:  # interrupted: the run is concluded (failed) and still gets its summary.json
-        svc.waiting = False  # a second signal stops at once, without the summary
-        svc.stopped += abandon(executor, INTERRUPTED)
-        svc.executors.remove(executor)
-        row = ledger.get(run_id)
+        row, stopped = _abandoned(executor, ledger, run_id, svc)
         if row is None:
             return 130
     summary = summarize(c, svc.tap, Ended(row, time.monotonic() - start.started, svc.endpoint, run_dir))
     summary.update(_more_summary(args, svc, uploaded, run_dir), interrupted=interrupted.is_set())
+    summary["interrupted_work"] = stopped
     summary["stalled"] = [s.model_dump(include={"shard", "attempt", "after_s", "cause"}) for s in sweep.stalled()]
     save(run_dir, summary)
     report(summary, args.json)
     if interrupted.is_set():
         return 130
     return 0 if row.status is RunStatus.SUCCEEDED else 1
+
+
+def _abandoned(executor: Any, ledger: Any, run_id: str, svc: Services) -> tuple[RunItem | None, str | None]:
+    """Interrupted: what it stops named (with its logs), every worker stopped; the run's row as concluded."""
+    from sluice.local.emulator.executor import abandon
+
+    svc.waiting = False  # a second signal stops at once, without the summary
+    now = ledger.get(run_id)
+    stopped = stopped_work(executor, now is not None and now.status.final)
+    svc.stopped += abandon(executor, INTERRUPTED)
+    svc.executors.remove(executor)
+    return ledger.get(run_id), stopped
 
 
 def _more_summary(args: argparse.Namespace, svc: Services, uploaded: Uploaded, run_dir: Path) -> dict[str, Any]:

@@ -7,12 +7,15 @@ import json
 import math
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sluice.aws.sigv4 import encode_query, normalize, region_of, sign_aps
+from sluice.contracts.sections import KIND_WORDS
+from sluice.errors import SluiceError
 
 # PromQL over the raw per-rank series, so a run of any length (and a Prometheus without the
 # recording rules) answers; the recording rules serve dashboards over long windows.
@@ -41,6 +44,8 @@ QUERIES = {
 # ({ms} reaches back to it), so a finished rank's count stays in the sum. The means come from
 # two of these: what the run did from its first step with a rank alive to its last sample.
 SUMMED = "sum(last_over_time({m}[{ms}ms]))"
+# The run's input kind: the `kind` label every rank's series carries (one value a run).
+KIND = 'count by (kind) (max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{r}]))'
 # Any sample within one step (of {ms} milliseconds), not within the lookback window.
 COARSE = 'sum(max_over_time(sluice_images_processed_total{{run_id="{run}"}}[{ms}ms]))'
 MIN_STEP_S = 0.1  # a local run of a second or two still gets a rate
@@ -71,11 +76,29 @@ class PromClient:
         if self.region:
             headers = sign_aps("GET", url, None, headers, self.region)
         req = urllib.request.Request(url, headers=headers)  # noqa: S310 - the user's Prometheus / AMP
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-            body = json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise SluiceError(f"{self.base} answered HTTP {exc.code} {exc.reason}: {self._check()}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            why = getattr(exc, "reason", exc)
+            raise SluiceError(f"cannot reach Prometheus at {self.base} ({why}): {self._check()}") from None
         if body.get("status") != "success":
             raise RuntimeError(f"PromQL error: {body.get('error', body)}")
         return body["data"]
+
+    def _check(self) -> str:
+        """What to check when the URL does not answer as a Prometheus API does."""
+        if self.region:
+            return (
+                "check the AMP workspace URL (https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>/) "
+                "and your AWS credentials"
+            )
+        return (
+            "check the URL (a local run's is the one `sluice local run --keep` printed, up only while that "
+            "emulator runs) or SLUICE_PROMETHEUS_URL"
+        )
 
     def query(self, expr: str, at: float | None = None) -> float | None:
         """An instant query's single value (None when empty)."""
@@ -84,6 +107,12 @@ class PromClient:
             params["time"] = f"{at:.3f}"
         result = self._get("api/v1/query", params)["result"]
         return float(result[0]["value"][1]) if result else None
+
+    def label(self, expr: str, name: str, at: float | None = None) -> str | None:
+        """Label `name` of an instant query's first series (None when empty or unlabelled)."""
+        params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+        result = self._get("api/v1/query", params)["result"]
+        return str(result[0]["metric"].get(name)) if result and result[0]["metric"].get(name) else None
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[tuple[float, float]]:
         """(t, value) points of a range query's first series."""
@@ -102,6 +131,12 @@ class RunMetrics:
     totals: dict[str, float | None]
     series: dict[str, list[tuple[float, float]]]
     means: dict[str, float | None] = field(default_factory=dict)  # time means, where not the points' mean
+    kind: str = "image"  # the run's input kind (the ranks' `kind` label): its unit, documents/s for text
+
+    @property
+    def unit(self) -> str:
+        """The rate's unit in the kind's own words: images/s, documents/s, videos/s."""
+        return f"{KIND_WORDS.get(self.kind, KIND_WORDS['image'])[0]}/s"
 
     @property
     def found(self) -> bool:
@@ -121,6 +156,8 @@ class RunMetrics:
         return {
             "run_id": self.run_id,
             "found": self.found,
+            "kind": self.kind,
+            "unit": self.unit,  # of images_per_s: the objects of the kind a second
             **counts,
             **{k: stats(k, v) for k, v in self.series.items()},
         }
@@ -139,9 +176,13 @@ def _span(client: PromClient, run_id: str, start: float, end: float) -> tuple[fl
 
     Each pass asks, per step, for any sample within that step (not the lookback window), so
     the span ends at the run's last sample, whether its series ended with staleness markers
-    or its ranks died, and a run of a few seconds is found in a 24-hour window.
+    or its ranks died, and a run of a few seconds is found in a 24-hour window. The first
+    pass's steps are multiples of its step in epoch time (not offsets from now): the span,
+    and each later pass's steps from its start, depend on the run's samples only, so a
+    finished run's figures are the same whenever they are asked.
     """
     step = float(math.ceil(max(5.0, (end - start) / 300)))
+    start, end = math.floor(start / step) * step, math.ceil(end / step) * step
     for _ in range(4):
         pts = client.query_range(COARSE.format(run=run_id, ms=math.ceil(step * 1000)), start, end, step)
         if not pts:
@@ -174,7 +215,8 @@ def fetch(client: PromClient, run_id: str, *, since_s: float = 24 * 3600, now: f
     series["images_per_s"] = _idle_as_zero(series["images_per_s"], alive, step)
     reach_ms = math.ceil((end - start + step) * 1000)
     means = _means(alive, step, end, lambda m, t: client.query(SUMMED.format(m=names[m], ms=reach_ms), at=t))
-    return RunMetrics(run_id, start, end, totals, series, means)
+    kind = client.label(KIND.format(run=run_id, r=f"{int(since_s)}s"), "kind", at=end) or "image"
+    return RunMetrics(run_id, start, end, totals, series, means, kind)
 
 
 def _idle_as_zero(
@@ -220,7 +262,7 @@ def render(m: RunMetrics, out: TextIO | None = None) -> None:
         f"   series {_num(s['series'])}\n"
     )
     for key, label, pct in (
-        ("images_per_s", "images/s", False),
+        ("images_per_s", m.unit, False),
         ("gpu_util", "GPU util", True),
         ("gpu_util_p10", "GPU util p10", True),
         ("data_wait", "data-wait", True),
@@ -230,19 +272,20 @@ def render(m: RunMetrics, out: TextIO | None = None) -> None:
             w(f"{label:<14} n/a" + ("  (no GPU metrics: CPU ranks)\n" if key.startswith("gpu") else "\n"))
         else:
             f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.1f}")
-            w(f"{label:<14} mean {f(st['mean'])}  min {f(st['min'])}  max {f(st['max'])}{_why(key, st)}\n")
+            why = _why(key, st, m.unit.removesuffix("s/s"))
+            w(f"{label:<14} mean {f(st['mean'])}  min {f(st['min'])}  max {f(st['max'])}{why}\n")
     w(
         "               (mean: over the run's span, from the counters; min/max: of the per-step samples, "
         "each an instant rate)\n"
     )
 
 
-def _why(key: str, st: dict[str, Any]) -> str:
+def _why(key: str, st: dict[str, Any], noun: str = "image") -> str:
     """Why a mean lies outside its samples' min..max, when it does: they measure different spans."""
     if key != "images_per_s" or st["min"] <= st["mean"] <= st["max"]:
         return ""
     return (
-        "  (the mean counts every image over the whole span; the samples are instant rates at a few steps, "
+        f"  (the mean counts every {noun} over the whole span; the samples are instant rates at a few steps, "
         "and a short or bursty run's few steps miss its peaks)"
     )
 
@@ -264,7 +307,7 @@ def plot(m: RunMetrics, path: str) -> None:
     span = max((pts[-1][0] for pts in m.series.values() if pts), default=m.end) - t0
     scale, unit = (60.0, "minutes") if span > 600 else (1.0, "seconds")
     for ax, (key, title) in zip(
-        axes, (("images_per_s", "images/s"), ("gpu_util", "GPU utilization"), ("data_wait", "data-wait ratio"))
+        axes, (("images_per_s", m.unit), ("gpu_util", "GPU utilization"), ("data_wait", "data-wait ratio"))
     ):
         pts = m.series[key]
         if pts:

@@ -9,7 +9,7 @@ from sluice.control.indexing import plan as index_plan
 from sluice.control.sweep.stragglers import plan_lines
 from sluice.plan.layout import Layout, layout
 from sluice.preflight.checks import CHILD_STARTUP_S, Preflight
-from sluice.preflight.facts import Capacity, RunFacts
+from sluice.preflight.facts import Capacity, RunFacts, asked_gpus
 from sluice.settings import Settings
 
 MARK = {"ok": "ok", "warn": "WARN", "error": "ERROR"}
@@ -24,14 +24,16 @@ def facts_for(
     lay: Layout | None = None,
 ) -> RunFacts:
     """The run the manifest makes of `unique_keys` keys (`lay`, else its layout at `cap` or the stack's)."""
-    lay = lay or layout(unique_keys, manifest, settings.max_array_size, cap or Capacity.build(settings))
+    cap = cap or Capacity.build(settings)
+    lay = lay or layout(unique_keys, manifest, settings.max_array_size, cap)
     return RunFacts(
         unique_keys=unique_keys,
         keys_per_shard=lay.keys_per_shard,
         n_shards=lay.n_shards,
         mode=manifest.job.mode,
         jobs=[(j.kind, j.shard_count) for j in lay.jobs],
-        gpus_per_worker=max(1, manifest.job.gpus_per_node),
+        gpus_per_worker=max(1, cap.worker_gpus),
+        gpus_asked=asked_gpus(manifest),
         timeout_s=timeout_s,
         in_lambda=unique_keys <= settings.prepare_over_keys,
         max_keys=settings.max_keys,

@@ -70,7 +70,7 @@ def shard_size(unique_keys: int, manifest: Manifest, cap: Capacity) -> tuple[int
     job = manifest.job
     if "keys_per_shard" in job.model_fields_set:
         return job.keys_per_shard, "the manifest's job.keys_per_shard"
-    per_s = cap.for_manifest(manifest).rate * max(1, job.gpus_per_node)
+    per_s = cap.for_manifest(manifest).rate * max(1, cap.worker_gpus)
     return chosen_keys_per_shard(unique_keys, per_s)
 
 
@@ -142,7 +142,7 @@ def index_target(i: PlanInputs) -> IndexTarget | None:
 def run_times(manifest: Manifest, keys_per_shard: int, cap: Capacity) -> tuple[int, int]:
     """(job timeout, stall time) in seconds: the manifest's, else derived at `cap`'s rate for this manifest."""
     cap = cap.for_manifest(manifest)
-    gpus = max(1, manifest.job.gpus_per_node)
+    gpus = max(1, cap.worker_gpus)
     timeout_s = manifest.job.timeout_s or derived_timeout_s(keys_per_shard, gpus, cap.rate)
     batch = pass_batch(manifest.models)  # the batch the workers run (RunPlan.effective_batch)
     return timeout_s, manifest.job.stall_after_s or derived_stall_after_s(batch, cap.part_rate, timeout_s)
@@ -167,7 +167,7 @@ def build_plan(i: PlanInputs) -> RunPlan:
         keys_per_shard=lay.keys_per_shard,
         mode=manifest.job.mode,
         nodes=manifest.job.nodes if manifest.job.mode == "multinode" else 1,
-        gpus_per_node=manifest.job.gpus_per_node,
+        gpus_per_node=i.capacity.worker_gpus,  # what each worker gets (the stack's WorkerGpus)
         spot_allowed=manifest.job.mode == "array",
         models=[
             PlannedModel.of(m, i.model_ids[n] if i.model_ids else static_identity(m, manifest.input.content))

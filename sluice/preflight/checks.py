@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from sluice.preflight import limits as L
 from sluice.preflight.estimate import cost
-from sluice.preflight.facts import Capacity, RunFacts
-from sluice.preflight.instances import AUDIO_DECODE_S_PER_CORE, AUDIO_S_PER_FILE, more_cpu_per_gpu
+from sluice.preflight.facts import Capacity, RunFacts, audio_decode
+from sluice.preflight.instances import more_cpu_per_gpu
 
 Status = Literal["ok", "warn", "error"]
 SERIES_PER_RANK = 13  # a GPU rank's default push list (bench/metrics_cost.py, "typical" row)
@@ -134,15 +134,18 @@ class Preflight:
 
 def preflight(run: RunFacts, cap: Capacity) -> Preflight:
     """Check `run` against Batch, S3, AMP, Lambda, DynamoDB and EventBridge limits on `cap`."""
-    cap = replace(cap, models=run.models)  # several models in one pass: each image costs all of them
+    # several models in one pass: each image costs all of them; every figure from the run's GPUs a worker
+    cap = replace(cap, models=run.models, worker_gpus=run.gpus_per_worker)
     out = Preflight()
     add = out.checks.append
     _batch(run, add)
+    if run.gpus_asked is not None:
+        add(gpus_check(run))
     workers = _workers(run, cap, add)
     shard_s = _fleet(run, cap, workers, add)
     _lambda(run, add)
     _completion(run, workers, shard_s, add)
-    add(decode_check(cap))
+    add(Check("decode", *audio_decode(cap)) if cap.audio_windows else decode_check(cap))  # audio: always the CPU
     starting = startup_gpu_hours(run.n_shards, run.gpus_per_worker)
     out.cost = cost(cap.gpu_family, run.unique_keys / cap.rate / 3600, starting, run.n_shards).as_dict()
     return out
@@ -274,10 +277,10 @@ def _workers(run: RunFacts, cap: Capacity, add: Any) -> int:
                 "vCPUs (MnpMaxVcpus)",
                 "error",
                 "every node of an MNP job must run at once: raise MnpMaxVcpus or lower job.nodes",
-            ).judge(nodes * cap.worker_vcpus)
+            ).judge(round(nodes * cap.node_vcpus))
         )
         return nodes
-    fit = max(1, cap.max_vcpus // cap.worker_vcpus)
+    fit = max(1, int(cap.max_vcpus // cap.node_vcpus))
     waves = math.ceil(run.n_shards / fit)
     add(
         Limit(
@@ -288,9 +291,20 @@ def _workers(run: RunFacts, cap: Capacity, add: Any) -> int:
             f"at most {fit:,} children run at once, so the run takes about {waves:,} waves: raise "
             "MaxVcpus (and the account's EC2 vCPU quotas) for more parallelism",
             near=False,  # every child fitting at once is the goal, not a risk
-        ).judge(run.n_shards * cap.worker_vcpus)
+        ).judge(round(run.n_shards * cap.node_vcpus))
     )
     return min(run.n_shards, fit)
+
+
+def gpus_check(run: RunFacts) -> Check:
+    """The manifest's job.gpus_per_node against the stack's WorkerGpus: each worker gets the stack's."""
+    asked, given = run.gpus_asked or 0, run.gpus_per_worker
+    advice = (
+        f"job.gpus_per_node is {asked} but each worker container gets the stack's {given} "
+        f"(WorkerGpus; one rank a GPU): set job.gpus_per_node to {given}, or deploy with WorkerGpus={asked}"
+    )
+    ok = asked == given
+    return Check("GPUs per node", asked, given, "ok" if ok else "error", "" if ok else advice, "GPUs (WorkerGpus)")
 
 
 def _lambda(run: RunFacts, add: Any) -> None:
@@ -363,8 +377,6 @@ def _completion(run: RunFacts, workers: int, shard_s: float, add: Any) -> None:
 
 def decode_check(cap: Capacity) -> Check:
     """CPU decode capacity per GPU against the models' images/s per GPU (job.decode decides who decodes)."""
-    if cap.audio_windows:
-        return audio_decode_check(cap)
     model, cpu = cap.model_rate, cap.cpu_decode_rate
     unit = "images/s per GPU the models take (limit: what its CPUs decode)"
     feeds = (
@@ -385,16 +397,3 @@ def decode_check(cap: Capacity) -> Check:
         f"use {cpu:,.0f} images/s: set job.decode gpu (sluice plan --decode gpu){bigger}"
     )
     return Check("decode", round(model), round(cpu), "warn", advice, unit)
-
-
-def audio_decode_check(cap: Capacity) -> Check:
-    """An audio run's CPU decode (always the CPU's) against the audio files/s per GPU its models take."""
-    model, cpu, unit = cap.model_rate, cap.cpu_decode_rate, "audio files/s per GPU the models take (limit: CPU decode)"
-    size = more_cpu_per_gpu(cap.gpu_family, model * AUDIO_S_PER_FILE / AUDIO_DECODE_S_PER_CORE, cap.table)
-    advice = (
-        f"CPU decode binds: {cap.cpu_per_gpu:g} vCPUs a GPU x {AUDIO_DECODE_S_PER_CORE:g} s of audio a second a core "
-        f"= {cpu:,.2f} files of {AUDIO_S_PER_FILE:g} s a second, for models that take {model:,.2f}: the GPU idles "
-        f"{1 - cpu / model:.0%} of the time, the estimates use {cpu:,.2f}" + (f"; {size} keeps it busy" if size else "")
-    )
-    binds = cap.decode_binds  # value and limit in files/s to two places (4.7, not 5)
-    return Check("decode", round(model, 2), round(cpu, 2), "warn" if binds else "ok", advice if binds else "", unit)

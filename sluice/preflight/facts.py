@@ -17,6 +17,7 @@ from sluice.preflight.instances import (
     Instance,
     audio_windows,
     instances,
+    more_cpu_per_gpu,
 )
 from sluice.settings import Settings
 
@@ -33,6 +34,7 @@ class Capacity:
     max_vcpus: int = 256  # MaxVcpus: each GPU compute environment
     mnp_max_vcpus: int = 64  # MnpMaxVcpus
     worker_vcpus: int = 4  # WorkerVcpus: per array child / MNP node
+    worker_gpus: int = 1  # WorkerGpus: GPUs per array child / MNP node, the one count every figure uses
     gpu_family: str = DEFAULT_FAMILY  # first of GpuInstanceTypes
     images_per_gpu_s: float | None = None  # a measurement (gpu_worker.autotune) over the table's figure
     push_interval_s: float = 30.0  # the workers' remote-write period (SLUICE_WORKER_PUSH_INTERVAL_S default)
@@ -54,6 +56,7 @@ class Capacity:
             max_vcpus=settings.max_vcpus,
             mnp_max_vcpus=settings.mnp_max_vcpus,
             worker_vcpus=settings.worker_vcpus,
+            worker_gpus=settings.worker_gpus,
             gpu_family=family_of(first),
             images_per_gpu_s=settings.images_per_gpu_s,
             instance_type=first if "." in first else None,
@@ -76,6 +79,26 @@ class Capacity:
     def size(self) -> Instance | None:
         """The instance size's vCPUs and GPUs (None: a family, or a size the table does not know)."""
         return self.table.get(self.instance_type) if self.instance_type else None
+
+    @property
+    def node_vcpus(self) -> float:
+        """vCPUs one worker (array child or MNP node) holds of a compute environment's MaxVcpus.
+
+        Batch counts an instance's vCPUs: a worker of WorkerGpus GPUs holds its share of the
+        instance size given (--instance-type), else of the family's smallest size with that many
+        GPUs and WorkerVcpus vCPUs (g6e: 1 GPU -> xlarge, 4 vCPUs; 4 -> 12xlarge, 48; 8 -> 48xlarge,
+        192); at least WorkerVcpus. A family the table lacks: WorkerVcpus per GPU.
+        """
+        gpus = max(1, self.worker_gpus)
+        fits = [
+            i
+            for name, i in self.table.items()
+            if name.startswith(self.gpu_family + ".") and i.gpus >= gpus and i.vcpus >= self.worker_vcpus
+        ]
+        inst = self.size or min(fits, key=lambda i: (i.vcpus, i.gpus), default=None)
+        if inst is None:
+            return float(self.worker_vcpus * gpus)
+        return max(float(self.worker_vcpus), inst.vcpus_per_gpu * gpus)
 
     @property
     def parts_per_key(self) -> int:
@@ -137,6 +160,23 @@ class Capacity:
         return f"table estimate for {self.gpu_family} (measure with python -m gpu_worker.autotune)"
 
 
+def audio_decode(cap: Capacity) -> tuple[float, float, Literal["ok", "warn"], str, str]:
+    """An audio run's decode check (value, limit, status, advice, unit): its CPUs against the files/s its models take.
+
+    Audio decodes on the CPU whatever job.decode says; files/s to two places (4.7, not 5).
+    """
+    model, cpu, unit = cap.model_rate, cap.cpu_decode_rate, "audio files/s per GPU the models take (limit: CPU decode)"
+    if not cap.decode_binds:
+        return round(model, 2), round(cpu, 2), "ok", "", unit
+    size = more_cpu_per_gpu(cap.gpu_family, model * AUDIO_S_PER_FILE / AUDIO_DECODE_S_PER_CORE, cap.table)
+    advice = (
+        f"CPU decode binds: {cap.cpu_per_gpu:g} vCPUs a GPU x {AUDIO_DECODE_S_PER_CORE:g} s of audio a second a core "
+        f"= {cpu:,.2f} files of {AUDIO_S_PER_FILE:g} s a second, for models that take {model:,.2f}: the GPU idles "
+        f"{1 - cpu / model:.0%} of the time, the estimates use {cpu:,.2f}" + (f"; {size} keeps it busy" if size else "")
+    )
+    return round(model, 2), round(cpu, 2), "warn", advice, unit
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """The run as planned: keys, shards, jobs and the per-shard settings."""
@@ -146,7 +186,8 @@ class RunFacts:
     n_shards: int
     mode: Literal["array", "multinode"]
     jobs: list[tuple[str, int]] = field(default_factory=list)  # (kind, shards) per Batch job
-    gpus_per_worker: int = 1
+    gpus_per_worker: int = 1  # the stack's WorkerGpus (Capacity.worker_gpus): what each worker gets
+    gpus_asked: int | None = None  # the manifest's job.gpus_per_node where it sets one (checked against the stack's)
     timeout_s: int = 6 * 3600
     timeout_from_manifest: bool = False
     in_lambda: bool = True  # planned by the manifest function (else the prepare stage)
@@ -154,7 +195,8 @@ class RunFacts:
     models: int = 1  # models embedded in one pass
 
     @classmethod
-    def from_plan(cls, plan: RunPlan, *, in_lambda: bool, max_keys: int) -> RunFacts:
+    def from_plan(cls, plan: RunPlan, *, in_lambda: bool, max_keys: int, manifest: Manifest | None = None) -> RunFacts:
+        """The planned run; `manifest`: its job.gpus_per_node is checked against the plan's (the stack's)."""
         return cls(
             unique_keys=plan.total_keys,
             keys_per_shard=plan.keys_per_shard,
@@ -162,8 +204,15 @@ class RunFacts:
             mode=plan.mode,
             jobs=[(j.kind, j.shard_count) for j in plan.jobs],
             gpus_per_worker=max(1, plan.gpus_per_node),
+            gpus_asked=asked_gpus(manifest) if manifest else None,
             timeout_s=plan.timeout_s,
             in_lambda=in_lambda,
             max_keys=max_keys,
             models=len(plan.models),
         )
+
+
+def asked_gpus(manifest: Manifest) -> int | None:
+    """The manifest's job.gpus_per_node where it sets one (None: left to the stack's WorkerGpus)."""
+    job = manifest.job
+    return job.gpus_per_node if "gpus_per_node" in job.model_fields_set else None

@@ -162,3 +162,48 @@ def test_an_attempt_past_its_timeout_is_ended_failed_with_batchs_reason_and_not_
     assert task.proc is None and task.status is JobStatus.FAILED  # 5 attempts allowed: a timeout retries none
     detail = next(e["detail"] for e in events if e["detail"]["status"] == "FAILED")
     assert detail["statusReason"] == TIMEOUT_REASON
+
+
+def test_a_worker_ending_with_a_configuration_error_is_quoted_in_the_shards_reason(submitted, tmp_path):
+    from sluice.control.completion.batch_events import BatchJobStateChangeDetail
+    from sluice.control.completion.verdict import settle_shard
+
+    executor, job, events = submitted
+    task = job.tasks[0]
+    said = "configuration error: model m.pt: chunk_tokens 300 is over the 254 tokens its context holds"
+    task.log_path = str(tmp_path / "worker.log")
+    task.attempt, task.attempts = 1, [{}]
+    with open(task.log_path, "wb") as log:  # the worker's last word on stderr (gpu_worker.errors.report), exit 2
+        code = f"import sys; print('loading'); print('sluice-worker: {said}', file=sys.stderr); sys.exit(2)"
+        task.proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+    task.proc.wait(timeout=pace.scaled(10))
+    executor._reap(task)
+    assert task.status is JobStatus.FAILED  # exit 2: the strategy's EXIT rule, no retry
+    detail = BatchJobStateChangeDetail.model_validate(events[-1]["detail"])
+    assert detail.reason == f"{EXITED}: {said}"
+    why = settle_shard(detail.status, detail.exit_code, detail.reason, None).why
+    assert why == f"exit code 2: {EXITED}: {said}"
+
+
+def test_an_interrupt_names_what_it_stopped_and_its_log_on_disk(submitted, tmp_path):
+    import io as _io
+    from contextlib import redirect_stdout
+
+    from sluice.local.summary import report, stopped_work
+
+    executor, job, _ = submitted
+    task = job.tasks[0]
+    task.log_path = str(tmp_path / "index.log")
+    task.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        said = stopped_work(executor, True)  # the run concluded: what runs is its index stage
+        assert said == f"the index stage (1 worker(s) stopped); log: {task.log_path}"
+        assert stopped_work(executor, False) == f"the run (1 worker(s) stopped); log: {task.log_path}"
+    finally:
+        task.proc.kill()
+        task.proc.wait()
+    assert stopped_work(executor, True) is None  # nothing running: nothing stopped
+    out = _io.StringIO()
+    with redirect_stdout(out):
+        report({"run_id": RUN, "outcome": "succeeded", "interrupted": True, "interrupted_work": said}, as_json=False)
+    assert f"interrupted  {said}" in out.getvalue()

@@ -132,7 +132,8 @@ def test_bad_manifest_exits_non_zero_with_reason(tmp_path):
     bad.write_text('{"version": 1, "input": {"keys": ["a.jpg"]}, "typo": true}')
     proc = _run("--demo", "1", "--manifest", str(bad))
     assert proc.returncode == 1
-    assert "typo: unknown field" in proc.stdout and "rejected" in proc.stdout
+    said = proc.stdout + proc.stderr  # refused before anything starts: on stderr, as the other refusals
+    assert "typo: unknown field" in said and "rejected" in said
 
 
 def _alive(pid: int) -> bool:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from tests import pace
 
-IMAGES = 600
+IMAGES = 1200
 SLOW = 10.0
 PERIOD_S = 0.5
 
@@ -67,6 +67,10 @@ def test_a_slow_worker_is_split_and_every_key_is_embedded_once(tmp_path: Path) -
     cmd += ["--json", "--no-prometheus", "--out", str(out), "--pid-file", str(pid_file)]
     env = {**os.environ, "SLUICE_SPLIT_STARTUP_S": "0", "SLUICE_SPLIT_AFTER": "1.5", "SLUICE_SPLIT_MIN_KEYS": "16"}
     env["SLUICE_SPLIT_SHARE"] = "1"
+    # Small batches and no read-ahead past the loaders' buffers: a rank reserves only a few dozen
+    # keys past those it embeds, so 200-key shards leave room for a split (at a GPU shard's size the
+    # defaults read a few percent ahead).
+    env |= {"SLUICE_WORKER_BATCH_SIZE": "8", "SLUICE_WORKER_PREFETCH_MIB": "0"}
     stop = threading.Event()
     slower = threading.Thread(target=_slow_shard_0, args=(out, pid_file, stop), daemon=True)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -390,3 +390,17 @@ def test_a_hung_index_build_ends_at_its_timeout_as_index_failed_and_a_rerun_buil
     assert indexed["rows"] == 20
     done = ledger.get(run_id).index
     assert (done.state, done.job_id, done.retired, done.reruns) == ("indexed", second, [first], 1)
+
+
+def test_a_local_runs_failed_index_job_points_at_its_log_on_disk(aws, stack, monkeypatch):
+    monkeypatch.setenv("SLUICE_LOCAL_MODE", "1")  # as `sluice local run`'s router runs the handlers
+    run_id = _succeeded(aws, stack, monkeypatch, "ixlocal")
+    row = Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id)
+    bus_events(aws, stack)
+    reason = "interrupted: the local run was stopped (Ctrl-C, SIGTERM or SIGHUP) and its workers with it"
+    deliver_job_event(stack, _index_event(stack, run_id, str(row.index.job_id), JobStatus.FAILED, reason), monkeypatch)
+    (failed,) = _published(aws, stack, "Index Failed")
+    assert reason in failed["reason"] and "CloudWatch" not in failed["reason"]
+    assert failed["reason"].endswith(
+        "its log is the job's worker log on this machine (sluice local run: DIR/<run id>/logs/)"
+    )

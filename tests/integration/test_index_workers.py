@@ -89,3 +89,16 @@ def test_a_failed_worker_fails_the_build_naming_it_and_commits_nothing(tmp_path)
     assert after.version == t.version and not [i for i in after.describe_indices() if "embedding" in i.field_names]
     previous = lance.dataset(t.uri, version=1)  # the table before this build: readable as it was
     assert previous.count_rows() == 0
+
+
+def test_a_workers_builds_report_gives_the_stages_own_times(tmp_path, capsys):
+    x = clustered(N, DIM, 51, centers=300, center_seed=505)
+    write_run(str(tmp_path / "runs"), "r", uris(N), x, chunk_keys=4_000)
+    out = str(tmp_path / "idx")
+    assert main(["build", str(tmp_path / "runs" / "r"), "--out", out, "--workers", "2", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    (t,) = s["tables"]
+    assert t["ann"] == "IVF_PQ" and t["merge_s"] > 0 and t["index_s"] > 0
+    # the stages' times: merge, then train + the slowest segment child + commit, within the build's wall time
+    assert t["index_s"] >= max(c["seconds"] for c in s["children"])
+    assert t["merge_s"] + t["index_s"] <= s["seconds"] + 0.01

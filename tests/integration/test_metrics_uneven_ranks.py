@@ -110,3 +110,53 @@ def test_ranks_shorter_than_a_push_interval_and_idle_gaps(prometheus):
     s = m.summary()
     assert s["images_per_s"]["mean"] == pytest.approx(4 * 14 * RATE / 52, rel=0.03)
     assert s["data_wait"]["mean"] == pytest.approx(WAIT, rel=0.05) and s["ranks"] == 4
+
+
+def test_a_finished_runs_summary_is_the_same_whenever_it_is_asked(prometheus):
+    run = "finished-run"
+    t0 = time.time() - 1200
+    _push_run(prometheus.write_url, t0, run=run)
+    client = PromClient(prometheus.url)
+    now = time.time()
+    # asked now, a few seconds on, and minutes on: the same span, the same steps, the same figures
+    asked = [fetch(client, run, since_s=3600, now=now + dt) for dt in (0.0, 7.3, 131.0, 290.0)]
+    first = asked[0]
+    assert first.found and first.summary()["images_per_s"]["max"] == near(200.0)
+    for m in asked[1:]:
+        assert (m.start, m.end) == (first.start, first.end)
+        assert m.summary() == first.summary()
+
+
+def test_a_prometheus_that_does_not_answer_is_named_with_what_to_check(prometheus, capsys):
+    from sluice.cli import main
+
+    assert main(["metrics", RUN, "--url", "http://127.0.0.1:1/"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sluice: error: cannot reach Prometheus at http://127.0.0.1:1/ (")
+    assert "Connection refused" in err and "check the URL" in err and "<urlopen error" not in err
+    assert main(["metrics", RUN, "--url", prometheus.url.rstrip("/") + "/not-prometheus/"]) == 1
+    err = capsys.readouterr().err
+    assert "answered HTTP 404" in err and "check the URL" in err
+
+
+def test_a_text_runs_rate_is_in_documents(prometheus, tmp_path):
+    import io
+
+    from sluice.ops.metrics import plot, render
+
+    run, t0 = "text-run", time.time() - 400
+    for t in range(0, 301, PUSH_S):
+        series = [
+            (tuple(sorted((*_labels(name, 0, 1, run), ("kind", "text")))), rate * t)
+            for name, rate in (("sluice_images_processed_total", 2.0), ("sluice_data_wait_seconds_total", WAIT))
+        ]
+        _write(prometheus.write_url, series, int((t0 + t) * 1000))
+    m = fetch(PromClient(prometheus.url), run, since_s=3600)
+    assert (m.kind, m.unit) == ("text", "documents/s")
+    s = m.summary()
+    assert (s["kind"], s["unit"]) == ("text", "documents/s") and s["images_per_s"]["max"] == near(2.0)
+    out = io.StringIO()
+    render(m, out)
+    assert "documents/s    mean" in out.getvalue() and "images/s" not in out.getvalue()
+    plot(m, str(tmp_path / "m.png"))  # its axis is labelled documents/s too (the same m.unit)
+    assert fetch(PromClient(prometheus.url), RUN + "-none", since_s=60).kind == "image"  # no series: the default

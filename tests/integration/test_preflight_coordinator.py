@@ -46,3 +46,12 @@ def test_run_submitted_carries_the_warnings_and_the_cost_estimate(aws, stack, mo
     hours = (100 + 100 * 60) / 3600
     assert d["gpu_hours_estimate"] == round(hours, 2) and d["cost_estimate_usd"]["family"] == "g6e"  # sluice plan's
     assert d["cost_estimate_usd"]["on_demand"] == round(hours * 1.861, 2)
+
+
+def test_gpus_per_node_other_than_the_stacks_worker_gpus_is_rejected(aws, stack, monkeypatch):
+    # The stack's workers get one GPU each (WorkerGpus 1): a manifest planning 8 would be priced and paced wrong.
+    out = _upload(aws, stack, monkeypatch, "gpus8", {"mode": "multinode", "nodes": 2, "gpus_per_node": 8}, n_keys=4)
+    assert out["status"] == "rejected", out
+    (reason,) = out["reasons"]
+    assert reason.startswith("preflight: GPUs per node: 8 GPUs (WorkerGpus) (limit 1): job.gpus_per_node is 8")
+    assert all_jobs(aws) == []

@@ -282,3 +282,54 @@ def test_the_sweep_splits_a_slow_rank_and_status_names_it(aws, stack, monkeypatc
     shown = text.getvalue()
     assert f"split     shard 0 at {rec['at']}: {N - int(rec['at'])} keys to shard 3" in shown
     assert "slowest   shard 0 rank 0: 4/20 keys at 0.15/s" in shown
+
+
+SPLIT_EVENTS = 7  # shard 0 running + succeeded, shard 1 running + succeeded, the array's end, the split job's two
+
+
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.permutations(range(SPLIT_EVENTS)), copies=st.lists(st.integers(1, 2), min_size=7, max_size=7))
+def test_a_split_runs_outcome_is_true_for_any_order_of_its_events(aws, stack, monkeypatch, order, copies):
+    """The slow shard's, the other shard's and the split child's Batch events, in any order, each 1-2 times."""
+    from tests.integration.completion_support import deliver_job_event, job_event, write_result
+
+    sim = _setup(aws, stack, monkeypatch)
+    sim.work(2)
+    rec = sim.split(AHEAD)
+    assert rec is not None
+    run = sim.ctx.ledger.get(sim.run_id)
+    assert run is not None and run.jobs
+    split_job = apply(sim.ctx, run, rec)
+    sim.work(N)
+    at = int(rec["at"])
+    write_result(aws, stack, sim.run_id, 0, processed=at)  # the slow shard settles its own keys
+    write_result(aws, stack, sim.run_id, 1, processed=N)
+    write_result(aws, stack, sim.run_id, 2, processed=N - at)  # the child settles the rest
+    queue, array = stack.names["GpuJobQueue"], run.jobs[0].id
+
+    def child(sample: str, i: int) -> dict[str, Any]:
+        return job_event(sample, run_id=sim.run_id, job_id=array, queue=queue, child=i)
+
+    def single(sample: str) -> dict[str, Any]:
+        ev = job_event(sample, run_id=sim.run_id, job_id=split_job, queue=queue)
+        ev["detail"].pop("arrayProperties", None)
+        return ev
+
+    events = [
+        child("batch-array-child-running", 0),
+        child("batch-array-child-succeeded", 0),
+        child("batch-array-child-running", 1),
+        child("batch-array-child-succeeded", 1),
+        job_event("batch-array-parent-succeeded", run_id=sim.run_id, job_id=array, queue=queue),
+        single("batch-array-child-running"),
+        single("batch-array-child-succeeded"),
+    ]
+    for i in order:
+        for _ in range(copies[i]):
+            deliver_job_event(stack, events[i], monkeypatch)
+    outcome = [e["detail"] for e in bus_events(aws, stack) if e["detail-type"] in ("Run Succeeded", "Run Failed")]
+    assert len(outcome) == 1, outcome
+    (o,) = outcome
+    assert (o["processed"], o["failed"], o["splits"], o["split_keys"]) == (2 * N, 0, 1, N - at)
+    progress = [e["detail"] for e in bus_events(aws, stack) if e["detail-type"] == "Run Progress"]
+    assert all(p["shards_done"] <= p["shards_total"] for p in progress)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
@@ -146,3 +147,22 @@ def test_orientation_is_refused_for_a_text_encoder(tiny_bert, tmp_path):
     with pytest.raises(ExportError, match="is a text encoder: --orientation is for image models"):
         export(f"hf:{tiny_bert}", str(tmp_path / "bert.pt"), pretrained=False, orientation="exif")
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_local_folders_spec_names_it_by_its_own_name_never_its_path(tiny_bert, artifact, tmp_path):
+    from gpu_worker.export.sources import RANDOM_INIT, hf_names
+
+    spec = artifact[1].spec
+    assert (spec["name"], spec["version"]) == (f"hf:{tiny_bert.name}", RANDOM_INIT)
+    assert str(tiny_bert.parent) not in json.dumps(spec)
+    packaged = tmp_path / "site-packages" / "gt_minilm" / "model"  # a package's folder: its generic name and parent
+    packaged.mkdir(parents=True)
+    (packaged / "model.safetensors").write_bytes(b"weights")
+    name, version = hf_names(str(packaged), None, True)
+    assert name == "hf:gt_minilm/model" and version.startswith("sha256:") and len(version) == 23
+    (packaged / "model.safetensors").write_bytes(b"other weights")
+    assert hf_names(str(packaged), None, True)[1] != version  # the version follows the weights
+    cached = tmp_path / "hub" / "models--sentence-transformers--all-MiniLM-L6-v2" / "snapshots" / "c9745ed1"
+    cached.mkdir(parents=True)
+    assert hf_names(str(cached), None, True) == ("hf:sentence-transformers/all-MiniLM-L6-v2", "c9745ed1")
+    assert hf_names("org/model", type("Cfg", (), {"_commit_hash": "abc"})(), True) == ("hf:org/model", "abc")

@@ -33,3 +33,14 @@ def test_details_are_kept_like_the_reasons_up_to_max_reasons():
         list(keylist_pairs([body], "list.txt", ".txt", None, problems))
     assert len(problems.details) == len(problems.reasons) == MAX_REASONS
     assert [p.text for p in problems.details] == problems.reasons
+
+
+@pytest.mark.parametrize("bucket", [None, "imgs"])
+def test_a_uri_with_spaces_around_it_is_named_with_the_spaces_not_called_a_bare_key(bucket):
+    problems = Problems()
+    pairs = list(keylist_pairs([b"s3://bkt/a.jpg\n  s3://bkt/c.jpg  \n"], "list.txt", ".txt", bucket, problems))
+    assert pairs == [("bkt", "a.jpg")]
+    assert problems.reasons == [
+        "list.txt line 2: not a key: 's3://bkt/c.jpg' has spaces around it ('  s3://bkt/c.jpg  '): remove them"
+    ]
+    assert problems.details == []  # not a bare key: no --bucket would help

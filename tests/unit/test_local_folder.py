@@ -59,3 +59,30 @@ def test_a_newline_in_a_name_is_refused_naming_the_file(tmp_path):
     _touch(root / "two\nlines.jpg")
     with pytest.raises(SystemExit, match=r"'two\\nlines.jpg' has a control character"):
         Folder.read(str(root))
+
+
+def test_a_symlink_up_and_out_of_the_folder_is_named_not_followed(tmp_path):
+    _touch(tmp_path / "other-run" / "output.jpg")  # what lies around the folder: never uploaded
+    root = tmp_path / "photos"
+    _touch(root / "a.jpg")
+    (root / "lnk").mkdir()
+    (root / "lnk" / "up").symlink_to(tmp_path, target_is_directory=True)
+    folder = Folder.read(str(root))
+    assert [p.relative_to(root).as_posix() for p in folder.images] == ["a.jpg"]
+    assert folder.unreadable == [f"lnk/up/ (a symlink to {tmp_path.resolve()}, which holds {root}: not followed)"]
+
+
+def test_suffixes_add_names_a_folder_flag_uploads(tmp_path, capsys):
+    from sluice.local.folder import suffixes
+
+    root = tmp_path / "code"
+    _touch(root / "notes.md")
+    _touch(root / "app.py")
+    _touch(root / "lib" / "util.PY")
+    plain = Folder.read(str(root), "text")
+    assert [p.name for p in plain.images] == ["notes.md"] and plain.skipped == ["app.py", "lib/util.PY"]
+    say_skipped(plain.skipped, "text")
+    assert "(--suffixes .EXT,... uploads more names)" in capsys.readouterr().err
+    assert suffixes("py, .IPYNB,") == (".py", ".ipynb")
+    more = Folder.read(str(root), "text", suffixes(".py"))
+    assert [p.relative_to(root).as_posix() for p in more.images] == ["app.py", "lib/util.PY", "notes.md"]

@@ -91,7 +91,9 @@ def test_export_matches_eager_and_runs_in_the_worker(tiny_repos, tmp_path: Path,
     # The worker: its loader reads the spec, its Engine (the model step) embeds uint8 images.
     model, info = load_model(path, 224)  # the plan's size is overridden by the spec
     assert (info.kind, info.image_size, info.output_dim) == ("export" if fmt == "pt2" else "torchscript", 32, dim)
-    assert info.mean == pytest.approx(tuple(mean)) and info.name == spec
+    # the name the spec gives: a local Hugging Face folder by its own name, never its path
+    named = "hf:" + Path(spec[3:]).name if spec.startswith("hf:") else spec
+    assert info.mean == pytest.approx(tuple(mean)) and info.name == named == meta["name"]
     assert info.precision == meta["precision"]
     engine = Engine(model, info, "cpu", 4)
     images = _uint8_images(4, 32)

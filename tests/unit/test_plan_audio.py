@@ -11,9 +11,9 @@ from sluice.contracts.manifest import Manifest
 from sluice.contracts.sections import ContentSpec
 from sluice.control.policy import index_rows
 from sluice.plan.layout import run_times
-from sluice.preflight.checks import decode_check, derived_stall_after_s, derived_timeout_s
+from sluice.preflight.checks import derived_stall_after_s, derived_timeout_s
 from sluice.preflight.estimate import IMAGES_PER_GPU_S
-from sluice.preflight.facts import Capacity
+from sluice.preflight.facts import Capacity, audio_decode
 from sluice.preflight.instances import AUDIO_DECODE_S_PER_CORE, AUDIO_S_PER_FILE, audio_windows
 
 
@@ -46,10 +46,10 @@ def test_an_audio_file_costs_its_windows_on_the_gpu_and_its_seconds_on_the_cpu()
     assert audio.decode == "auto" and audio.rate == audio.cpu_decode_rate < audio.model_rate
     assert "audio decodes on the CPU" in audio.rate_source
     assert audio.part_rate == pytest.approx(audio.rate * 36)
-    check = decode_check(audio)
-    assert check.status == "warn" and "g6e." in check.advice and check.unit.startswith("audio files/s")
+    _, _, status, advice, unit = audio_decode(audio)  # the preflight's decode check of an audio run
+    assert status == "warn" and "g6e." in advice and unit.startswith("audio files/s")
     fast = Capacity(instance_type="g6e.48xlarge", images_per_gpu_s=100).for_manifest(_manifest())  # 24 vCPUs a GPU
-    assert decode_check(fast).status == "ok" and fast.rate == fast.model_rate == pytest.approx(100 / 36)
+    assert audio_decode(fast)[2] == "ok" and fast.rate == fast.model_rate == pytest.approx(100 / 36)
     assert "a planning guess" in fast.rate_source
 
 
@@ -79,6 +79,8 @@ def test_sluice_plan_costs_an_audio_run_by_its_files_windows_and_decode(tmp_path
     }
     # 288 windows/s over 72 windows a file: 4 files/s, under the 4.7 its 4 vCPUs decode
     assert s["images_per_gpu_s"] == pytest.approx(4.0) and s["decode_binds"] is False
+    (decode,) = [c for c in s["checks"] if c["name"] == "decode"]
+    assert (decode["value"], decode["limit"], decode["status"]) == (4.0, 4.7, "ok") and "audio files" in decode["unit"]
     assert s["cost"]["working_gpu_hours"] == round(100_000 / 4.0 / 3600, 2)
     assert s["timeout_s"] == derived_timeout_s(s["keys_per_shard"], 1, 4.0)
     assert main(["plan", str(path), "--assume-keys", "100000", "--images-per-gpu-s", "288"]) == 0

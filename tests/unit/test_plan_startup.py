@@ -84,6 +84,8 @@ def test_past_the_10m_key_limit_the_size_stops_there_and_says_why():
     assert why == f"JobSpec's 10,000,000 keys a shard at most: start-up {share:.0%}, over the 10% aimed at"
 
 
-def test_a_multinode_run_counts_each_nodes_start_up(tmp_path, capsys):
+def test_a_multinode_run_counts_each_nodes_start_up(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SLUICE_WORKER_GPUS", "8")  # a stack deployed for 8-GPU nodes (g6e.48xlarge, 192 vCPUs) ...
+    monkeypatch.setenv("SLUICE_MNP_MAX_VCPUS", str(4 * 192))  # ... and MNP room for all four at once
     s = _plan(tmp_path, capsys, {"mode": "multinode", "nodes": 4, "gpus_per_node": 8}, 10_000_000)
     assert s["cost"]["workers"] == 4 and s["cost"]["startup_gpu_hours"] == round(4 * 8 * CHILD_STARTUP_S / 3600, 2)

@@ -879,6 +879,7 @@ def test_the_preflights_capacity_is_the_deployed_one() -> None:
         ("SLUICE_MAX_VCPUS", "MaxVcpus"),
         ("SLUICE_MNP_MAX_VCPUS", "MnpMaxVcpus"),
         ("SLUICE_WORKER_VCPUS", "WorkerVcpus"),
+        ("SLUICE_WORKER_GPUS", "WorkerGpus"),
     ]:
         assert env[var] == {"Ref": param}
         assert Settings.model_fields[var.removeprefix("SLUICE_").lower()].default == params[param]["Default"]

@@ -108,14 +108,13 @@ class BatchJobStateChangeDetail(_Open):
 
     @property
     def reason(self) -> str | None:
-        """statusReason, else the last attempt's."""
-        if self.status_reason:
-            return self.status_reason
-        return (
-            str(self.attempts[-1].get("statusReason"))
-            if self.attempts and self.attempts[-1].get("statusReason")
-            else None
-        )
+        """statusReason, else the last attempt's; then its container's reason (an OOM kill, the worker's words)."""
+        last = self.attempts[-1] if self.attempts else {}
+        said = last.get("container", {}).get("reason") if isinstance(last.get("container"), dict) else None
+        base = self.status_reason or (str(last["statusReason"]) if last.get("statusReason") else None)
+        if said and base and said not in base:
+            return f"{base}: {said}"
+        return base or (str(said) if said else None)
 
     @property
     def spot_reclaimed(self) -> bool:

@@ -34,6 +34,7 @@ from sluice.control.context import Context, run_paths
 from sluice.control.indexing import stage as indexing
 from sluice.control.intake import prepared
 from sluice.control.intake.prepared import JobEnd
+from sluice.control.sweep.tail import slow_ranks
 from sluice.control.table.items import Counts, RunItem
 from sluice.log import logger
 from sluice.paths import RunPaths
@@ -232,6 +233,7 @@ def _record_shard(
             shards_done=counts.shards_done,
             shards_failed=counts.shards_failed,
             shards_total=run.total_shards,
+            slowest=slow_ranks(ctx, run.run_id) or None,
         )
     )
     out.published.append(RunProgress.detail_type)

@@ -193,7 +193,11 @@ def outcome(
             "hung, or built slower than planned; the run's embeddings are intact: rerun it with "
             f"`sluice index rerun {run.run_id}` (--timeout-s N for a longer one)"
         )
-    where = "its log is in CloudWatch Logs, the worker log group, streams index/*"
+    where = (
+        "its log is the job's worker log on this machine (sluice local run: DIR/<run id>/logs/)"
+        if ctx.settings.local_mode
+        else "its log is in CloudWatch Logs, the worker log group, streams index/*"
+    )
     return IndexFailed(run_id=run.run_id, index_uri=ix.uri, reason=f"{why}; {where}"[:1000])
 
 

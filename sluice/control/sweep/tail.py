@@ -33,18 +33,19 @@ the array queue) is not made for one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from sluice.aws.ranged import RangedObject
 from sluice.aws.store import ObjectStore
-from sluice.contracts.events import RunProgress, SplitShard
+from sluice.contracts.events import RunProgress, SlowRank, SplitShard
 from sluice.contracts.plan import JobLayout, RunPlan, load_plan
 from sluice.contracts.tail import fence_key
 from sluice.control.batch import RUN_TAG, job_request
 from sluice.control.context import Context, run_paths
 from sluice.control.sweep.stall import SWEPT, append_job, plan_uri_of
-from sluice.control.sweep.stragglers import Split, Tail, decide, views
+from sluice.control.sweep.stragglers import Split, Tail, decide, slowest, views
 from sluice.control.table.ddb import item, prefixed
 from sluice.control.table.items import JobLayoutItem, PassItem, RunItem
 from sluice.log import logger
@@ -190,7 +191,11 @@ def sweep_tail(ctx: Context, run: RunItem, *, now: float) -> list[str]:
     made: list[SplitShard] = []
     logger.debug(
         "tail",
-        extra={"run_id": run.run_id, "ranks": [(r.shard, r.processed, r.todo, r.rate, r.total_s()) for r in ranks]},
+        extra={
+            "run_id": run.run_id,
+            "ranks": [(r.shard, r.processed, r.todo, r.rate, r.total_s(), r.left_s(now)) for r in ranks],
+            "fences": [(r.shard, r.fence.reserved_to, r.fence.attempt) if r.fence else None for r in ranks],
+        },
     )
     for s in decide(ranks, tail, ctx.settings):
         fresh = ctx.ledger.get(run.run_id) if made else run
@@ -213,6 +218,16 @@ def sweep_tail(ctx: Context, run: RunItem, *, now: float) -> list[str]:
     return done + [f"split: shard {m.shard} at {m.at}: {m.keys} keys to shard {m.to_shard}" for m in made]
 
 
+def slow_ranks(ctx: Context, run_id: str) -> list[SlowRank]:
+    """The running ranks expected to end last, for Run Progress: informational, so a failed read is none."""
+    try:
+        ranks = views(read_tail(ctx.clients.dynamodb, ctx.settings.beats_table, run_id))
+    except Exception as exc:
+        logger.warning("tail not read for progress", extra={"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
+        return []
+    return [SlowRank(**r) for r in slowest(ranks, time.time())]
+
+
 def split_figures(ctx: Context, run: RunItem) -> dict[str, Any]:
     """The outcome's splits, their keys and estimated GPU-hours (0 when the run made none)."""
     if not any(p.split_of is not None for p in run.passes or []):
@@ -225,4 +240,15 @@ def split_figures(ctx: Context, run: RunItem) -> dict[str, Any]:
     }
 
 
-__all__ = ["apply", "commit", "read_tail", "resume", "split_figures", "split_items", "split_sk", "splits", "sweep_tail"]
+__all__ = [
+    "apply",
+    "commit",
+    "read_tail",
+    "resume",
+    "slow_ranks",
+    "split_figures",
+    "split_items",
+    "split_sk",
+    "splits",
+    "sweep_tail",
+]

@@ -104,13 +104,20 @@ def train(
         return reused
     report = merge_sources(sources, index, model=model, files=files)
     accel = accelerator()
-    tables = [_plan_table(t, index, run_id, children, files, accel) for t in report.tables]
+    tables = [_timed_plan(t, index, run_id, children, files, accel) for t in report.tables]
     plan = FleetPlan(
         run_id=run_id, index_uri=index, children=children, started_at=started, accelerator=accel, tables=tables
     )
     files.write(plan_uri(index, run_id), plan.model_dump_json().encode())
     logger.info("index fleet: planned", extra={"run_id": run_id, "children": children, "s": time.time() - started})
     return plan
+
+
+def _timed_plan(t: TableReport, index: str, run_id: str, children: int, files: Files, accel: str | None) -> FleetTable:
+    """_plan_table, with the table's merge and train seconds (the report's merge_s and index_s add them up)."""
+    started = time.perf_counter()
+    planned = _plan_table(t, index, run_id, children, files, accel)
+    return planned.model_copy(update={"merge_s": t.merge_s, "train_s": time.perf_counter() - started})
 
 
 def _plan_table(t: TableReport, index: str, run_id: str, children: int, files: Files, accel: str | None) -> FleetTable:
@@ -200,6 +207,7 @@ def commit(plan: FleetPlan, files: Files | None = None) -> BuildReport:
     report = BuildReport(plan.index_uri)
     report.children = [c.model_dump(exclude={"segments", "run_id"}) for c in children if c is not None]
     for t in plan.tables:
+        started = time.perf_counter()
         table = IndexTable.open(t.uri)
         if table is None:
             raise IndexBuildError(f"{t.uri}: the table train merged into is gone: run the stages again from train")
@@ -210,7 +218,10 @@ def commit(plan: FleetPlan, files: Files | None = None) -> BuildReport:
         report.tables.append(
             TableReport(t.model, t.model_id, t.uri, t.dim, table.count_rows(), t.inserted, t.updated, kind, t.merged)
         )
-        report.tables[-1].skipped = t.skipped
+        report.tables[-1].skipped, report.tables[-1].merge_s = t.skipped, t.merge_s
+        # index_s: train's ANN work, the segment stage (its slowest child with a segment of the table), commit's
+        built = [c.seconds for c in children if c is not None and any(s.table == t.uri for s in c.segments)]
+        report.tables[-1].index_s = t.train_s + max(built, default=0.0) + time.perf_counter() - started
     report.seconds = time.time() - plan.started_at
     return report
 

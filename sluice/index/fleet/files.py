@@ -45,6 +45,8 @@ class FleetTable(Written):
     skipped: list[str] = Field(default_factory=list)
     inserted: int = 0
     updated: int = 0
+    merge_s: float = 0.0  # train's reading of the sources and merging into this table
+    train_s: float = 0.0  # train's ANN decision on it: extending the lists, or training and dealing them
 
 
 class FleetPlan(Written):

@@ -163,8 +163,10 @@ def _job_shape(c: JobChange) -> dict[str, Any]:
     return out
 
 
-def attempt(started_ms: int, stopped_ms: int | None, exit_code: int | None, reason: str) -> dict[str, Any]:
-    """One entry of a Batch job's attempts[] (stoppedAt absent while it runs)."""
+def attempt(
+    started_ms: int, stopped_ms: int | None, exit_code: int | None, reason: str, said: str | None = None
+) -> dict[str, Any]:
+    """One entry of a Batch job's attempts[] (stoppedAt absent while it runs; `said`: container.reason)."""
     a: dict[str, Any] = {
         "container": {
             "taskArn": "arn:aws:ecs:us-east-1:123456789012:task/sluice/0",
@@ -177,4 +179,6 @@ def attempt(started_ms: int, stopped_ms: int | None, exit_code: int | None, reas
         a["stoppedAt"] = stopped_ms
     if exit_code is not None:
         a["container"]["exitCode"] = exit_code
+    if said:
+        a["container"]["reason"] = said[:255]  # Batch's container.reason holds at most 255 characters
     return a

@@ -191,7 +191,8 @@ class LocalExecutor:
             reason, exit_code = HOST_LOST_REASON.format(instance=f"local-{pid}"), None
         else:
             reason, exit_code = EXITED, rc
-        task.attempts[-1] = attempt_entry(task.started_ms, now, exit_code, reason)
+        said = worker_said(task.log_path) if rc and exit_code is not None else None
+        task.attempts[-1] = attempt_entry(task.started_ms, now, exit_code, reason, said)
         if rc == 0:
             task.status = JobStatus.SUCCEEDED
             self._emit(task.job, task, JobStatus.SUCCEEDED, exit_code=0, reason=reason)
@@ -250,6 +251,20 @@ class LocalExecutor:
         procs = [t.proc for j in self.jobs.values() for t in j.tasks if t.proc is not None]
         stop_all(procs, grace_s)
         return len(procs)
+
+
+def worker_said(log_path: str) -> str | None:
+    """The worker's own last word on why it ended (`sluice-worker: <reason>`, gpu_worker.errors.report), if any.
+
+    Batch's container.reason in the attempt: ECS puts its own there (an OOM kill); the local
+    executor puts the worker's, so the run's reason quotes a configuration error's cause.
+    """
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    said = [line for line in lines if line.startswith("sluice-worker: ")]
+    return said[-1].removeprefix("sluice-worker: ").strip() if said else None
 
 
 def terminate(jobs: Mapping[str, LocalJob], job_id: str, reason: str, emit: Callable[..., None]) -> int:
