@@ -7,7 +7,7 @@
     hf:REPO                   e.g. hf:openai/clip-vit-base-patch32, hf:google/siglip-base-patch16-224; a text
                               encoder (sentence-transformers, BERT-like) becomes a text artifact for text
                               runs, its tokenizer inside (gpu_worker.export.textrun); an audio model (CLAP,
-                              wav2vec2, HuBERT) an audio artifact for audio runs (gpu_worker.export.audio)
+                              wav2vec2, HuBERT, Whisper) an audio artifact for audio runs (gpu_worker.export.audio)
 
 The artifact is a TorchScript (`torch.jit.save`) or torch.export (`*.pt2`) file plus its spec
 (`<file>.json`, also embedded): input size, mean/std, output dim, name, version, weights

@@ -146,7 +146,7 @@ def model_specs(args: argparse.Namespace, earlier: Earlier | None = None) -> lis
     if kind not in DEFAULT_MODEL and not args.model:
         raise SystemExit(
             f"sluice: an {kind} run needs --model FILE: no builtin embeds {kind}; export one with "
-            "sluice model export hf:FOLDER-or-REPO (CLAP, wav2vec2, HuBERT: docs/audio.md)"
+            "sluice model export hf:FOLDER-or-REPO (CLAP, wav2vec2, HuBERT, Whisper: docs/audio.md)"
         )
     for value in args.model or [DEFAULT_MODEL[kind]]:
         name, uri = parse_model(value)
