@@ -52,11 +52,19 @@ class BeatTarget:
 class Beats:
     """Writes one rank's beats (PutItem, the only action the worker role has on the table)."""
 
-    def __init__(self, target: BeatTarget, stall_after_s: float, client: Any = None, todo: int = 0) -> None:
+    def __init__(
+        self,
+        target: BeatTarget,
+        stall_after_s: float,
+        client: Any = None,
+        todo: int = 0,
+        parts: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self._t = target
         self._stall = stall_after_s
         self._client = client
         self.todo = todo  # the keys this attempt of the rank had to do: the sweep's rate and finish (tail)
+        self._parts = parts  # rows embedded so far (a text's chunks, a video's frames): the local progress line
         self.started_at = time.time()
         self.ready_at: float | None = None  # when its models were ready: keys/s count from there
 
@@ -91,6 +99,7 @@ class Beats:
             "expires_at": {"N": str(int(moved_at) + BEAT_TTL_S)},
             "todo": {"N": str(self.todo)},
             "started_at": {"N": f"{self.started_at:.3f}"},
+            "parts": {"N": str(int(self._parts()))},
         }
         if self.ready_at is not None:
             item["ready_at"] = {"N": f"{self.ready_at:.3f}"}
@@ -195,7 +204,8 @@ def for_rank(
     grace = float(load_grace_s) if load_grace_s else LEGACY_LOAD_GRACE_S
     progress = lambda: stats.get("images") + stats.get("failed")  # noqa: E731
     loading = Loading(lambda: not stats.get("model_ready_seconds"), grace)
-    return Watchdog(progress, limit, Beats(ids, limit, todo=todo), interval_s=interval_s, loading=loading).start()
+    beats = Beats(ids, limit, todo=todo, parts=lambda: stats.get("parts"))
+    return Watchdog(progress, limit, beats, interval_s=interval_s, loading=loading).start()
 
 
 def target(run_id: str, shard: int, attempt: int, rank: int, env: Mapping[str, str] | None = None) -> BeatTarget:

@@ -115,17 +115,19 @@ class Progress:
                 self._kind = plan.content.kind
         prefixes = self._prefixes or ([row.output_prefix] if row.output_prefix else [])
         objects, rows = min((self.settled(p) for p in prefixes), default=(0, 0))
-        return max(objects, self.beaten(row.run_id)), rows
+        beaten, parts = self.beaten(row.run_id)
+        return max(objects, beaten), max(rows, parts)
 
-    def beaten(self, run_id: str) -> int:
-        """Objects the ranks have embedded (or failed) so far, from their beats: each rank's newest attempt.
+    def beaten(self, run_id: str) -> tuple[int, int]:
+        """(objects, parts) the ranks have embedded so far, from their beats: each rank's newest attempt.
 
         A chunk commits only when full or at the shard's end; a rank beats as it embeds (a text
-        model's batches too), so a run's progress moves before its first commit.
+        model's batches too, with the chunks they held), so a run's progress moves before its
+        first commit. Parts are a text's chunks or a video's frames (an image run counts none).
         """
         if not self._beats:
-            return 0
-        newest: dict[tuple[str, str], tuple[int, int]] = {}  # (shard, rank) -> (attempt, processed)
+            return 0, 0
+        newest: dict[tuple[str, str], tuple[int, int, int]] = {}  # (shard, rank) -> (attempt, processed, parts)
         pages = self._c.dynamodb.get_paginator("query").paginate(
             TableName=self._beats, KeyConditionExpression="pk = :r", ExpressionAttributeValues={":r": {"S": run_id}}
         )
@@ -134,9 +136,10 @@ class Progress:
                 if "processed" not in item:  # the table's other items: a slice's fence, a split's record
                     continue
                 shard, rank = item["shard"]["N"], item["rank"]["N"]
-                got = (int(item["attempt"]["N"]), int(float(item["processed"]["N"])))
+                parts = int(float(item.get("parts", {}).get("N", "0")))
+                got = (int(item["attempt"]["N"]), int(float(item["processed"]["N"])), parts)
                 newest[(shard, rank)] = max(newest.get((shard, rank), got), got)
-        return sum(processed for _, processed in newest.values())
+        return sum(n[1] for n in newest.values()), sum(n[2] for n in newest.values())
 
     def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
         every = TTY_EVERY_S if self._tty else LOG_EVERY_S
