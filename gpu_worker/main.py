@@ -26,7 +26,18 @@ from typing import Any
 
 from gpu_worker import env as envmod
 from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import OK, STALLED, ConfigError, RankFailed, Stalled, Terminated, WorkerError, report
+from gpu_worker.errors import (
+    OK,
+    STALLED,
+    TERMINATED,
+    ConfigError,
+    RankFailed,
+    Stalled,
+    Terminated,
+    WorkerError,
+    exit_code,
+    report,
+)
 from gpu_worker.log import logger, set_labels, setup
 from gpu_worker.output import intervals
 from gpu_worker.output.commits import Paths, ShardState, load_state, remove_orphans
@@ -39,8 +50,9 @@ from gpu_worker.telemetry.stats import Stats
 from sluice.aws.ranged import RangedObject
 from sluice.aws.store import ObjectStore
 from sluice.contracts.plan import RunPlan, load_plan
-from sluice.contracts.results import ShardResult
+from sluice.contracts.results import ShardError, ShardResult
 from sluice.errors import PlanError, ShardFormatError
+from sluice.paths import error_uri
 from sluice.shards import ShardReader
 
 
@@ -88,6 +100,29 @@ def run_node(cfg: WorkerConfig, environ: Mapping[str, str], *, store: ObjectStor
     plan = read_plan(store, envmod.plan_uri(environ))
     asg = envmod.select(plan, environ)
     set_labels(run=plan.run_id, shard=asg.shard, node=asg.node, attempt=asg.attempt)
+    try:
+        return _run_node(cfg, plan, asg, store, started)
+    except Exception as exc:
+        last_words(store, plan, asg, exc)
+        raise
+
+
+def last_words(store: ObjectStore, plan: RunPlan, asg: envmod.Assignment, exc: BaseException) -> None:
+    """shards/<i>.error.json: the attempt's one-line reason, for the outcome (a failed write is only logged)."""
+    code, reason = exit_code(exc)
+    if code in (STALLED, TERMINATED):
+        return  # retried, and the control plane says why itself
+    err = ShardError(run_id=plan.run_id, shard=asg.shard, attempt=asg.attempt, exit_code=code, reason=reason)
+    try:
+        store.put(error_uri(plan.shards_prefix, asg.shard), err.model_dump_json().encode(), "application/json")
+    except Exception as put_exc:
+        logger.warning("last words not written", extra={"error": f"{type(put_exc).__name__}: {put_exc}"[:300]})
+
+
+def _run_node(
+    cfg: WorkerConfig, plan: RunPlan, asg: envmod.Assignment, store: ObjectStore, started: float
+) -> ShardResult:
+    """run_node once the plan and this container's shard are known."""
     # One output folder, set of markers and resume state per model (one model: output/shard=<i>/).
     paths = [
         Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, asg.shard)

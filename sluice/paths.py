@@ -122,6 +122,9 @@ class RunPaths:
     def result(self, i: int) -> str:
         return result_uri(self.shards_prefix, i)
 
+    def error(self, i: int) -> str:
+        return error_uri(self.shards_prefix, i)
+
     def failures(self, i: int) -> str:
         return failures_uri(self.failures_prefix, i)
 
@@ -132,6 +135,11 @@ def shard_uri(shards_prefix: str, i: int) -> str:
 
 def result_uri(shards_prefix: str, i: int) -> str:
     return join(shards_prefix, f"{i}.result.json")
+
+
+def error_uri(shards_prefix: str, i: int) -> str:
+    """A worker's last words: why its attempt ended without result.json (sluice.contracts.results.ShardError)."""
+    return join(shards_prefix, f"{i}.error.json")
 
 
 def failures_uri(failures_prefix: str, i: int) -> str:

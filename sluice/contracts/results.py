@@ -65,6 +65,20 @@ class ShardResult(Written):
     )
 
 
+class ShardError(Written):
+    """shards/<i>.error.json: why a worker's attempt ended without result.json, in its own words.
+
+    Batch's event says only "Essential container in task exited" (ECS sets container.reason,
+    not the process), so the completion function quotes this instead when its attempt matches.
+    """
+
+    run_id: str
+    shard: int = Field(ge=0)
+    attempt: int = Field(ge=1)
+    exit_code: int
+    reason: str = Field(description="The worker's one line, e.g. 'configuration error: chunk_tokens 300 is over ...'.")
+
+
 def over_threshold(failed_data: int, n_keys: int, fraction: float, threshold: float, by_reason: dict[str, int]) -> str:
     """The one line that says why a shard's data failures fail it."""
     reasons = ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])) if n)

@@ -118,6 +118,29 @@ def test_a_child_failing_for_good_fails_the_run_naming_the_shard(aws, stack, mon
     assert Ledger(aws.dynamodb, stack.names["RunsTable"]).get(run_id).status == "FAILED"
 
 
+def test_a_failed_childs_own_last_words_are_the_shards_reason(aws, stack, monkeypatch):
+    """The worker's shards/<i>.error.json of that attempt, not Batch's "Essential container in task exited"."""
+    from sluice.aws.s3uri import parse_s3_uri
+    from sluice.contracts.results import ShardError
+    from sluice.paths import RunPaths
+
+    run_id, job_id = _array_run(aws, stack, monkeypatch, n_shards=3)
+    write_result(aws, stack, run_id, 0, processed=10)
+    paths = RunPaths.in_bucket(stack.names["ControlBucket"], run_id)
+    said = "configuration error: model m.pt: chunk_tokens 300 is over the 254 tokens its context holds"
+    for shard, attempt in ((1, 1), (2, 5)):  # shard 2's words are of another attempt: Batch's reason stands
+        err = ShardError(run_id=run_id, shard=shard, attempt=attempt, exit_code=2, reason=said)
+        bucket, key = parse_s3_uri(paths.error(shard))
+        aws.s3.put_object(Bucket=bucket, Key=key, Body=err.model_dump_json().encode())
+    failed = "batch-array-child-failed"
+    for child, sample in [(0, "batch-array-child-succeeded"), (1, failed), (2, failed)]:
+        deliver_job_event(stack, _ev(run_id, job_id, stack, sample, child=child), monkeypatch)
+    deliver_job_event(stack, _ev(run_id, job_id, stack, "batch-array-parent-failed"), monkeypatch)
+    (done,) = _outcomes(bus_events(aws, stack))
+    exited = "exit code 1: Essential container in task exited"
+    assert done["detail"]["reason"] == f"2 of 3 shards failed: shard 1 (exit code 1: {said}), shard 2 ({exited})"
+
+
 def test_multinode_run_completes_from_node_and_job_events(aws, stack, monkeypatch):
     out = submit_run(aws, stack, monkeypatch, n_keys=20, mode="multinode", nodes=2, name="mnp")
     bus_events(aws, stack)

@@ -18,7 +18,7 @@ from gpu_worker.main import run_node
 from gpu_worker.output.commits import Paths, load_state
 from sluice.aws.store import ObjectStore
 from sluice.contracts.plan import RunPlan
-from sluice.contracts.results import ShardResult
+from sluice.contracts.results import ShardError, ShardResult
 from sluice.contracts.sections import ModelSpec
 from sluice.local.emulator.server import free_port
 from sluice.shards import encode_shard
@@ -106,6 +106,9 @@ def test_crash_then_resume_redoes_only_uncommitted_work(run):
     plan, env = run
     with pytest.raises((RankFailed, WorkerError), match="simulated crash"), Gets(CFG, crash_after=30):
         run_node(CFG, env, store=ObjectStore())
+    # Its last words, for the outcome: Batch's event says only that the container exited.
+    said = ShardError.model_validate_json(Path(plan.shards_prefix, "0.error.json").read_text())
+    assert (said.shard, said.attempt, said.exit_code) == (0, 1, 1) and "simulated crash" in said.reason
     paths = Paths.for_shard(plan.output_prefix, plan.failures_prefix, plan.shards_prefix, 0)
     before = load_state(ObjectStore(), paths)
     assert 0 < len(before.markers) < 9

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from sluice.aws.clients import Clients
 from sluice.aws.store import ObjectStore
 from sluice.contracts.events import RunProgress, RunSucceeded
-from sluice.contracts.results import ShardResult
+from sluice.contracts.results import ShardError, ShardResult
 from sluice.contracts.status import JobStatus, RunStatus
 from sluice.control import outbox
 from sluice.control.completion.batch_events import BatchJobStateChangeDetail
@@ -203,7 +203,8 @@ def _record_shard(
     settlement = None
     if detail.status.terminal:
         result = read_result(ctx.clients.s3, run_paths(run), shard)
-        settlement = settle_shard(detail.status, detail.exit_code, detail.reason, result)
+        reason = detail.reason if result is not None else last_words(ctx.clients.s3, run_paths(run), shard, detail)
+        settlement = settle_shard(detail.status, detail.exit_code, reason, result)
     applied = ctx.records.record_shard(
         run.run_id,
         shard,
@@ -252,4 +253,16 @@ def read_result(s3: S3Client, paths: RunPaths, shard: int) -> ShardResult | None
         return None
 
 
-__all__ = ["Decided", "JobEventOutcome", "decide", "handle_job_event", "progress_step", "read_result"]
+def last_words(s3: S3Client, paths: RunPaths, shard: int, detail: BatchJobStateChangeDetail) -> str | None:
+    """The failed attempt's own reason (shards/<i>.error.json of that attempt), else Batch's."""
+    raw = ObjectStore(s3).get_if_exists(paths.error(shard))
+    if raw is None:
+        return detail.reason
+    try:
+        err = ShardError.model_validate_json(raw)
+    except ValidationError:
+        return detail.reason
+    return err.reason if err.attempt == detail.attempt and detail.status == JobStatus.FAILED else detail.reason
+
+
+__all__ = ["Decided", "JobEventOutcome", "decide", "handle_job_event", "last_words", "progress_step", "read_result"]
