@@ -37,7 +37,7 @@ from torch import nn
 
 from gpu_worker.errors import ExportError
 from gpu_worker.export.audiofeatures import LogMel, WaveNorm, WhisperLogMel
-from gpu_worker.export.sources import RANDOM_INIT
+from gpu_worker.export.sources import RANDOM_INIT, hf_config
 from gpu_worker.models.spec import META_NAME
 
 MIN_COSINE = 0.999
@@ -252,18 +252,10 @@ def _version(model: Any, repo: str, pretrained: bool) -> str:
 
 def audio_source(spec: str, pretrained: bool) -> AudioSource | None:
     """The audio model `hf:REPO` names, or None when it is not one."""
-    lib, _, repo = spec.partition(":")
-    if lib != "hf" or not repo:
+    found = hf_config(spec)
+    if found is None:
         return None
-    from gpu_worker.export.tvcompat import ensure_importable
-
-    ensure_importable()
-    import transformers
-
-    try:
-        config = transformers.AutoConfig.from_pretrained(repo)
-    except (OSError, ValueError):
-        return None  # the image path says what is wrong with it
+    repo, config = found
     if config.model_type == "clap":
         return load_clap(repo, pretrained)
     if config.model_type in SPEECH_FAMILIES:

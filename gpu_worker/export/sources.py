@@ -26,6 +26,24 @@ GENERIC_FOLDERS = frozenset({"model", "models", "weights", "checkpoint", "snapsh
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "config.json")
 
 
+def hf_config(spec: str) -> tuple[str, Any] | None:
+    """(repo, its transformers config) for `hf:REPO`; None for another library or a folder without a config.
+
+    None, not an error: the text and audio exports try it first, and the image export says what
+    is wrong with a repository that is none of theirs.
+    """
+    lib, _, repo = spec.partition(":")
+    if lib != "hf" or not repo:
+        return None
+    ensure_importable()
+    import transformers
+
+    try:
+        return repo, transformers.AutoConfig.from_pretrained(repo)
+    except (OSError, ValueError):
+        return None
+
+
 def hf_names(repo: str, config: Any, pretrained: bool) -> tuple[str, str]:
     """(name, version) a spec records for hf:REPO: a hub id as given, a local folder by its own name, never its path.
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from gpu_worker.errors import ExportError
-from gpu_worker.export.sources import hf_names
+from gpu_worker.export.sources import hf_config, hf_names
 from gpu_worker.models.spec import META_NAME
 
 TOLERANCE = 1e-3
@@ -320,16 +320,8 @@ def _library_vectors(src: TextModelSource, texts: tuple[str, ...]) -> torch.Tens
 
 def text_source(spec: str, pretrained: bool) -> TextModelSource | None:
     """The text encoder `hf:REPO` names, or None when it is not one (an image model: the image export)."""
-    lib, _, repo = spec.partition(":")
-    if lib != "hf" or not repo:
+    found = hf_config(spec)
+    if found is None:
         return None
-    from gpu_worker.export.tvcompat import ensure_importable
-
-    ensure_importable()
-    import transformers
-
-    try:
-        config = transformers.AutoConfig.from_pretrained(repo)
-    except (OSError, ValueError):
-        return None  # the image path says what is wrong with it
+    repo, config = found
     return load_text_model(repo, config, pretrained) if is_text_repo(repo, config.model_type) else None

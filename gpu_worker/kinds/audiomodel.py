@@ -18,7 +18,6 @@ HuBERT) takes each window at its own length, zero-padded only up to `min_samples
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,8 @@ import torch.nn.functional as F
 from gpu_worker.decode.audio import MIN_TAIL_S, AudioFailure, AudioLimits, decode_audio, windows
 from gpu_worker.errors import ConfigError, ObjectFailure
 from gpu_worker.kinds.base import Loading, Part, PartsInfo
-from gpu_worker.models.spec import META_NAME, parse_spec
+from gpu_worker.models.load import load_scripted
+from gpu_worker.models.spec import parse_spec
 from sluice.contracts.status import FailureReason
 
 PADS = ("repeatpad", "zeros", "none")
@@ -121,14 +121,7 @@ def file_model(path: str) -> AudioModel:
     """An audio artifact: TorchScript with its spec inside (module docstring)."""
     if not os.path.isfile(path):
         raise ConfigError(f"model file {path!r} does not exist (an audio run takes an audio artifact)")
-    extra = {META_NAME: ""}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            net = torch.jit.load(path, map_location="cpu", _extra_files=extra).eval()
-    except Exception as exc:
-        raise ConfigError(f"cannot load audio model {path}: {type(exc).__name__}: {str(exc)[:200]}") from None
-    spec = parse_spec(path, extra[META_NAME] or None)
+    net, _, spec = load_scripted(path, "audio")
     kinds = spec.get("kinds") or ["image"]
     if "audio" not in kinds or spec.get("pad", "none") not in PADS:
         raise ConfigError(

@@ -12,7 +12,6 @@ the `.text.pt` file).
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,8 @@ from gpu_worker.kinds.text import (
     pad_ids,
     text_chunks,
 )
-from gpu_worker.models.spec import META_NAME, parse_spec
+from gpu_worker.models.load import load_scripted
+from gpu_worker.models.spec import parse_spec
 from gpu_worker.models.texttower import INPUTS
 
 BUILTIN_TEXT = "builtin:reference-text"
@@ -126,14 +126,7 @@ def file_model(path: str) -> TextModel:
 
     if not os.path.isfile(path):
         raise ConfigError(f"model file {path!r} does not exist (a text run takes {BUILTIN_TEXT} or a text artifact)")
-    extra = {META_NAME: "", TOKENIZER_NAME: ""}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            net = torch.jit.load(path, map_location="cpu", _extra_files=extra).eval()
-    except Exception as exc:
-        raise ConfigError(f"cannot load text model {path}: {type(exc).__name__}: {str(exc)[:200]}") from None
-    spec = parse_spec(path, extra[META_NAME] or None)
+    net, extra, spec = load_scripted(path, "text", TOKENIZER_NAME)
     kinds = spec.get("kinds") or ["image"]
     if "text" not in kinds or not extra[TOKENIZER_NAME]:
         raise ConfigError(

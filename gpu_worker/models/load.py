@@ -48,6 +48,22 @@ class ModelInfo:
         return self.prep if self.prep is not None and self.prep.size == self.image_size else legacy(self.image_size)
 
 
+def load_scripted(path: str, what: str, *files: str) -> tuple[Any, dict[str, str], dict[str, Any]]:
+    """A TorchScript artifact of a kind (text, audio): the module, its extra files and its parsed spec.
+
+    `files` names the extra files besides the spec (a tokenizer); a file that does not load is a
+    ConfigError naming `what`.
+    """
+    extra = {META_NAME: "", **dict.fromkeys(files, "")}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated, still supported
+            net = torch.jit.load(path, map_location="cpu", _extra_files=extra).eval()
+    except Exception as exc:
+        raise ConfigError(f"cannot load {what} model {path}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    return net, extra, parse_spec(path, extra[META_NAME] or None)
+
+
 def _apply_meta(info: ModelInfo, meta: dict[str, Any]) -> ModelInfo:
     changes: dict[str, Any] = {}
     if "name" in meta:

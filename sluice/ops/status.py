@@ -10,9 +10,9 @@ from typing import Any, TextIO
 
 from sluice.contracts.sections import KIND_WORDS
 from sluice.contracts.status import RunStatus
-from sluice.control.sweep.stall import stalled_attempts
+from sluice.control.sweep.stall import beat_items, stalled_attempts
 from sluice.control.sweep.stragglers import slowest, views
-from sluice.control.sweep.tail import read_tail, split_items
+from sluice.control.sweep.tail import split_items
 from sluice.control.sweep.waiting import waiting_causes
 from sluice.control.table.ledger import Ledger
 from sluice.control.table.records import ShardRecords
@@ -69,7 +69,7 @@ def run_status(ledger: Ledger, run_id: str, beats_table: str | None = None) -> d
         for i in split_items(ledger.client, ledger.table, run_id)
     ]
     if beats_table and row.status.active:
-        plain["slowest"] = slowest(views(read_tail(ledger.client, beats_table, run_id)), time.time())
+        plain["slowest"] = slowest(views(beat_items(ledger.client, beats_table, run_id)), time.time())
     return plain
 
 

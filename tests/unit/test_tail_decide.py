@@ -30,7 +30,7 @@ def test_a_rank_past_twice_the_median_is_split_where_both_sides_end_together():
     # From position 60: x / 10 = 5 + (340 - x) / 100  ->  x = (5 + 3.4) / (0.1 + 0.01) = 76.4
     assert s.at == 60 + 76
     assert s.median_s == 9.0 and round(s.child_s, 2) == round(5.0 + (400 - s.at) / 100.0, 2)
-    assert split_point(slow, slow.fence, 100.0, 5.0, NOW) == s.at  # type: ignore[arg-type]
+    assert split_point(slow, slow.fence, 100.0, 5.0) == s.at  # type: ignore[arg-type]
 
 
 def test_nothing_is_split_while_the_queue_holds_shards_and_few_are_done():

@@ -30,7 +30,7 @@ from sluice.control.context import Context, run_paths
 from sluice.control.indexing import stage as indexing
 from sluice.control.intake import prepared
 from sluice.control.sweep.redrive import redrive_planning
-from sluice.control.sweep.stall import sweep_stalls
+from sluice.control.sweep.stall import SWEPT, beat_items, sweep_stalls
 from sluice.control.sweep.tail import sweep_tail
 from sluice.control.sweep.waiting import sweep_waiting
 from sluice.control.table.items import JobLayoutItem, RunItem
@@ -87,8 +87,10 @@ def reconcile_run(ctx: Context, run: RunItem, *, now: float, grace_s: float) -> 
     expired = run.status == RunStatus.FINALIZING and (run.lease_until or 0) < now
     if not (run.status.active or expired) or not run.jobs:
         return out
-    out.actions += sweep_stalls(ctx, run, now=now)  # sluice.control.sweep.stall: end stalled attempts, re-submit
-    out.actions += sweep_tail(ctx, run, now=now)  # sluice.control.sweep.tail: split slow ranks' remaining keys off
+    # One read of the run's beats and fences for both guards (none for a run they do not sweep).
+    items = beat_items(ctx.clients.dynamodb, ctx.settings.beats_table, run.run_id) if run.status in SWEPT else []
+    out.actions += sweep_stalls(ctx, run, now=now, items=items)  # sluice.control.sweep.stall: end stalled attempts
+    out.actions += sweep_tail(ctx, run, now=now, items=items)  # sluice.control.sweep.tail: split slow ranks' keys off
     out.actions += sweep_waiting(ctx, run, now=now)  # waiting: why jobs stay RUNNABLE, once a cause
     out.actions += _settle_missing(ctx, run, now=now, grace_s=grace_s)
     fresh = ctx.ledger.get(run.run_id)  # read again: the sweep's own writes (jobs_done) changed it

@@ -81,25 +81,33 @@ class Beat:
         )
 
 
-def read_beats(ctx: Context, run_id: str) -> list[Beat]:
-    """Every beat of the run (one Query, paged)."""
-    out: list[Beat] = []
+def beat_items(dynamodb: Any, table: str, run_id: str) -> list[dict[str, Any]]:
+    """Every item of the run in the beats table, raw: its ranks' beats and their slices' fences (one Query, paged).
+
+    The stall and tail sweeps share one read (sluice.control.sweep.reconcile passes it to both).
+    """
+    out: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {
-        "TableName": ctx.settings.beats_table,
+        "TableName": table,
         "KeyConditionExpression": "pk = :pk",
         "ExpressionAttributeValues": {":pk": {"S": run_id}},
     }
     while True:
         try:
-            resp = ctx.clients.dynamodb.query(**kwargs)
-        except ctx.clients.dynamodb.exceptions.ResourceNotFoundException:
+            resp = dynamodb.query(**kwargs)
+        except dynamodb.exceptions.ResourceNotFoundException:
             # No beats table (SLUICE_BEATS_TABLE unset by hand, a stack from before beats): no stall to find.
-            logger.warning("no beats table: stalls are not detected", extra={"table": ctx.settings.beats_table})
+            logger.warning("no beats table: stalls are not detected", extra={"table": table})
             return out
-        out += [Beat.of(i) for i in resp.get("Items", []) if not is_fence(i["sk"]["S"])]
+        out += resp.get("Items", [])
         if not resp.get("LastEvaluatedKey"):
             return out
         kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+
+def beats_of(items: Iterable[Mapping[str, Any]]) -> list[Beat]:
+    """The beats among the beats table's items (a slice's fence is not one)."""
+    return [Beat.of(i) for i in items if not is_fence(i["sk"]["S"])]
 
 
 def candidates(beats: Iterable[Beat], now: float) -> list[Beat]:
@@ -166,11 +174,16 @@ def still_running(beat: Beat, shard: ShardItem | None) -> bool:
     return not (shard.terminal and shard.attempt >= beat.attempt)
 
 
-def sweep_stalls(ctx: Context, run: RunItem, *, now: float) -> list[str]:
-    """End the run's stalled attempts and re-submit their shards; what it did (the sweep's actions)."""
+def sweep_stalls(ctx: Context, run: RunItem, *, now: float, items: list[dict[str, Any]] | None = None) -> list[str]:
+    """End the run's stalled attempts and re-submit their shards; what it did (the sweep's actions).
+
+    `items`: the run's beats table items when the caller read them (beat_items), else read here.
+    """
     if run.status not in SWEPT or not run.jobs:
         return []
-    beats = read_beats(ctx, run.run_id)
+    if items is None:
+        items = beat_items(ctx.clients.dynamodb, ctx.settings.beats_table, run.run_id)
+    beats = beats_of(items)
     found = [
         b
         for b in candidates(beats, now) + _silent(ctx, run, beats, now)
@@ -332,9 +345,10 @@ def _count_metric(n: int) -> None:
 
 __all__ = [
     "Beat",
+    "beat_items",
+    "beats_of",
     "candidates",
     "live_jobs",
-    "read_beats",
     "silent",
     "stall_sk",
     "stalled_attempts",

@@ -140,7 +140,7 @@ def startup_s(ranks: list[RankView], settings: Settings) -> float:
     return (statistics.median(loads) if loads else 0.0) + settings.split_startup_s
 
 
-def split_point(r: RankView, fence: Fence, median_rate: float, startup: float, now: float) -> int:
+def split_point(r: RankView, fence: Fence, median_rate: float, startup: float) -> int:
     """Where the slow rank and a child started now finish together: slow x/rs = startup + (R - x)/rm."""
     rs = r.rate or 0.0
     pos = max(fence.reserved_to, fence.lo + r.processed)  # its keys are started in order from lo
@@ -179,7 +179,7 @@ def decide(ranks: list[RankView], tail: Tail, settings: Settings) -> list[Split]
         left = r.left_s(tail.now) or 0.0
         if left <= wait + startup + settings.split_min_keys / median_rate:
             continue  # a child could not finish its keys before the slow rank does
-        at = min(split_point(r, f, median_rate, wait + startup, tail.now), f.hi - settings.split_min_keys)
+        at = min(split_point(r, f, median_rate, wait + startup), f.hi - settings.split_min_keys)
         if at < f.reserved_to:
             continue  # too few keys left past its reservation
         child_s = startup + (f.hi - at) / median_rate  # GPU time: its start-up and its keys, not the wait

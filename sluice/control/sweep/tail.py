@@ -44,7 +44,7 @@ from sluice.contracts.plan import JobLayout, RunPlan, load_plan
 from sluice.contracts.tail import fence_key
 from sluice.control.batch import RUN_TAG, job_request
 from sluice.control.context import Context, run_paths
-from sluice.control.sweep.stall import SWEPT, append_job, plan_uri_of
+from sluice.control.sweep.stall import SWEPT, append_job, beat_items, plan_uri_of
 from sluice.control.sweep.stragglers import Split, Tail, decide, slowest, views
 from sluice.control.table.ddb import item, prefixed
 from sluice.control.table.items import JobLayoutItem, PassItem, RunItem
@@ -59,25 +59,6 @@ SUBMITTED = "submitted"
 
 def split_sk(shard: int, lo: int) -> str:
     return f"{SPLIT_PREFIX}{shard:06d}#{lo:09d}"
-
-
-def read_tail(dynamodb: Any, table: str, run_id: str) -> list[dict[str, Any]]:
-    """Every beat and fence of the run, raw (one Query, paged); none without a beats table."""
-    out: list[dict[str, Any]] = []
-    kwargs: dict[str, Any] = {
-        "TableName": table,
-        "KeyConditionExpression": "pk = :pk",
-        "ExpressionAttributeValues": {":pk": {"S": run_id}},
-    }
-    while True:
-        try:
-            resp = dynamodb.query(**kwargs)
-        except dynamodb.exceptions.ResourceNotFoundException:
-            return out
-        out += resp.get("Items", [])
-        if not resp.get("LastEvaluatedKey"):
-            return out
-        kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
 
 def commit(ctx: Context, run: RunItem, s: Split) -> bool:
@@ -173,13 +154,18 @@ def resume(ctx: Context, run: RunItem, known: list[dict[str, Any]]) -> list[str]
     return done
 
 
-def sweep_tail(ctx: Context, run: RunItem, *, now: float) -> list[str]:
-    """Finish recorded splits, then split the run's slow ranks; what it did (the sweep's actions)."""
+def sweep_tail(ctx: Context, run: RunItem, *, now: float, items: list[dict[str, Any]] | None = None) -> list[str]:
+    """Finish recorded splits, then split the run's slow ranks; what it did (the sweep's actions).
+
+    `items`: the run's beats table items when the caller read them (stall.beat_items), else read here.
+    """
     if run.status not in SWEPT or not run.jobs or run.mode == "multinode" or ctx.settings.split_after <= 0:
         return []
     known = splits(ctx, run.run_id) if any(p.split_of is not None for p in run.passes or []) else []
     done = resume(ctx, run, known)
-    ranks = views(read_tail(ctx.clients.dynamodb, ctx.settings.beats_table, run.run_id))
+    if items is None:
+        items = beat_items(ctx.clients.dynamodb, ctx.settings.beats_table, run.run_id)
+    ranks = views(items)
     counts = ctx.records.counts(run.run_id)
     tail = Tail(
         now=now,
@@ -189,14 +175,6 @@ def sweep_tail(ctx: Context, run: RunItem, *, now: float) -> list[str]:
         spent_s=sum(float(r.get("child_s", 0)) for r in known),
     )
     made: list[SplitShard] = []
-    logger.debug(
-        "tail",
-        extra={
-            "run_id": run.run_id,
-            "ranks": [(r.shard, r.processed, r.todo, r.rate, r.total_s(), r.left_s(now)) for r in ranks],
-            "fences": [(r.shard, r.fence.reserved_to, r.fence.attempt) if r.fence else None for r in ranks],
-        },
-    )
     for s in decide(ranks, tail, ctx.settings):
         fresh = ctx.ledger.get(run.run_id) if made else run
         if fresh is None or fresh.total_shards != s.to:
@@ -221,7 +199,7 @@ def sweep_tail(ctx: Context, run: RunItem, *, now: float) -> list[str]:
 def slow_ranks(ctx: Context, run_id: str) -> list[SlowRank]:
     """The running ranks expected to end last, for Run Progress: informational, so a failed read is none."""
     try:
-        ranks = views(read_tail(ctx.clients.dynamodb, ctx.settings.beats_table, run_id))
+        ranks = views(beat_items(ctx.clients.dynamodb, ctx.settings.beats_table, run_id))
     except Exception as exc:
         logger.warning("tail not read for progress", extra={"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
         return []
@@ -243,7 +221,6 @@ def split_figures(ctx: Context, run: RunItem) -> dict[str, Any]:
 __all__ = [
     "apply",
     "commit",
-    "read_tail",
     "resume",
     "slow_ranks",
     "split_figures",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sluice.aws.clients import Clients
 from sluice.contracts.events import StalledAttempt
 from sluice.control.context import Context
-from sluice.control.sweep.stall import stalled_attempts, sweep_stalls
+from sluice.control.sweep.stall import beat_items, stalled_attempts, sweep_stalls
 from sluice.control.sweep.tail import sweep_tail
 from sluice.local.emulator.executor import LocalExecutor, terminate
 from sluice.settings import Settings
@@ -81,9 +81,10 @@ class LocalSweep:
         row = self.ctx.ledger.get(self._run_id)
         if row is None:
             return []
-        done = sweep_stalls(self.ctx, row, now=time.time())
+        items = beat_items(self.ctx.clients.dynamodb, self.ctx.settings.beats_table, self._run_id)
+        done = sweep_stalls(self.ctx, row, now=time.time(), items=items)
         fresh = self.ctx.ledger.get(self._run_id) if done else row
-        done += sweep_tail(self.ctx, fresh or row, now=time.time())
+        done += sweep_tail(self.ctx, fresh or row, now=time.time(), items=items)
         self.actions += done
         return done
 
