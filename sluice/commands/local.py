@@ -85,6 +85,12 @@ def _add_input(run: argparse.ArgumentParser) -> None:
         help="with a folder flag (--images, --texts, ...): upload files with these suffixes too (.py,.ipynb)",
     )
     run.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="with a folder flag: read symlinks that lead out of the folder too (by default they are named and "
+        "skipped; a link to a folder that holds it never is read)",
+    )
+    run.add_argument(
         "--manifest",
         metavar="FILE",
         help="run this manifest; the other flags are applied on top of it (or refused). Without input it reads "

@@ -33,14 +33,14 @@ class Folder:
     unreadable: list[str] = field(default_factory=list)  # dangling symlinks, folders reached twice: named, skipped
 
     @classmethod
-    def read(cls, images: str, kind: str = "image", extra: tuple[str, ...] = ()) -> Folder:
+    def read(cls, images: str, kind: str = "image", extra: tuple[str, ...] = (), follow: bool = False) -> Folder:
         """DIR's files of the kind (its suffixes and `extra`); SystemExit when it is missing or holds none
-        (before any server starts)."""
+        (before any server starts). `follow` (--follow-links): read symlinks that leave DIR too."""
         root = Path(images).expanduser()
         flag = "--audio" if kind == "audio" else f"--{kind}s"
         if not root.is_dir():
             raise SystemExit(f"sluice: {flag} {root}: " + ("not a directory" if root.exists() else "no such folder"))
-        files, unreadable = walk(root)
+        files, unreadable = walk(root, follow)
         images_ = [p for p in files if is_image_name(p, kind, extra)]
         skipped = [p.relative_to(root).as_posix() for p in files if not is_image_name(p, kind, extra)]
         if not images_:
@@ -57,18 +57,24 @@ class Folder:
         return cls(root, images_, skipped, kind, unreadable)
 
 
-def walk(root: Path) -> tuple[list[Path], list[str]]:
-    """Every file under root, sorted, symlinked subfolders followed; and what was left out, named with why.
+def walk(root: Path, follow: bool = False) -> tuple[list[Path], list[str]]:
+    """Every file under root, sorted, symlinks inside root followed; and what was left out, named with why.
 
-    Each real folder is read once: a link back up (a cycle) or a second link to one folder is
-    named, not followed again; a link up and out, to a folder that holds root, is named and not
-    followed (it would read everything around root). A symlink to nothing is named too: skipped,
-    never silently.
+    A symlink that leaves root (its real path is not under root's) is named and not read: a link
+    to a parent would upload everything around root (other runs' outputs included), and one to
+    elsewhere is content the user did not point at. `follow` (--follow-links) reads those too,
+    but never a link up and out, to a folder that holds root. Each real folder is read once: a
+    link back up (a cycle) or a second link to one folder is named, not followed again. A
+    symlink to nothing is named too: skipped, never silently.
     """
     files: list[Path] = []
     unreadable: list[str] = []
     seen: dict[str, str] = {}  # real folder -> the path it was first read under
     top_real = os.path.realpath(root)
+
+    def outside(real: str) -> bool:
+        return real != top_real and not real.startswith(top_real.rstrip(os.sep) + os.sep)
+
     for top, dirs, names in os.walk(root, followlinks=True):
         here = Path(top)
         rel = here.relative_to(root).as_posix()
@@ -82,11 +88,20 @@ def walk(root: Path) -> tuple[list[Path], list[str]]:
             unreadable.append(f"{rel}/ (a symlink to {real}, which holds {root}: not followed)")
             dirs[:] = []
             continue
+        if outside(real) and not follow:
+            unreadable.append(f"{rel}/ (a symlink to {real}, outside {root}: not followed; --follow-links reads it)")
+            dirs[:] = []
+            continue
         seen[real] = "" if rel == "." else rel
         dirs.sort()
         for name in names:
             p = here / name
-            if p.is_file():
+            if p.is_symlink() and p.exists() and outside(os.path.realpath(p)) and not follow:
+                unreadable.append(
+                    f"{p.relative_to(root).as_posix()} (a symlink to {os.path.realpath(p)}, outside {root}: "
+                    "not read; --follow-links reads it)"
+                )
+            elif p.is_file():
                 files.append(p)
             elif p.is_symlink() and not p.exists():
                 unreadable.append(f"{p.relative_to(root).as_posix()} (a symlink to {os.readlink(p)}, which is missing)")

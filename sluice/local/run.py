@@ -83,7 +83,11 @@ def _run_local(args: argparse.Namespace) -> int:
     local_manifest.check_file(args)  # a missing or broken --manifest: before any server starts
     kind, source, _ = local_manifest.content_source(args)
     more = suffixes(getattr(args, "suffixes", None))
-    folder = Folder.read(source, kind, more) if source else None  # a missing or empty folder: before anything starts
+    follow = bool(getattr(args, "follow_links", False))
+    if not source and (more or follow):
+        flag = "--follow-links" if follow else "--suffixes"
+        raise SystemExit(f"sluice: {flag} is for a folder flag: add --images, --texts, --videos or --audio DIR")
+    folder = Folder.read(source, kind, more, follow) if source else None  # a missing or empty folder: now
     if args.model:
         local_manifest.model_specs(args)  # so does a --model file that is not there
     files = len(folder.images) if folder else None

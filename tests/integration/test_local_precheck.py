@@ -99,3 +99,10 @@ def test_an_image_model_file_on_texts_is_refused(tmp_path):
     rc, err, seconds, pids = _local(tmp_path, "--texts", _texts(tmp_path), "--model", model)
     assert rc == 1 and seconds < WITHIN_S and pids == ""
     assert "embeds image or video (its spec), but input.kind is 'text': pick a model for text" in err
+
+
+@pytest.mark.parametrize("flag", [("--follow-links",), ("--suffixes", ".py")], ids=["follow-links", "suffixes"])
+def test_a_folder_only_flag_without_a_folder_is_refused_before_any_server_starts(tmp_path, flag):
+    rc, err, seconds, pids = _local(tmp_path, "--demo", "5", *flag)
+    assert rc == 1 and seconds < WITHIN_S and pids == "", (rc, err, seconds, pids)
+    assert f"sluice: {flag[0]} is for a folder flag: add --images, --texts, --videos or --audio DIR" in err

@@ -1,4 +1,4 @@
-"""--images DIR read before anything starts: symlinked subfolders followed, nothing skipped silently."""
+"""--images DIR read before anything starts: links inside it followed, links out named, none skipped silently."""
 
 from __future__ import annotations
 
@@ -16,20 +16,55 @@ def _touch(path: Path) -> Path:
     return path
 
 
-def test_a_symlinked_subfolder_is_read_and_a_dangling_symlink_counted_by_name(tmp_path, capsys):
+def test_a_symlink_out_of_the_folder_is_named_not_read_and_a_dangling_symlink_counted_by_name(tmp_path, capsys):
     elsewhere = tmp_path / "elsewhere"
     for i in range(10):
         _touch(elsewhere / f"cat-{i}.jpg")
+    _touch(tmp_path / "loose.jpg")
     root = tmp_path / "photos"
     _touch(root / "a.jpg")
     (root / "cats").symlink_to(elsewhere, target_is_directory=True)
+    (root / "loose.jpg").symlink_to(tmp_path / "loose.jpg")
     (root / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     folder = Folder.read(str(root))
-    names = [p.relative_to(root).as_posix() for p in folder.images]
-    assert names == ["a.jpg", *(f"cats/cat-{i}.jpg" for i in range(10))]
-    assert folder.unreadable == [f"gone.jpg (a symlink to {tmp_path / 'nowhere.jpg'}, which is missing)"]
+    assert [p.relative_to(root).as_posix() for p in folder.images] == ["a.jpg"]
+    real = tmp_path.resolve()
+    assert folder.unreadable == [
+        f"cats/ (a symlink to {real / 'elsewhere'}, outside {root}: not followed; --follow-links reads it)",
+        f"gone.jpg (a symlink to {tmp_path / 'nowhere.jpg'}, which is missing)",
+        f"loose.jpg (a symlink to {real / 'loose.jpg'}, outside {root}: not read; --follow-links reads it)",
+    ]
     say_skipped(folder.skipped, "image", folder.unreadable)
-    assert "skipped 1 file(s): 1 not read (gone.jpg (a symlink to" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "skipped 3 file(s): 3 not read (cats/ (a symlink to" in err
+    assert "gone.jpg (a symlink to" in err
+
+
+def test_follow_links_reads_links_out_of_the_folder_but_never_one_that_holds_it(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    for i in range(3):
+        _touch(elsewhere / f"cat-{i}.jpg")
+    _touch(tmp_path / "loose.jpg")
+    root = tmp_path / "photos"
+    _touch(root / "a.jpg")
+    (root / "cats").symlink_to(elsewhere, target_is_directory=True)
+    (root / "loose.jpg").symlink_to(tmp_path / "loose.jpg")
+    (root / "up").symlink_to(tmp_path, target_is_directory=True)
+    folder = Folder.read(str(root), follow=True)
+    names = [p.relative_to(root).as_posix() for p in folder.images]
+    assert names == ["a.jpg", *(f"cats/cat-{i}.jpg" for i in range(3)), "loose.jpg"]
+    assert folder.unreadable == [f"up/ (a symlink to {tmp_path.resolve()}, which holds {root}: not followed)"]
+
+
+def test_a_symlink_inside_the_folder_is_followed_once(tmp_path):
+    root = tmp_path / "photos"
+    _touch(root / "2024" / "a.jpg")
+    _touch(root / "b.jpg")
+    (root / "latest").symlink_to(root / "2024", target_is_directory=True)
+    (root / "c.jpg").symlink_to(root / "b.jpg")
+    folder = Folder.read(str(root))
+    assert [p.relative_to(root).as_posix() for p in folder.images] == ["2024/a.jpg", "b.jpg", "c.jpg"]
+    assert folder.unreadable == ["latest/ (the folder 2024/ again: read once)"]
 
 
 def test_a_symlink_cycle_is_read_once_and_named(tmp_path):
