@@ -59,12 +59,14 @@ class Beats:
         client: Any = None,
         todo: int = 0,
         parts: Callable[[], float] = lambda: 0.0,
+        media_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._t = target
         self._stall = stall_after_s
         self._client = client
         self.todo = todo  # the keys this attempt of the rank had to do: the sweep's rate and finish (tail)
         self._parts = parts  # rows embedded so far (a text's chunks, a video's frames): the local progress line
+        self._media_s = media_s  # seconds of audio embedded so far: the same line
         self.started_at = time.time()
         self.ready_at: float | None = None  # when its models were ready: keys/s count from there
 
@@ -101,6 +103,8 @@ class Beats:
             "started_at": {"N": f"{self.started_at:.3f}"},
             "parts": {"N": str(int(self._parts()))},
         }
+        if media_s := self._media_s():
+            item["media_s"] = {"N": f"{media_s:.3f}"}
         if self.ready_at is not None:
             item["ready_at"] = {"N": f"{self.ready_at:.3f}"}
         try:
@@ -204,7 +208,7 @@ def for_rank(
     grace = float(load_grace_s) if load_grace_s else LEGACY_LOAD_GRACE_S
     progress = lambda: stats.get("images") + stats.get("failed")  # noqa: E731
     loading = Loading(lambda: not stats.get("model_ready_seconds"), grace)
-    beats = Beats(ids, limit, todo=todo, parts=lambda: stats.get("parts"))
+    beats = Beats(ids, limit, todo=todo, parts=lambda: stats.get("parts"), media_s=lambda: stats.get("media_s"))
     return Watchdog(progress, limit, beats, interval_s=interval_s, loading=loading).start()
 
 

@@ -50,6 +50,8 @@ def write_shard_result(
     lines = "".join(line.model_dump_json() + "\n" for line in failures)
     store.put(paths.failures, lines.encode(), "application/x-ndjson")
     by_model = {name: sum(m.rows for m in state.markers) for name, state in states.items()}
+    first = next(iter(states.values()), None)
+    markers = first.markers if first is not None else []
     # A span split off to another shard is settled there: this shard answers for the rest.
     handed = max((intervals.count(state.handed) for state in states.values()), default=0)
     own = n_keys - handed
@@ -60,6 +62,8 @@ def write_shard_result(
         processed=min(by_model.values(), default=0),
         **asdict(verdict.judge(failures, own, threshold)),
         chunks=sum(len(state.markers) for state in states.values()),
+        parts=sum(int(m.extra.get("parts", m.rows)) for m in markers),
+        media_s=round(sum(float(m.extra.get("media_s", 0.0)) for m in markers), 3),
         processed_by_model=by_model if len(states) > 1 else {},
     )
     store.put(paths.result, result.model_dump_json(indent=1).encode(), "application/json")

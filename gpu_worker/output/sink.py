@@ -55,6 +55,7 @@ class SinkSpec:
     metadata: dict[str, str]  # Parquet file metadata (each key gets a "sluice." prefix)
     label: RecordLabel
     retry: Sequence[int] = ()  # earlier attempts' deferred positions this sink is owed a final-pass result for
+    timed: bool = False  # parts are spans of seconds (audio): markers carry the seconds their objects hold
 
 
 class ChunkSink:
@@ -62,7 +63,7 @@ class ChunkSink:
 
     def __init__(self, store: ObjectStore, paths: Paths, spec: SinkSpec, observer: Observer | None = None) -> None:
         self._store, self._paths = store, paths
-        self._label = spec.label
+        self._label, self._timed = spec.label, spec.timed
         # Final-pass positions this sink is owed a result for: earlier attempts' deferred keys
         # (`retry`) and, as they come, this attempt's own deferrals.
         self._retry_owed = set(spec.retry)
@@ -207,12 +208,21 @@ class ChunkSink:
             attempt=self._attempt,
             rank=self._rank,
             file=file,
-            # parts: Parquet rows (chunks, frames)
-            extra={"committed_at": time.time(), "parts": len(rows), **extra},
+            # parts: Parquet rows (chunks, frames, windows); media_s: seconds of audio
+            extra={"committed_at": time.time(), "parts": len(rows), **self._seconds(rows), **extra},
         )
         self._store.put(self._paths.marker(name), marker.to_json(), "application/json")
         self.committed += 1
         self._obs.incr("chunks_committed")
+
+    def _seconds(self, rows: list[Any]) -> dict[str, float]:
+        """{"media_s": seconds} of a timed sink's rows: each object's last part's end (a key's rows share a chunk)."""
+        if not self._timed:
+            return {}
+        ends: dict[int, float] = {}
+        for pos, *_, part in rows:  # part: (index, start, end)
+            ends[pos] = max(ends.get(pos, 0.0), float(part[2]))
+        return {"media_s": round(sum(ends.values()), 3)}
 
     def hand_off(self, span: Span, to_shard: int) -> None:
         """`span` was split off to shard `to_shard`: no window waits for it, and a handed marker records it.

@@ -29,6 +29,7 @@ from gpu_worker.telemetry.gpu import GpuProbe
 from gpu_worker.telemetry.remote_write import PushPolicy
 from gpu_worker.telemetry.serve import RankMetrics
 from gpu_worker.telemetry.stats import Stats
+from sluice.contracts.sections import TIMED_KINDS
 
 
 @dataclass
@@ -98,6 +99,7 @@ def _open_sink(ctx: RankContext, m: int, todo: ModelTodo, model: ModelOut) -> Ch
         metadata={"model": planned.uri, "dim": str(model.output_dim), "run": plan.run_id, "shard": str(spec.shard)},
         label=RecordLabel(planned.name, model.info.version, planned.model_id, plan.run_id),
         retry=[p for p, _ in todo.retry],
+        timed=plan.content.kind in TIMED_KINDS,
     )
     paths = Paths.for_shard(plan.model_output_prefix(m), plan.failures_prefix, plan.shards_prefix, spec.shard)
     return ChunkSink(ctx.store, paths, sink, observer=ctx.stats)

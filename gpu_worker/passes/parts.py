@@ -29,6 +29,7 @@ from gpu_worker.passes.work import RankContext, RankWork
 from gpu_worker.sources.fetch import Fetcher
 from gpu_worker.telemetry.observe import MetricsObserver
 from gpu_worker.telemetry.stats import Stats
+from sluice.contracts.sections import TIMED_KINDS
 
 Split = Got[list[list[Part]]]  # one object's parts, per model
 
@@ -41,6 +42,7 @@ class PartsStream:
     embedders: list[Embedder]
     outputs: KeySinks
     batch: int
+    timed: bool = False  # parts are spans of seconds (audio): "media_s" counts the seconds embedded
 
     @property
     def stats(self) -> Stats:
@@ -124,6 +126,8 @@ class PartsStream:
                 sink.add_rows([item.pos] * n, [item.uri] * n, [item.phase] * n, emb[row : row + n], [s.obj] * n, parts)
                 row += n
         credit.rest(len(ready), sum(len(s.value[0]) for s in ready))
+        if self.timed:  # each object's seconds: its last part's end (the first model's parts, as the summary)
+            self.stats.incr("media_s", sum(max((p.end for p in s.value[0]), default=0.0) for s in ready))
         self.stats.incr("batches")
 
 
@@ -172,7 +176,8 @@ class PartsPass(RankPass):
         ctx.stats.incr("model_load_seconds", time.perf_counter() - t0)
         self.names = [e.info.name for e in embedders]
         self.outputs = open_sinks(ctx, self.work, embedders)
-        self._stream = PartsStream(ctx.cfg, embedders, self.outputs, ctx.batch)
+        timed = ctx.plan.content.kind in TIMED_KINDS
+        self._stream = PartsStream(ctx.cfg, embedders, self.outputs, ctx.batch, timed)
 
     def stream(self) -> None:
         assert self._stream is not None, "load() first"

@@ -54,6 +54,10 @@ class ShardResult(Written):
     ok: bool = Field(description="failed_fraction <= max_failed_fraction: transient failures never fail a shard.")
     failed_by_reason: dict[FailureReason, int]
     chunks: int = Field(ge=0, description="Committed Parquet chunks.")
+    parts: int = Field(
+        default=0, ge=0, description="Rows the first model wrote (an image one, a text's chunks, a video's frames...)."
+    )
+    media_s: float = Field(default=0.0, ge=0, description="Seconds of audio its objects hold (audio runs; else 0).")
     processed_by_model: dict[str, int] = Field(
         default_factory=dict,
         description="Keys embedded by each model (name -> keys); `processed` is the least of them.",

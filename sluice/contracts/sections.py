@@ -36,6 +36,7 @@ KIND_WORDS: dict[str, tuple[str, str | None]] = {
     "video": ("videos", "frames"),
     "audio": ("audio files", "windows"),
 }
+TIMED_KINDS = frozenset({"audio"})  # parts are spans of seconds: runs count the seconds of media they embed
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ARRAY_SIZE = 10_000  # AWS Batch array jobs take 2..10,000 children
 MAX_MNP_NODES = 1_000  # AWS Batch multi-node parallel jobs take up to 1,000 nodes (numNodes)

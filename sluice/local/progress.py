@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sluice.aws.s3uri import parse_s3_uri
-from sluice.contracts.sections import KIND_WORDS
+from sluice.contracts.sections import KIND_WORDS, TIMED_KINDS
 from sluice.control.table.items import RunItem
 from sluice.control.table.records import ShardRecords
 from sluice.paths import is_commit_marker
@@ -42,6 +42,7 @@ class Snapshot:
     workers: int
     kind: str = "image"
     parts: int = 0  # rows written: a text's chunks, a video's frames (an image is one)
+    media_s: float = 0.0  # seconds of audio embedded (an audio run)
 
     @property
     def rate(self) -> float:
@@ -59,7 +60,8 @@ class Snapshot:
         eta = "--" if self.eta_s is None else duration(self.eta_s)
         head = f"[{'#' * int(frac * BAR_WIDTH):<{BAR_WIDTH}}] {frac:4.0%} " if bar else f"{frac:.0%} "
         noun, part = KIND_WORDS[self.kind]
-        parts = f" ({self.parts} {part})" if part else ""
+        seconds = f", {self.media_s:,.1f} s of audio" if self.kind in TIMED_KINDS else ""
+        parts = f" ({self.parts} {part}{seconds})" if part else ""
         rate = f"{self.rate:.1f} img/s" if noun == "images" else f"{self.rate:.1f} {noun}/s"
         return (
             f"{head}{self.status} {noun} {self.images}/{self.images_total}{parts} shards "
@@ -77,20 +79,21 @@ class Progress:
         self._beats = beats  # the beats table: what the ranks embedded before their chunks commit
         self._out = stream or sys.stderr
         self._tty = self._out.isatty()
-        self._seen: dict[str, tuple[int, int]] = {}  # marker key -> (objects, rows)
+        self._seen: dict[str, tuple[int, int, float]] = {}  # marker key -> (objects, rows, seconds of audio)
         self._kind = "image"  # the run's input kind, from its plan
         self._t0 = time.monotonic()
         self._last = float("-inf")
         self._prefixes: list[str] = []  # each model's output prefix, from the plan
 
-    def settled(self, output_prefix: str) -> tuple[int, int]:
-        """(objects settled, rows written) of every committed chunk so far (each marker read once).
+    def settled(self, output_prefix: str) -> tuple[int, int, float]:
+        """(objects settled, rows written, seconds of audio) of every committed chunk so far (each marker read once).
 
         A marker's `covers` are the shard positions it settles (succeeded or failed), so objects
         count once however many rows (a text's chunks, a video's frames) each became.
         """
         bucket, prefix = parse_s3_uri(output_prefix, allow_empty_key=True)
         objects = rows = 0
+        seconds = 0.0
         for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for o in page.get("Contents", []):
                 k = o["Key"]
@@ -98,13 +101,14 @@ class Progress:
                     m = json.loads(self._c.s3.get_object(Bucket=bucket, Key=k)["Body"].read())
                     # A handed marker's keys are settled by the split child's own chunks.
                     covered = 0 if m.get("kind") == "handed" else sum(int(b) - int(a) for a, b in m.get("covers", []))
-                    self._seen[k] = (covered, int(m.get("parts", m.get("rows", 0))))  # rows: objects embedded
-                got = self._seen.get(k, (0, 0))
-                objects, rows = objects + got[0], rows + got[1]
-        return objects, rows
+                    parts = int(m.get("parts", m.get("rows", 0)))  # rows: objects embedded
+                    self._seen[k] = (covered, parts, float(m.get("media_s", 0.0)))
+                got = self._seen.get(k, (0, 0, 0.0))
+                objects, rows, seconds = objects + got[0], rows + got[1], seconds + got[2]
+        return objects, rows, seconds
 
-    def _settled(self, row: RunItem) -> tuple[int, int]:
-        """(objects, rows) of the slowest model (each model settles every object)."""
+    def _settled(self, row: RunItem) -> tuple[int, int, float]:
+        """(objects, rows, seconds of audio) of the slowest model (each model settles every object)."""
         if not self._prefixes and row.plan_uri:
             from sluice.aws.store import ObjectStore
             from sluice.contracts.plan import RunPlan
@@ -114,20 +118,21 @@ class Progress:
                 self._prefixes = [plan.model_output_prefix(m) for m in range(len(plan.models))]
                 self._kind = plan.content.kind
         prefixes = self._prefixes or ([row.output_prefix] if row.output_prefix else [])
-        objects, rows = min((self.settled(p) for p in prefixes), default=(0, 0))
-        beaten, parts = self.beaten(row.run_id)
-        return max(objects, beaten), max(rows, parts)
+        objects, rows, seconds = min((self.settled(p) for p in prefixes), default=(0, 0, 0.0))
+        beaten, parts, beaten_s = self.beaten(row.run_id)
+        return max(objects, beaten), max(rows, parts), max(seconds, beaten_s)
 
-    def beaten(self, run_id: str) -> tuple[int, int]:
-        """(objects, parts) the ranks have embedded so far, from their beats: each rank's newest attempt.
+    def beaten(self, run_id: str) -> tuple[int, int, float]:
+        """(objects, parts, seconds of audio) the ranks embedded so far, from their beats: each rank's newest attempt.
 
         A chunk commits only when full or at the shard's end; a rank beats as it embeds (a text
         model's batches too, with the chunks they held), so a run's progress moves before its
         first commit. Parts are a text's chunks or a video's frames (an image run counts none).
         """
         if not self._beats:
-            return 0, 0
-        newest: dict[tuple[str, str], tuple[int, int, int]] = {}  # (shard, rank) -> (attempt, processed, parts)
+            return 0, 0, 0.0
+        # (shard, rank) -> (attempt, processed, parts, seconds)
+        newest: dict[tuple[str, str], tuple[int, int, int, float]] = {}
         pages = self._c.dynamodb.get_paginator("query").paginate(
             TableName=self._beats, KeyConditionExpression="pk = :r", ExpressionAttributeValues={":r": {"S": run_id}}
         )
@@ -137,16 +142,21 @@ class Progress:
                     continue
                 shard, rank = item["shard"]["N"], item["rank"]["N"]
                 parts = int(float(item.get("parts", {}).get("N", "0")))
-                got = (int(item["attempt"]["N"]), int(float(item["processed"]["N"])), parts)
+                seconds = float(item.get("media_s", {}).get("N", "0"))
+                got = (int(item["attempt"]["N"]), int(float(item["processed"]["N"])), parts, seconds)
                 newest[(shard, rank)] = max(newest.get((shard, rank), got), got)
-        return sum(n[1] for n in newest.values()), sum(n[2] for n in newest.values())
+        return (
+            sum(n[1] for n in newest.values()),
+            sum(n[2] for n in newest.values()),
+            sum(n[3] for n in newest.values()),
+        )
 
     def show(self, row: RunItem | None, running: int, force: bool = False) -> None:
         every = TTY_EVERY_S if self._tty else LOG_EVERY_S
         if row is None or not self._enabled or (not force and time.monotonic() - self._last < every):
             return
         self._last = time.monotonic()
-        objects, parts = self._settled(row)
+        objects, parts, seconds = self._settled(row)
         snap = Snapshot(
             status=row.status.value,
             shards_done=ShardRecords(self._c.dynamodb, self._table).counts(row.run_id).shards_done,
@@ -157,6 +167,7 @@ class Progress:
             workers=running,
             kind=self._kind,
             parts=parts,
+            media_s=seconds,
         )
         if self._tty:
             self._out.write(f"\r  {snap.line(bar=True)}   ")

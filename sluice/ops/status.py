@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sluice.contracts.sections import KIND_WORDS
+from sluice.contracts.sections import KIND_WORDS, TIMED_KINDS
 from sluice.contracts.status import RunStatus
 from sluice.control.sweep.stall import beat_items, stalled_attempts
 from sluice.control.sweep.stragglers import slowest, views
@@ -56,6 +56,8 @@ def run_status(ledger: Ledger, run_id: str, beats_table: str | None = None) -> d
         shards_failed=counts.shards_failed,
         keys_processed=counts.keys_processed,
         keys_failed=counts.keys_failed,
+        parts=counts.parts_embedded,
+        media_s=counts.media_ms / 1000,
         gpu_hours=round(counts.gpu_seconds / 3600, 3),
         created_at=_iso(row.created_at),
         finished_at=_iso(row.finished_at),
@@ -105,8 +107,12 @@ def render(s: dict[str, Any], out: TextIO) -> None:
     if s.get("total_keys") is not None:
         out.write(f"shards    {_bar(s['shards_done'], s['shards_total'])}  ({s['shards_failed']} failed)\n")
         keys_done = s["keys_processed"] + s["keys_failed"]
-        noun = KIND_WORDS[s.get("kind") or "image"][0] if s.get("kind") else "keys"
-        out.write(f"{noun:<9} {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed)\n")
+        kind = s.get("kind")
+        noun, part = KIND_WORDS[kind] if kind else ("keys", None)
+        rows = f"; {s.get('parts', 0):,} {part}" if part else ""  # from the settled shards' results
+        if kind in TIMED_KINDS:
+            rows += f", {s.get('media_s', 0.0):,.1f} s of audio"
+        out.write(f"{noun:<9} {_bar(keys_done, s['total_keys'])}  ({s['keys_failed']} failed{rows})\n")
     for st in s.get("stalled", []):
         redo = f", resumed by job {st['redo_job_id']}" if st.get("redo_job_id") else ", no attempt left"
         out.write(

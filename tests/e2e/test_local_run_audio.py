@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,11 @@ def test_audio_run_gives_the_librarys_vector_for_every_window_and_search_finds_e
     assert [d["key"].rsplit("/", 1)[-1] for d in summary["damaged"]] == ["cut.flac"], summary["damaged"]
     # the summary speaks of files, windows and seconds of audio; its index row of `sluice search --audio`
     assert summary["kind"] == "audio" and "s of audio" in proc.stdout and "--audio FILE" in proc.stdout
+    # progress too, as the ranks embed: its last line's seconds are the summary's
+    moving = [line for line in proc.stderr.splitlines() if line.startswith("sluice: progress:")]
+    last = re.search(r"\((\d+) windows, ([\d,.]+) s of audio\)", moving[-1]) if moving else None
+    assert last is not None, moving
+    assert float(last.group(2).replace(",", "")) == pytest.approx(summary["audio_s"], abs=0.1), (moving, summary)
 
     import transformers
 

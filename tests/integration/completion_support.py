@@ -47,6 +47,8 @@ def write_result(
     device: str = "cpu",
     world: int = 1,
     seconds: float = 1.5,
+    parts: int | None = None,
+    media_s: float = 0.0,
 ) -> None:  # type: ignore[assignment]
     """What a worker leaves behind for a shard: result.json and failures/<i>.jsonl (the real contracts)."""
     paths = RunPaths.in_bucket(stack.names["ControlBucket"], run_id)
@@ -78,6 +80,8 @@ def write_result(
         ok=fraction <= max_failed_fraction,
         failed_by_reason=by_reason,
         chunks=1,
+        parts=processed if parts is None else parts,
+        media_s=media_s,
     )
     if not result.ok:  # the worker's one-line verdict (gpu_worker.output.sink)
         data = {str(r): n for r, n in by_reason.items() if r not in TRANSIENT_FAILURE_REASONS}

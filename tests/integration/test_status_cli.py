@@ -53,3 +53,32 @@ def test_status_shows_progress_and_runs_lists_newest_first(aws, stack, monkeypat
 def test_status_of_an_unknown_run_is_an_error(aws, stack, capsys):
     assert cmd_status(Ledger(aws.dynamodb, stack.names["RunsTable"]), "nope", watch=False, as_json=False) == 1
     assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_status_of_an_audio_run_counts_its_windows_and_seconds_once_whatever_the_event_order(aws, stack, monkeypatch):
+    run = submit_run(aws, stack, monkeypatch, n_keys=30, keys_per_shard=10, name="audio")
+    run_id, job_id = run["run_id"], run["job_ids"][0]
+    ledger = Ledger(aws.dynamodb, stack.names["RunsTable"])
+    ledger.call(
+        "update_item",
+        Key={"pk": {"S": run_id}, "sk": {"S": "RUN"}},
+        UpdateExpression="SET kind = :k",
+        ExpressionAttributeValues={":k": {"S": "audio"}},
+    )
+    write_result(aws, stack, run_id, 0, processed=10, parts=37, media_s=352.25)
+    write_result(aws, stack, run_id, 2, processed=10, parts=12, media_s=101.5)
+    queue = stack.names["GpuJobQueue"]
+    events = [
+        job_event("batch-array-child-succeeded", run_id=run_id, job_id=job_id, queue=queue, child=c) for c in (2, 0, 2)
+    ]  # shard 2 delivered twice
+    for event in events:
+        deliver_job_event(stack, event, monkeypatch)
+    buf = io.StringIO()
+    cmd_status(ledger, run_id, watch=False, as_json=True, out=buf)
+    s = json.loads(buf.getvalue())
+    assert (s["keys_processed"], s["parts"], s["media_s"]) == (20, 49, 453.75)
+    buf = io.StringIO()
+    cmd_status(ledger, run_id, watch=False, as_json=False, out=buf)
+    assert "audio files [####################..........] 20/30  (0 failed; 49 windows, 453.8 s of audio)" in (
+        buf.getvalue()
+    )

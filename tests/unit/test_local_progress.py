@@ -32,5 +32,7 @@ def test_no_eta_before_the_first_image_and_a_full_bar_at_the_end():
 def test_a_text_run_counts_documents_and_shows_its_chunks():
     s = Snapshot("RUNNING", 1, 4, 50, 200, 10.0, 2, kind="text", parts=180)
     assert s.line(bar=False) == "25% RUNNING documents 50/200 (180 chunks) shards 1/4 5.0 documents/s ETA 30s workers 2"
+    a = Snapshot("RUNNING", 0, 2, 4, 8, 2.0, 1, kind="audio", parts=31, media_s=305.25)
+    assert "audio files 4/8 (31 windows, 305.2 s of audio) shards 0/2 2.0 audio files/s" in a.line(bar=False)
     v = Snapshot("RUNNING", 0, 1, 3, 6, 1.0, 1, kind="video", parts=96)
     assert "videos 3/6 (96 frames)" in v.line(bar=False) and "3.0 videos/s" in v.line(bar=False)

@@ -44,7 +44,7 @@ def paths(tmp_path):
 LABEL = RecordLabel("m", "v1", "sha256:abc", "r")
 
 
-def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=()):
+def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=(), timed=False):
     spec = SinkSpec(
         rank=rank,
         attempt=attempt,
@@ -54,6 +54,7 @@ def sink(paths, windows, attempt=1, chunk_keys=10, rank=5, retry=()):
         metadata={"model": "m"},
         label=LABEL,
         retry=retry,
+        timed=timed,
     )
     return ChunkSink(ObjectStore(), paths, spec)
 
@@ -250,3 +251,30 @@ def test_a_final_pass_result_is_taken_once(paths):
     s.close()
     state = load_state(ObjectStore(), paths)
     assert sorted(state.covered) == [(0, 1), (5, 6)] and not state.overlaps()
+
+
+def test_an_audio_sinks_markers_carry_the_seconds_their_files_hold_and_result_json_sums_them(paths):
+    s = sink(paths, [[(0, 2)], [(2, 4)]], timed=True)
+    # file 0: three windows ending at 10, 20, 23.5 s; file 1: one of 4.25 s; file 3: two (its second ends at 12)
+    s.add_rows([0] * 3, ["u0"] * 3, [0] * 3, emb(0, 0, 0), objs(0, 0, 0), [(0, 0, 10), (1, 10, 20), (2, 20, 23.5)])
+    s.add_rows([1], ["u1"], [0], emb(1), objs(1), [(0, 0.0, 4.25)])
+    s.add_failure(2, "u2", 0, "silent", "no sound", False)
+    s.add_rows([3, 3], ["u3", "u3"], [0, 0], emb(3, 3), objs(3, 3), [(1, 10, 12), (0, 0, 10)])
+    s.close()
+    store = ObjectStore()
+    state = load_state(store, paths)
+    marked = sorted((m.rows, m.extra["parts"], m.extra["media_s"]) for m in state.markers)
+    assert marked == [(1, 2, 12.0), (2, 4, 27.75)]
+    result = write_shard_result(store, paths, {"m": state}, 4, threshold=0.5, info=INFO)
+    assert (result.processed, result.parts, result.media_s) == (3, 6, 39.75)
+
+
+def test_an_image_sinks_markers_carry_no_seconds_and_its_parts_are_its_rows(paths):
+    s = sink(paths, [[(0, 2)]])
+    s.add_rows([0, 1], ["u0", "u1"], [0, 0], emb(0, 1), objs(0, 1))
+    s.close()
+    store = ObjectStore()
+    state = load_state(store, paths)
+    assert ["media_s" in m.extra for m in state.markers] == [False]
+    result = write_shard_result(store, paths, {"m": state}, 2, threshold=0.5, info=INFO)
+    assert (result.parts, result.media_s) == (2, 0.0)

@@ -33,6 +33,8 @@ class Settlement:
     failed_transient: int = 0
     failed_by_reason: Mapping[FailureReason, int] = field(default_factory=dict)
     gpu_seconds: int = 0
+    parts_embedded: int = 0  # rows written (result.json parts): status counts a kind's chunks, frames, windows
+    media_ms: int = 0  # milliseconds of audio (result.json media_s): DynamoDB items here hold integers
     settled_by: Literal["event", "batch"] = "event"
 
 
@@ -51,6 +53,8 @@ def settle_shard(
             "failed_transient": result.failed_transient,
             "failed_by_reason": dict(result.failed_by_reason),
             "gpu_seconds": round(result.seconds * result.world) if result.device.startswith("cuda") else 0,
+            "parts_embedded": result.parts,
+            "media_ms": round(result.media_s * 1000),
         }
         if result is not None
         else {}

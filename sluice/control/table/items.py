@@ -142,6 +142,8 @@ class ShardItem(Written):
     failed_transient: int = 0
     failed_by_reason: dict[FailureReason, int] = Field(default_factory=dict)
     gpu_seconds: int = Field(default=0, description="The worker's wall seconds x its GPUs (result.json; 0 on CPU).")
+    parts_embedded: int = Field(default=0, description="Rows written: chunks, frames, windows (result.json parts).")
+    media_ms: int = Field(default=0, description="Milliseconds of audio embedded (result.json media_s).")
 
 
 def reason_counter(reason: FailureReason) -> str:
@@ -166,6 +168,8 @@ class CounterItem(Written):
     keys_failed: int = 0
     keys_transient: int = 0
     gpu_seconds: int = 0
+    parts_embedded: int = 0
+    media_ms: int = 0
     failed_missing: int = 0
     failed_access_denied: int = 0
     failed_s3_error: int = 0
@@ -193,6 +197,8 @@ class Counts(BaseModel):
     keys_failed: int = 0
     keys_transient: int = 0
     gpu_seconds: int = 0
+    parts_embedded: int = 0
+    media_ms: int = 0
     failed_by_reason: dict[FailureReason, int] = Field(default_factory=dict)
 
     @property

@@ -31,7 +31,16 @@ from sluice.errors import RetriableError
 # (reserved concurrency, template.yaml) from conflicting on the same counter.
 COUNTER_SHARDS = 16
 RECORD_TRIES = 8  # optimistic (read, conditional write) rounds before the event is retried
-_TOTALS = ("shards_succeeded", "shards_failed", "keys_processed", "keys_failed", "keys_transient", "gpu_seconds")
+_TOTALS = (
+    "shards_succeeded",
+    "shards_failed",
+    "keys_processed",
+    "keys_failed",
+    "keys_transient",
+    "gpu_seconds",
+    "parts_embedded",
+    "media_ms",
+)
 _REASONS = {reason_counter(r): r for r in FailureReason}
 _COUNTED = (*_TOTALS, *_REASONS)
 
@@ -78,6 +87,8 @@ def _contribution(s: ShardItem | None) -> dict[str, int]:
         "keys_failed": s.failed_keys,
         "keys_transient": s.failed_transient,
         "gpu_seconds": s.gpu_seconds,
+        "parts_embedded": s.parts_embedded,
+        "media_ms": s.media_ms,
     }
 
 
