@@ -143,7 +143,7 @@ def render(s: dict[str, Any], out: TextIO) -> None:
     if s.get("index"):
         out.write(f"index     {_index_line(s['index'])}\n")
         if s["index"].get("state") == "indexed":
-            query = "--text 'WORDS'" if s.get("kind") == "text" else "--image FILE"
+            query = {"text": "--text 'WORDS'", "audio": "--audio FILE"}.get(s.get("kind") or "image", "--image FILE")
             out.write(f"search    sluice search {s['index']['uri']} {query}\n")
 
 
