@@ -175,6 +175,8 @@ def oracle(lines: list[str]) -> list[tuple[str, str]] | None:
             continue
         if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in s):
             return None
+        if s != s.strip() and s.strip().startswith("s3://"):  # a URI with spaces around it: named, never trimmed
+            return None
         if s.startswith("s3://"):
             bucket, _, key = s[5:].partition("/")
             if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket) or ".." in bucket or not key:
