@@ -96,9 +96,10 @@ def walk(root: Path, follow: bool = False) -> tuple[list[Path], list[str]]:
         dirs.sort()
         for name in names:
             p = here / name
-            if p.is_symlink() and p.exists() and outside(os.path.realpath(p)) and not follow:
+            target = os.path.realpath(p) if not follow and p.is_symlink() else ""
+            if target and outside(target) and p.exists():
                 unreadable.append(
-                    f"{p.relative_to(root).as_posix()} (a symlink to {os.path.realpath(p)}, outside {root}: "
+                    f"{p.relative_to(root).as_posix()} (a symlink to {target}, outside {root}: "
                     "not read; --follow-links reads it)"
                 )
             elif p.is_file():
